@@ -1,0 +1,45 @@
+"""The chain's arithmetic, independent of the ORM so the offline verifier can share it."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import datetime
+from typing import Any
+
+GENESIS_DIGEST = "0" * 64
+
+# The exact fields covered by an event's digest, in this order; changing this list is a format
+# change that breaks every existing chain.
+DIGEST_FIELDS = (
+    "seq", "created_at", "event_type", "kind", "actor_id", "actor_label", "api_key_id", "ip",
+    "user_agent", "team_id", "object_type", "object_id", "object_repr", "run_id", "policy_version_id",
+    "payload",
+)
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="microseconds")
+    if value is None or isinstance(value, bool | int | float | str | list | dict):
+        return value
+    return str(value)
+
+
+def canonical_json(content: dict[str, Any]) -> str:
+    return json.dumps(
+        {k: _normalise(content.get(k)) for k in DIGEST_FIELDS},
+        sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str,
+    )
+
+
+def compute_digest(key: bytes, content: dict[str, Any], prev_digest: str) -> str:
+    message = canonical_json(content).encode() + b"|" + prev_digest.encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def content_sha256(text: str | None) -> dict[str, Any]:
+    """What audit payloads hold instead of prompt/output text (see models docstring)."""
+    data = (text or "").encode()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "chars": len(text or "")}

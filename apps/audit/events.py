@@ -1,0 +1,68 @@
+"""The one enum of audit event types. Configuration changes and run decisions share the stream."""
+
+from django.db import models
+
+
+class AuditKind(models.TextChoices):
+    CONFIG = "config", "Configuration change"
+    RUN = "run", "Run decision"
+    SYSTEM = "system", "System"
+
+
+class AuditEventType(models.TextChoices):
+    # Configuration changes
+    TEAM_CREATED = "team.created"
+    TEAM_UPDATED = "team.updated"
+    MEMBERSHIP_ADDED = "membership.added"
+    MEMBERSHIP_CHANGED = "membership.changed"
+    MEMBERSHIP_REMOVED = "membership.removed"
+    PERMISSION_GRANTED = "permission.granted"
+    PERMISSION_REVOKED = "permission.revoked"
+    PROVIDER_CREATED = "provider.created"
+    PROVIDER_UPDATED = "provider.updated"
+    PROVIDER_DELETED = "provider.deleted"
+    WORKER_CREATED = "worker.created"
+    WORKER_UPDATED = "worker.updated"
+    WORKER_DISABLED = "worker.disabled"
+    WORKER_HEALTH_CHECKED = "worker.health_checked"
+    POOL_CREATED = "pool.created"
+    POOL_UPDATED = "pool.updated"
+    POOL_DISABLED = "pool.disabled"
+    POOL_GRANTED = "pool.granted"
+    POOL_REVOKED = "pool.revoked"
+    POLICY_CREATED = "policy.created"
+    POLICY_DRAFT_SAVED = "policy.draft_saved"
+    POLICY_PUBLISHED = "policy.published"
+    POLICY_ROLLED_BACK = "policy.rolled_back"
+    APIKEY_CREATED = "apikey.created"
+    APIKEY_REVOKED = "apikey.revoked"
+    APIKEY_DENIED = "apikey.denied"
+    # Run decisions
+    RUN_CREATED = "run.created"
+    RUN_REFUSED = "run.refused"
+    RUN_STARTED = "run.started"
+    RUN_INPUT_CHECKED = "run.input_checked"
+    RUN_PLAN_PROPOSED = "run.plan_proposed"
+    RUN_PLAN_VALIDATED = "run.plan_validated"
+    RUN_STEP_STARTED = "run.step_started"
+    RUN_STEP_FINISHED = "run.step_finished"
+    RUN_STEP_OUTPUT_CHECKED = "run.step_output_checked"
+    RUN_OUTPUT_CHECKED = "run.output_checked"
+    RUN_FINISHED = "run.finished"
+    RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    RUN_TIMED_OUT = "run.timed_out"
+    RUN_REVIEW_REQUESTED = "run.review_requested"
+    RUN_REVIEWED = "run.reviewed"
+    RUN_RELEASED = "run.released"
+    RUN_PAYLOAD_ERASED = "run.payload_erased"
+    # System
+    AUDIT_CHECKPOINT = "audit.checkpoint"
+    AUDIT_EXPORTED = "audit.exported"
+
+    @property
+    def kind(self) -> str:
+        if self.value.startswith("run."):
+            return AuditKind.RUN
+        if self.value.startswith("audit."):
+            return AuditKind.SYSTEM
+        return AuditKind.CONFIG

@@ -1,0 +1,39 @@
+"""Secret masking for before/after values: a credential never reaches an audit row."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SECRET_KEY_RE = re.compile(r"(?i)(api_?key|secret|token|password|credential|authorization)")
+# Field names that hold *where* a secret lives, not the secret itself.
+_ALLOWED = {"api_key_env", "api_key_last4", "api_key_id", "api_key_set", "max_tokens", "token_usage"}
+
+
+def mask_value(value: Any) -> str:
+    text = str(value or "")
+    if not text:
+        return ""
+    return "•••• " + text[-4:] if len(text) >= 12 else "••••"
+
+
+def mask_secrets(data: Any) -> Any:
+    """Recursively replace values under secret-looking keys with a fixed mask."""
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(key, str) and key not in _ALLOWED and _SECRET_KEY_RE.search(key) and not key.endswith("_tokens"):
+                out[key] = "••••" if value else ""
+            else:
+                out[key] = mask_secrets(value)
+        return out
+    if isinstance(data, list | tuple):
+        return [mask_secrets(v) for v in data]
+    return data
+
+
+def diff_values(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields that changed, masked: ``{field: {"before": ..., "after": ...}}``."""
+    before, after = mask_secrets(before or {}), mask_secrets(after or {})
+    keys = sorted(set(before) | set(after))
+    return {k: {"before": before.get(k), "after": after.get(k)} for k in keys if before.get(k) != after.get(k)}

@@ -1,0 +1,193 @@
+"""The event protocol: engine → sink → websocket.
+
+Every event is `{"type", "run_id", "seq", "ts", "data"}` (see `Event.to_dict`); `seq` starts at 1
+and increases by exactly 1 per event of a run, in the order the sink receives them, even though
+the executor emits from several threads. `ts` is a Unix timestamp (seconds, float). Decimals
+(costs) are serialised as strings.
+
+Payloads (`data`) by type — the websocket UI depends on these shapes:
+
+run.started
+    {strategy, preset, question, workers: [{index, key, name, model, tags}],
+     conductor: {key, name, model} | None, limits}
+guardrail.checked
+    {stage: "input"|"step_output"|"output", step: int|None,
+     checks: [{name, stage, status, action, detail, latency_ms}], blocked: bool, flags: [str]}
+    statuses: passed intervened failed not_run bypassed. Without governance the engine reports
+    a single `not_run` check for the input and output stages, never `passed`; step_output
+    events are only emitted when some check actually ran.
+plan.proposed
+    {round, attempt, source: "conductor"|"repair"|"fallback"|"fixed",
+     plan: {steps: [{index, worker, worker_key, instruction, access}]} | None,
+     raw: str|None, error: str|None, usage: {input_tokens, output_tokens},
+     cost_usd: str|None, priced: bool, latency_ms}
+    One event per conductor attempt; a rejected attempt has `plan: None` and `error` set.
+    `worker` -1 (CONDUCTOR_SELF) is the conductor itself; its worker_key is the conductor's key.
+plan.validated
+    {round, action: "accepted"|"repaired"|"blocked", violations: [{code, message, step}],
+     original: plan, plan: plan|None, reason: str|None}
+step.started
+    {index, round, worker_key, worker_name, instruction, access: [int], messages: [Message]}
+    Indices are global across recursion rounds (round 2 continues after round 1).
+step.delta
+    {index, text}
+step.finished
+    {index, round, status, output, error, worker_key, fallback_from: str|None,
+     usage: {input_tokens, output_tokens}, cost_usd: str|None, priced: bool, latency_ms}
+    Steps that never started (skipped/blocked) get a step.finished without a step.started.
+run.finished
+    {status, answer, error, reason, totals: {input_tokens, output_tokens, cost_usd, priced,
+     latency_ms, steps}}
+    Always the last event of a run, whatever happened.
+
+Step statuses: pending running succeeded failed timed_out skipped blocked.
+Run statuses: queued running succeeded failed blocked cancelled timed_out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+logger = logging.getLogger(__name__)
+
+
+class EventType(StrEnum):
+    RUN_STARTED = "run.started"
+    GUARDRAIL_CHECKED = "guardrail.checked"
+    PLAN_PROPOSED = "plan.proposed"
+    PLAN_VALIDATED = "plan.validated"
+    STEP_STARTED = "step.started"
+    STEP_DELTA = "step.delta"
+    STEP_FINISHED = "step.finished"
+    RUN_FINISHED = "run.finished"
+
+
+class StepStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    SKIPPED = "skipped"
+    BLOCKED = "blocked"
+
+
+class RunStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+
+class CheckStatus(StrEnum):
+    PASSED = "passed"
+    INTERVENED = "intervened"
+    FAILED = "failed"
+    NOT_RUN = "not_run"
+    BYPASSED = "bypassed"
+
+
+def json_safe(value: Any) -> Any:
+    """Convert Decimals (to str), tuples, enums and dataclass-like values into JSON types."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_safe(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return json_safe(to_dict())
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    type: EventType
+    run_id: str
+    seq: int
+    ts: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type.value,
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "ts": self.ts,
+            "data": json_safe(self.data),
+        }
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Receives every event of a run in `seq` order. Called from engine threads, one call at a
+    time per run (the Emitter serialises). A sink that raises does not stop the run: the error
+    is logged and the run continues (the Django sink should persist before publishing)."""
+
+    def emit(self, event: Event) -> None: ...
+
+
+class ListSink:
+    """Collects events in memory (tests, benchmarks)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def emit(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of_type(self, type_: EventType | str) -> list[Event]:
+        return [e for e in self.events if e.type == type_]
+
+    def types(self) -> list[str]:
+        return [e.type.value for e in self.events]
+
+
+class NullSink:
+    def emit(self, event: Event) -> None:
+        return None
+
+
+class Emitter:
+    """Assigns the per-run `seq` and hands events to the sink under one lock, so the sink sees
+    them in seq order with no gaps even when steps finish on different threads."""
+
+    def __init__(self, run_id: str, sink: EventSink) -> None:
+        self.run_id = run_id
+        self.sink = sink
+        self._seq = 0
+        self._lock = threading.Lock()
+        self.sink_errors = 0
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def emit(self, type_: EventType, data: dict[str, Any]) -> Event:
+        with self._lock:
+            self._seq += 1
+            event = Event(type_, self.run_id, self._seq, time.time(), data)
+            try:
+                self.sink.emit(event)
+            except Exception:
+                # A broken sink must not leave the run half-executed with no terminal state.
+                self.sink_errors += 1
+                logger.exception("event sink failed on %s seq=%d (run %s)", type_, event.seq, self.run_id)
+            return event

@@ -1,0 +1,339 @@
+"""Executes one Plan on a pool.
+
+Context isolation: a worker sees ONLY the original question, then — for each step in its access
+list, in index order — that step's instruction (user turn) and output (assistant turn), then its
+own instruction. Nothing else from the run reaches it (`build_messages` is the single place that
+assembles worker context).
+
+Scheduling: a step starts as soon as the steps it reads (within this plan; earlier rounds are
+already done) have succeeded, with at most `Limits.max_parallel` calls in flight. Each call runs
+on its own daemon thread rather than a ThreadPoolExecutor: a call that overruns its timeout
+cannot be interrupted, and an abandoned call must neither hold a pool slot nor block
+interpreter exit. All events except `step.delta` are emitted from the scheduling thread, so the
+per-step event order is deterministic.
+
+Failure: a step that fails (provider error after retries, or timeout) is retried once on its
+worker's `fallback_key` worker if the pool has it; otherwise it ends `failed`/`timed_out`, the
+steps not yet started are `skipped` and the run ends `failed`. Cancellation and the run deadline
+abandon running calls (their late results are discarded) and skip the rest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from apps.engine.events import EventType, RunStatus, StepStatus
+from apps.engine.plan import Plan, PlanStep
+from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
+from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
+from apps.engine.types import Message, Usage, WorkerResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CancelToken", "build_messages", "execute_plan"]
+
+_attempt_ids = itertools.count(1)
+
+
+def build_messages(question: str, step: PlanStep, records: dict[int, StepRecord]) -> list[Message]:
+    """The whole context a worker receives for `step` (see module docstring)."""
+    messages: list[Message] = [{"role": "user", "content": question}]
+    for i in step.reads():
+        rec = records.get(i)
+        if rec is None or rec.status != StepStatus.SUCCEEDED or rec.step.is_self:
+            continue  # the conductor's own re-plan step has no answer text for workers
+        messages.append({"role": "user", "content": rec.step.instruction})
+        messages.append({"role": "assistant", "content": rec.output or ""})
+    messages.append({"role": "user", "content": step.instruction})
+    return messages
+
+
+@dataclass(slots=True)
+class _Attempt:
+    id: int
+    step: PlanStep
+    worker: Worker
+    messages: list[Message]
+    started: float
+    deadline: float
+    fallback_from: str | None = None
+    live: bool = True  # False once abandoned: late deltas/results are dropped
+
+
+@dataclass(slots=True)
+class _Outcome:
+    attempt_id: int
+    result: WorkerResult | None
+    error: ProviderError | None
+    elapsed_ms: float
+
+
+@dataclass(slots=True)
+class _RoundState:
+    pending: dict[int, PlanStep]
+    running: dict[int, _Attempt] = field(default_factory=dict)  # attempt id -> attempt
+    abort: RunAborted | None = None
+
+
+def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
+    """Run the plan's worker steps (a trailing CONDUCTOR_SELF step is left to the strategy).
+    Returns when every step has a terminal record; raises RunAborted for a run-ending outcome."""
+    steps = [s for s in plan.steps if not s.is_self]
+    state = _RoundState(pending={s.index: s for s in steps})
+    in_plan = set(state.pending)
+    done: dict[int, StepStatus] = {}
+    inbox: queue.Queue[_Outcome] = queue.Queue()
+    limits = session.limits
+
+    def deps_ready(step: PlanStep) -> bool:
+        return all(done.get(i) == StepStatus.SUCCEEDED for i in step.reads() if i in in_plan)
+
+    def finish(rec: StepRecord) -> None:
+        session.record(rec)
+        done[rec.step.index] = rec.status
+        session.emit_step_finished(rec)
+
+    def skip_pending(reason: str) -> None:
+        for index in sorted(state.pending):
+            step = state.pending.pop(index)
+            finish(
+                StepRecord(step, round, StepStatus.SKIPPED, session.worker_key(step.worker), error=reason)
+            )
+
+    def abandon_running(status: StepStatus, error: str) -> None:
+        for att in sorted(state.running.values(), key=lambda a: a.step.index):
+            att.live = False
+            # An abandoned call may still be billed: its cost is unknown, not zero.
+            finish(
+                StepRecord(
+                    att.step,
+                    round,
+                    status,
+                    att.worker.info.key,
+                    error=error,
+                    fallback_from=att.fallback_from,
+                    cost_usd=None,
+                    priced=False,
+                    latency_ms=(time.monotonic() - att.started) * 1000,
+                    messages=att.messages,
+                )
+            )
+            session.add_usage(Usage(), None, False)
+        state.running.clear()
+
+    def launch(step: PlanStep, worker: Worker, messages: list[Message], fallback_from: str | None) -> None:
+        now = time.monotonic()
+        timeout = max(0.001, min(limits.step_timeout_s, worker.info.timeout_s, session.remaining()))
+        # Small grace so a provider that honours `timeout` reports its own ProviderTimeout first.
+        att = _Attempt(
+            next(_attempt_ids), step, worker, messages, now, now + timeout + min(0.5, 0.1 * timeout), fallback_from
+        )
+        state.running[att.id] = att
+        max_tokens = limits.max_tokens_per_step or worker.info.max_output_tokens
+        if limits.max_tokens_per_step is not None:
+            max_tokens = min(max_tokens, worker.info.max_output_tokens)
+
+        def on_delta(text: str) -> None:
+            if att.live and text:
+                session.emitter.emit(EventType.STEP_DELTA, {"index": step.index, "text": text})
+
+        def target() -> None:
+            t0 = time.perf_counter()
+            result: WorkerResult | None = None
+            error: ProviderError | None = None
+            try:
+                result = worker.complete(
+                    messages,
+                    max_tokens=max_tokens,
+                    timeout=timeout,
+                    on_delta=on_delta if limits.stream else None,
+                )
+            except ProviderError as err:
+                error = err
+            except Exception as err:
+                # Unknown failure inside a provider: keep the details in the log, show plain words.
+                logger.exception("worker %s raised unexpectedly", worker.info.key)
+                error = ProviderError(f"The worker failed unexpectedly ({type(err).__name__}).")
+            inbox.put(_Outcome(att.id, result, error, (time.perf_counter() - t0) * 1000))
+
+        threading.Thread(target=target, daemon=True, name=f"engine-step-{step.index}").start()
+
+    def try_start(step: PlanStep) -> None:
+        worker = session.pool.workers[step.worker]
+        gate = session.hooks.before_step(session.ctx, step, worker.info, session.totals())
+        if not gate.allowed:
+            reason = gate.reason or "a policy limit was reached"
+            finish(StepRecord(step, round, StepStatus.BLOCKED, worker.info.key, error=reason))
+            cap = f":{gate.cap}" if gate.cap else ""
+            state.abort = RunAborted(RunStatus.BLOCKED, f"step_blocked{cap}", f"Step {step.index} was blocked: {reason}")
+            return
+        messages = build_messages(session.question, step, session.records)
+        session.emitter.emit(
+            EventType.STEP_STARTED,
+            {
+                "index": step.index,
+                "round": round,
+                "worker_key": worker.info.key,
+                "worker_name": worker.info.name,
+                "instruction": step.instruction,
+                "access": list(step.reads()),
+                "messages": messages,
+            },
+        )
+        session.count_step()
+        launch(step, worker, messages, None)
+
+    def fallback_for(att: _Attempt) -> Worker | None:
+        if att.fallback_from is not None:
+            return None  # one switch per step: fallback chains would hide a broken pool
+        key = att.worker.info.fallback_key
+        if not key or key == att.worker.info.key:
+            return None
+        fb = session.pool.get(key)
+        if fb is None:
+            return None
+        allowed = limits.allowed_workers
+        if allowed is not None and key not in allowed:
+            return None
+        gate = session.hooks.before_step(session.ctx, att.step, fb.info, session.totals())
+        return fb if gate.allowed else None
+
+    def on_failure(att: _Attempt, error: ProviderError, elapsed_ms: float) -> None:
+        fb = fallback_for(att)
+        if fb is not None and state.abort is None and not session.is_cancelled():
+            logger.info("step %d: %s failed (%s); falling back to %s", att.step.index, att.worker.info.key, error.code, fb.info.key)
+            launch(att.step, fb, att.messages, att.worker.info.key)
+            return
+        timed_out = isinstance(error, ProviderTimeout)
+        status = StepStatus.TIMED_OUT if timed_out else StepStatus.FAILED
+        finish(
+            StepRecord(
+                att.step,
+                round,
+                status,
+                att.worker.info.key,
+                error=str(error),
+                fallback_from=att.fallback_from,
+                # A timed-out call may have been billed; a rejected one was not.
+                cost_usd=None if timed_out else Decimal(0),
+                priced=not timed_out,
+                latency_ms=elapsed_ms,
+                messages=att.messages,
+            )
+        )
+        if timed_out:
+            session.add_usage(Usage(), None, False)
+        if state.abort is None:
+            state.abort = RunAborted(
+                RunStatus.FAILED,
+                "step_timed_out" if timed_out else "step_failed",
+                f"Step {att.step.index} ({att.worker.info.name}) {'timed out' if timed_out else 'failed'}: {error}",
+            )
+
+    def on_success(att: _Attempt, result: WorkerResult, elapsed_ms: float) -> None:
+        session.add_usage(result.usage, result.cost_usd, result.priced)
+        guard = session.hooks.check_step_output(session.ctx, att.step, result.text)
+        if guard.checks:
+            session.emitter.emit(
+                EventType.GUARDRAIL_CHECKED,
+                {
+                    "stage": "step_output",
+                    "step": att.step.index,
+                    "checks": [c.to_dict() for c in guard.checks],
+                    "blocked": guard.blocked,
+                    "flags": list(guard.flags),
+                },
+            )
+        session.flags.extend(f for f in guard.flags if f not in session.flags)
+        status = StepStatus.BLOCKED if guard.blocked else StepStatus.SUCCEEDED
+        finish(
+            StepRecord(
+                att.step,
+                round,
+                status,
+                att.worker.info.key,
+                output=None if guard.blocked else guard.text,
+                error=guard.block_reason if guard.blocked else None,
+                fallback_from=att.fallback_from,
+                usage=result.usage,
+                cost_usd=result.cost_usd,
+                priced=result.priced,
+                latency_ms=result.latency_ms or elapsed_ms,
+                messages=att.messages,
+            )
+        )
+        if guard.blocked and state.abort is None:
+            reason = guard.block_reason or "a guardrail blocked it"
+            state.abort = RunAborted(
+                RunStatus.BLOCKED, "step_output_blocked", f"The output of step {att.step.index} was blocked: {reason}"
+            )
+
+    # ------------------------------------------------------------------ scheduling loop
+    while state.pending or state.running:
+        if state.abort is None or state.abort.status not in (RunStatus.CANCELLED, RunStatus.TIMED_OUT):
+            try:
+                session.checkpoint()
+            except RunAborted as stop:
+                state.abort = stop
+                what = "cancelled" if stop.status == RunStatus.CANCELLED else "stopped at the run's time limit"
+                abandon_running(
+                    StepStatus.SKIPPED if stop.status == RunStatus.CANCELLED else StepStatus.TIMED_OUT,
+                    f"The run was {what} while this step was running.",
+                )
+                skip_pending(f"The run was {what} before this step started.")
+                break
+
+        if state.abort is not None:
+            skip_pending(f"Not run: {state.abort.error}")
+        else:
+            for index in sorted(state.pending):
+                if len(state.running) >= limits.max_parallel or state.abort is not None:
+                    break
+                step = state.pending[index]
+                if deps_ready(step):
+                    del state.pending[index]
+                    try_start(step)
+            if state.abort is not None:
+                continue
+        if not state.running:
+            if state.pending:  # unreachable with a valid plan; guards against a scheduling stall
+                skip_pending("Not run: its inputs never became available.")
+                state.abort = state.abort or RunAborted(RunStatus.FAILED, "internal_error", "The plan stalled.")
+            break
+
+        now = time.monotonic()
+        nearest = min(a.deadline for a in state.running.values())
+        wait = max(0.0, min(limits.cancel_poll_s, nearest - now, session.remaining()))
+        try:
+            out = inbox.get(timeout=wait)
+        except queue.Empty:
+            now = time.monotonic()
+            for att in sorted(state.running.values(), key=lambda a: a.step.index):
+                if now >= att.deadline:
+                    del state.running[att.id]
+                    att.live = False
+                    timeout = att.deadline - att.started
+                    on_failure(
+                        att,
+                        ProviderTimeout(f"The worker did not answer within {timeout:.1f} s."),
+                        (now - att.started) * 1000,
+                    )
+            continue
+        found = state.running.pop(out.attempt_id, None)
+        if found is None:
+            continue  # a late answer from an abandoned attempt
+        found.live = False
+        if out.result is not None:
+            on_success(found, out.result, out.elapsed_ms)
+        else:
+            assert out.error is not None
+            on_failure(found, out.error, out.elapsed_ms)
+
+    if state.abort is not None:
+        raise state.abort

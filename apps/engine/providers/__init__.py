@@ -1,0 +1,33 @@
+"""Worker providers: OpenAI (+ compatible endpoints), Anthropic, local GGUF via llama-cpp.
+
+SDK imports happen inside the provider modules, so importing this package stays cheap.
+"""
+
+from apps.engine.providers.base import (
+    ProviderAuthError,
+    ProviderBadRequest,
+    ProviderContextTooLong,
+    ProviderError,
+    ProviderModelNotFound,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    Worker,
+    call_with_retries,
+)
+from apps.engine.providers.factory import PROVIDER_KINDS, build_worker
+
+__all__ = [
+    "PROVIDER_KINDS",
+    "ProviderAuthError",
+    "ProviderBadRequest",
+    "ProviderContextTooLong",
+    "ProviderError",
+    "ProviderModelNotFound",
+    "ProviderRateLimited",
+    "ProviderTimeout",
+    "ProviderUnavailable",
+    "Worker",
+    "build_worker",
+    "call_with_retries",
+]

@@ -1,0 +1,366 @@
+"""Per-run state shared by the runner, the strategies and the executor.
+
+A `RunSession` owns the emitter, the totals, the step records (by global index) and the
+cancel/deadline checks. Strategies use three helpers: `call_conductor` (a planning call counted
+in the totals), `propose` (emit plan.proposed) and `execute_round` (validate through the
+governance hooks, then run the plan). Terminal conditions travel as `RunAborted`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
+from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
+from apps.engine.plan import CONDUCTOR_SELF, Plan, PlanError, PlanStep, plan_to_dict, validate_plan
+from apps.engine.pool import WorkerPool
+from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
+from apps.engine.types import Limits, Message, Totals, Usage, WorkerResult
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class CancelToken:
+    """Cooperative cancellation. The engine polls `is_cancelled()` at step boundaries and every
+    `Limits.cancel_poll_s` while waiting; the Django side subclasses it to read the Run row
+    (keep `is_cancelled` cheap, or rate-limit it in the subclass)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    def is_cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class RunAborted(Exception):  # noqa: N818 — control flow, not an error condition of the caller
+    """Ends a run early in a defined terminal state."""
+
+    def __init__(self, status: RunStatus, reason: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.reason = reason
+        self.error = error
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step: PlanStep
+    round: int
+    status: StepStatus
+    worker_key: str
+    output: str | None = None  # what later steps and the answer see (after step-output guardrails)
+    error: str | None = None
+    fallback_from: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    cost_usd: Decimal | None = Decimal(0)
+    priced: bool = True
+    latency_ms: float = 0.0
+    messages: list[Message] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.step.index,
+            "round": self.round,
+            "status": self.status.value,
+            "output": self.output,
+            "error": self.error,
+            "worker_key": self.worker_key,
+            "fallback_from": self.fallback_from,
+            "usage": self.usage.to_dict(),
+            "cost_usd": str(self.cost_usd) if self.cost_usd is not None else None,
+            "priced": self.priced,
+            "latency_ms": round(self.latency_ms, 3),
+        }
+
+
+def call_in_thread(
+    fn: Callable[[], T],
+    *,
+    timeout: float,
+    cancelled: Callable[[], bool],
+    poll: float,
+) -> T:
+    """Run a blocking call on a daemon thread and wait for it at most `timeout` seconds,
+    polling `cancelled`. A call that overruns is abandoned (SDK and llama calls cannot be
+    interrupted); daemon threads keep an abandoned call from blocking interpreter exit."""
+    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+
+    def target() -> None:
+        try:
+            box.put((True, fn()))
+        except BaseException as exc:  # handed to the waiting thread, which re-raises it
+            box.put((False, exc))
+
+    threading.Thread(target=target, daemon=True, name="engine-call").start()
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise ProviderTimeout(f"The call did not finish within {timeout:.1f} s.")
+        try:
+            ok, value = box.get(timeout=min(poll, left))
+        except queue.Empty:
+            if cancelled():
+                raise RunAborted(RunStatus.CANCELLED, "cancelled", "The run was cancelled.") from None
+            continue
+        if ok:
+            return value
+        raise value
+
+
+class RunSession:
+    def __init__(
+        self,
+        *,
+        ctx: RunContext,
+        pool: WorkerPool,
+        limits: Limits,
+        emitter: Emitter,
+        hooks: GovernanceHooks,
+        cancel: CancelToken | None,
+    ) -> None:
+        self.ctx = ctx
+        self.pool = pool
+        self.limits = limits
+        self.emitter = emitter
+        self.hooks = hooks
+        self.cancel = cancel
+        self.question = ctx.question  # replaced by the input guardrail's (possibly redacted) text
+        self.started = time.monotonic()
+        self.deadline = self.started + limits.run_timeout_s
+        self.records: dict[int, StepRecord] = {}
+        self.plans: list[Plan] = []
+        self._totals = Totals()
+        self._lock = threading.Lock()
+        self.flags: list[str] = []
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def add_usage(self, usage: Usage, cost_usd: Decimal | None, priced: bool) -> None:
+        with self._lock:
+            self._totals.add(usage, cost_usd, priced)
+
+    def count_step(self) -> None:
+        with self._lock:
+            self._totals.steps += 1
+
+    def totals(self) -> Totals:
+        with self._lock:
+            snap = self._totals.copy()
+        snap.latency_ms = (time.monotonic() - self.started) * 1000
+        return snap
+
+    def record(self, rec: StepRecord) -> None:
+        with self._lock:
+            self.records[rec.step.index] = rec
+
+    @property
+    def next_index(self) -> int:
+        last = max((p.steps[-1].index for p in self.plans), default=-1)
+        return max(last, max(self.records, default=-1)) + 1
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def is_cancelled(self) -> bool:
+        if self.cancel is None:
+            return False
+        try:
+            return bool(self.cancel.is_cancelled())
+        except Exception:
+            # A failing cancel check (e.g. DB hiccup) must not kill the run; keep going.
+            logger.exception("cancel token check failed (run %s)", self.ctx.run_id)
+            return False
+
+    def checkpoint(self) -> None:
+        """Raise RunAborted if the run was cancelled or its deadline has passed."""
+        if self.is_cancelled():
+            raise RunAborted(RunStatus.CANCELLED, "cancelled", "The run was cancelled.")
+        if self.remaining() <= 0:
+            raise RunAborted(
+                RunStatus.TIMED_OUT,
+                "run_timeout",
+                f"The run exceeded its time limit of {self.limits.run_timeout_s:g} s.",
+            )
+
+    def worker_key(self, worker: int) -> str:
+        if worker == CONDUCTOR_SELF:
+            return self.conductor_key
+        return self.pool.workers[worker].info.key
+
+    @property
+    def conductor_key(self) -> str:
+        return self.pool.conductor.info.key if self.pool.conductor is not None else "conductor"
+
+    def plan_dict(self, plan: Plan | None) -> dict[str, Any] | None:
+        if plan is None:
+            return None
+        return plan_to_dict(plan, self.pool.keys, conductor_key=self.conductor_key)
+
+    # ------------------------------------------------------------------ conductor calls
+
+    def call_conductor(
+        self,
+        messages: list[Message],
+        *,
+        json_schema: dict | None = None,
+        max_tokens: int | None = None,
+        worker: Worker | None = None,
+    ) -> WorkerResult:
+        """One planning call, bounded by the step timeout and the run deadline; counted in the
+        run totals whether or not its plan turns out valid."""
+        worker = worker or self.pool.conductor
+        if worker is None:
+            raise ProviderError("No conductor model is configured for this pool.")
+        self.checkpoint()
+        timeout = max(0.001, min(self.limits.step_timeout_s, worker.info.timeout_s, self.remaining()))
+        try:
+            result = call_in_thread(
+                lambda: worker.complete(messages, max_tokens=max_tokens, timeout=timeout, json_schema=json_schema),
+                timeout=timeout,
+                cancelled=self.is_cancelled,
+                poll=self.limits.cancel_poll_s,
+            )
+        except ProviderTimeout:
+            self.checkpoint()  # the run deadline, not just the call, may be what ran out
+            raise
+        self.add_usage(result.usage, result.cost_usd, result.priced)
+        return result
+
+    # ------------------------------------------------------------------ events
+
+    def propose(
+        self,
+        *,
+        round: int,
+        attempt: int,
+        source: str,
+        plan: Plan | None,
+        raw: str | None = None,
+        error: str | None = None,
+        result: WorkerResult | None = None,
+    ) -> None:
+        self.emitter.emit(
+            EventType.PLAN_PROPOSED,
+            {
+                "round": round,
+                "attempt": attempt,
+                "source": source,
+                "plan": self.plan_dict(plan),
+                "raw": raw,
+                "error": error,
+                "usage": (result.usage if result else Usage()).to_dict(),
+                "cost_usd": (str(result.cost_usd) if result.cost_usd is not None else None) if result else "0",
+                "priced": result.priced if result else True,
+                "latency_ms": round(result.latency_ms, 3) if result else 0.0,
+            },
+        )
+
+    def emit_step_finished(self, rec: StepRecord) -> None:
+        self.emitter.emit(EventType.STEP_FINISHED, rec.to_dict())
+
+    # ------------------------------------------------------------------ validation & execution
+
+    def engine_violations(self, plan: Plan, *, allow_self: bool) -> list[Violation]:
+        """The engine's own constraints (structure, max steps, allowed workers), checked before
+        governance so every strategy's plans obey the limits in force."""
+        out: list[Violation] = []
+        try:
+            validate_plan(plan, pool_size=len(self.pool), max_steps=self.limits.max_steps, allow_self=allow_self)
+        except PlanError as err:
+            out.append(Violation("invalid_plan", err.message))
+        allowed = set(self.pool.allowed_indices(self.limits.allowed_workers))
+        for s in plan.steps:
+            if not s.is_self and s.worker not in allowed:
+                out.append(
+                    Violation(
+                        "worker_not_allowed",
+                        f"step {s.index}: worker {self.worker_key(s.worker)!r} is not allowed by the limits in force",
+                        s.index,
+                    )
+                )
+        return out
+
+    def validate(self, plan: Plan, *, round: int, allow_self: bool = True) -> Plan:
+        """Engine checks + governance `validate_plan`; emits plan.validated; returns the plan to
+        execute or raises RunAborted(blocked)."""
+        violations = self.engine_violations(plan, allow_self=allow_self)
+        if violations:
+            verdict = PlanValidation("blocked", violations, None, violations[0].message)
+        else:
+            verdict = self.hooks.validate_plan(self.ctx, plan, self.pool)
+            if verdict.action == "repaired":
+                repaired = verdict.plan
+                problems = (
+                    self.engine_violations(repaired, allow_self=allow_self)
+                    if repaired is not None
+                    else [Violation("invalid_repair", "governance repaired the plan but returned none")]
+                )
+                if problems:
+                    verdict = PlanValidation(
+                        "blocked",
+                        list(verdict.violations) + problems,
+                        None,
+                        "The policy's repaired plan is itself invalid: " + problems[0].message,
+                    )
+            elif verdict.action == "accepted":
+                verdict.plan = plan
+        final = verdict.plan if verdict.action != "blocked" else None
+        self.emitter.emit(
+            EventType.PLAN_VALIDATED,
+            {
+                "round": round,
+                "action": verdict.action,
+                "violations": [v.to_dict() for v in verdict.violations],
+                "original": self.plan_dict(plan),
+                "plan": self.plan_dict(final),
+                "reason": verdict.reason,
+            },
+        )
+        if final is None:
+            reason = verdict.reason or (verdict.violations[0].message if verdict.violations else "blocked by policy")
+            raise RunAborted(RunStatus.BLOCKED, "plan_blocked", f"The plan was blocked: {reason}")
+        return final
+
+    def execute_round(self, plan: Plan, *, round: int, allow_self: bool = True) -> Plan:
+        """Validate, then execute every non-conductor step. Returns the plan that ran."""
+        final = self.validate(plan, round=round, allow_self=allow_self)
+        self.plans.append(final)
+        from apps.engine.executor import execute_plan  # local: executor imports this module
+
+        execute_plan(self, final, round=round)
+        return final
+
+    def answer(self) -> str:
+        """The last executed step's output (the conductor's own steps are not answers)."""
+        for index in sorted(self.records, reverse=True):
+            rec = self.records[index]
+            if not rec.step.is_self and rec.status == StepStatus.SUCCEEDED:
+                return rec.output or ""
+        raise RunAborted(RunStatus.FAILED, "no_answer", "No step produced an answer.")
+
+    def outputs_for(self, indices: Sequence[int]) -> list[StepRecord]:
+        return [self.records[i] for i in sorted(indices) if i in self.records]
+
+    def with_limits(self, limits: Limits) -> None:
+        self.limits = limits
+        self.ctx.limits = limits
+        self.deadline = self.started + limits.run_timeout_s
+
+
+__all__ = ["CancelToken", "RunAborted", "RunSession", "StepRecord", "call_in_thread"]

@@ -1,0 +1,154 @@
+"""Plain value types shared by every engine module (no behaviour, no Django)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+# A chat message: {"role": "system"|"user"|"assistant", "content": "..."}.
+Message = dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as reported by the provider for one call."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What the engine knows about a worker; `key` is the stable id used in events
+    (the Django side passes the DB worker slug)."""
+
+    key: str
+    name: str
+    model: str
+    provider: str  # provider kind: "openai" | "openai_compatible" | "anthropic" | "local" | "test"
+    strengths: str = ""
+    tags: tuple[str, ...] = ()
+    cost_rank: int = 3  # relative cost, 1 (cheapest) .. 5 (most expensive)
+    input_price_per_mtok: Decimal | None = None  # USD per million input tokens, admin-configured
+    output_price_per_mtok: Decimal | None = None
+    max_output_tokens: int = 512
+    timeout_s: float = 60.0
+    fallback_key: str | None = None  # key of another pool worker to retry a failed step on
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            raise ValueError("WorkerInfo.key must not be empty")
+        if not 1 <= self.cost_rank <= 5:
+            raise ValueError(f"WorkerInfo.cost_rank must be 1..5, got {self.cost_rank}")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerResult:
+    """One completed call: text plus the measurements every event carries."""
+
+    text: str
+    usage: Usage
+    latency_ms: float
+    model: str
+    cost_usd: Decimal | None
+    priced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Hard limits for one run (callers narrow them per policy; presets narrow them further).
+
+    Re-exported from `apps.engine.runner`, where callers usually import it.
+    """
+
+    max_steps: int = 5  # per plan (per recursion round)
+    max_depth: int = 2  # conductor rounds; 1 means no recursion
+    max_parallel: int = 4
+    step_timeout_s: float = 120.0
+    run_timeout_s: float = 600.0
+    max_tokens_per_step: int | None = None  # None: each worker's own max_output_tokens
+    allowed_workers: tuple[str, ...] | None = None  # worker keys; None means the whole pool
+    stream: bool = True  # emit step.delta events when the provider streams
+    repair_rounds: int = 1  # invalid conductor plans get this many chances to fix themselves
+    cancel_poll_s: float = 0.25  # how often a waiting run re-checks its CancelToken
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1:
+            raise ValueError("Limits.max_steps must be >= 1")
+        if self.max_depth < 1:
+            raise ValueError("Limits.max_depth must be >= 1")
+        if self.max_parallel < 1:
+            raise ValueError("Limits.max_parallel must be >= 1")
+        if self.step_timeout_s <= 0 or self.run_timeout_s <= 0:
+            raise ValueError("Limits timeouts must be positive")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "max_steps": self.max_steps,
+            "max_depth": self.max_depth,
+            "max_parallel": self.max_parallel,
+            "step_timeout_s": self.step_timeout_s,
+            "run_timeout_s": self.run_timeout_s,
+            "max_tokens_per_step": self.max_tokens_per_step,
+            "allowed_workers": list(self.allowed_workers) if self.allowed_workers is not None else None,
+        }
+
+
+@dataclass(slots=True)
+class Totals:
+    """Running totals for a run; conductor calls count too. `cost_usd` sums the priced calls;
+    when `priced` is False at least one call had no known price, so the cost is a lower bound."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal = field(default_factory=lambda: Decimal(0))
+    priced: bool = True
+    any_priced: bool = False
+    latency_ms: float = 0.0
+    steps: int = 0
+
+    def add(self, usage: Usage, cost_usd: Decimal | None, priced: bool) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        if priced and cost_usd is not None:
+            self.cost_usd += cost_usd
+            self.any_priced = True
+        else:
+            self.priced = False
+
+    def copy(self) -> Totals:
+        return Totals(
+            self.input_tokens,
+            self.output_tokens,
+            self.cost_usd,
+            self.priced,
+            self.any_priced,
+            self.latency_ms,
+            self.steps,
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, object]:
+        # Nothing priced and something unpriced: report None, never "$0".
+        cost = str(self.cost_usd) if (self.any_priced or self.priced) else None
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": cost,
+            "priced": self.priced,
+            "latency_ms": round(self.latency_ms, 3),
+            "steps": self.steps,
+        }

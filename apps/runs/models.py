@@ -1,0 +1,167 @@
+"""Runs, their steps, and the persisted event log a reconnecting websocket replays from."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    BLOCKED = "blocked", "Blocked"
+    CANCELLED = "cancelled", "Cancelled"
+    TIMED_OUT = "timed_out", "Timed out"
+
+
+TERMINAL_RUN_STATUSES = frozenset(
+    {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.BLOCKED, RunStatus.CANCELLED, RunStatus.TIMED_OUT}
+)
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    TIMED_OUT = "timed_out", "Timed out"
+    SKIPPED = "skipped", "Skipped"
+    BLOCKED = "blocked", "Blocked"
+
+
+class Strategy(models.TextChoices):
+    CONDUCTOR = "conductor", "Conductor"
+    SINGLE = "single", "Single worker"
+    MOA = "moa", "Mixture of agents"
+    PEV = "pev", "Planner–executor–verifier"
+
+
+class Preset(models.TextChoices):
+    NONE = "", "—"
+    MINI = "mini", "mini"
+    ULTRA = "ultra", "ultra"
+
+
+class ReviewStatus(models.TextChoices):
+    NONE = "", "Not queued"
+    PENDING = "pending", "Awaiting review"
+    APPROVED = "approved", "Approved"
+    FLAGGED = "flagged", "Flagged"
+    NEEDS_FOLLOW_UP = "needs_follow_up", "Needs follow-up"
+
+
+class RunSource(models.TextChoices):
+    PLAYGROUND = "playground", "Playground"
+    OPENAI_API = "openai_api", "OpenAI-compatible API"
+    REST_API = "rest_api", "REST API"
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    api_key = models.ForeignKey("api.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    team = models.ForeignKey("governance.Team", on_delete=models.PROTECT, related_name="runs")
+    pool = models.ForeignKey("workers.Pool", on_delete=models.PROTECT, related_name="runs")
+    policy_version = models.ForeignKey(
+        "policies.PolicyVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    source = models.CharField(max_length=12, choices=RunSource.choices, default=RunSource.PLAYGROUND)
+    strategy = models.CharField(max_length=12, choices=Strategy.choices, default=Strategy.CONDUCTOR)
+    preset = models.CharField(max_length=8, choices=Preset.choices, blank=True, default=Preset.MINI)
+    # For the single strategy, the worker it names; also the worker a step replay targets.
+    worker = models.ForeignKey("workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    classification = models.CharField(max_length=16, blank=True, default="")
+    question = models.TextField()
+    # Replay of one step: the exact messages to send instead of planning.
+    replay_messages = models.JSONField(null=True, blank=True)
+    answer = models.TextField(blank=True)
+    status = models.CharField(max_length=12, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    status_reason = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    review_status = models.CharField(max_length=16, choices=ReviewStatus.choices, blank=True, default="")
+    # require_review guardrails hold the answer until a reviewer releases it.
+    answer_held = models.BooleanField(default=False)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    priced = models.BooleanField(default=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    step_count = models.PositiveSmallIntegerField(default=0)
+    last_seq = models.PositiveIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    payload_erased_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("review_run", "Can review (sign off or flag) the run")]
+        indexes = [
+            models.Index(fields=["team", "-created_at"], name="run_team_created"),
+            models.Index(fields=["created_by", "-created_at"], name="run_user_created"),
+            models.Index(fields=["status", "-created_at"], name="run_status_created"),
+            models.Index(fields=["strategy", "-created_at"], name="run_strategy_created"),
+            models.Index(fields=["-created_at"], name="run_created"),
+            models.Index(fields=["status", "deadline_at"], name="run_status_deadline"),
+            models.Index(fields=["review_status", "-created_at"], name="run_review_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_RUN_STATUSES
+
+
+class Step(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveSmallIntegerField()
+    round = models.PositiveSmallIntegerField(default=1)
+    worker = models.ForeignKey("workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    worker_key = models.CharField(max_length=60)
+    worker_name = models.CharField(max_length=100, blank=True)
+    instruction = models.TextField()
+    access = models.JSONField(default=list)
+    messages = models.JSONField(default=list)
+    output = models.TextField(blank=True)
+    status = models.CharField(max_length=12, choices=StepStatus.choices, default=StepStatus.PENDING)
+    error = models.TextField(blank=True)
+    fallback_from = models.CharField(max_length=60, blank=True)
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    priced = models.BooleanField(default=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="step_unique_index")]
+        indexes = [models.Index(fields=["worker_key", "run"], name="step_worker_run")]
+
+    def __str__(self) -> str:
+        return f"Step {self.index} of {self.run_id}"
+
+
+class RunEvent(models.Model):
+    """Every protocol event of a run, so a reconnecting client gets exactly what it missed."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=32)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq")]

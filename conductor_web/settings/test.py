@@ -1,0 +1,26 @@
+"""Test settings. The mode follows the environment exactly like production would:
+DATABASE_URL / REDIS_URL / CELERY_BROKER_URL set → distributed, unset → embedded."""
+
+from .base import *  # noqa: F403
+from .base import CHANNEL_LAYERS, DATABASES, VAR_DIR, env
+
+# Lets several test sessions share one machine's services without clobbering each other.
+TEST_ID = env.str("CONDUCTOR_TEST_ID", default="")
+_suffix = f"_{TEST_ID}" if TEST_ID else ""
+
+DEBUG = False
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+AUDIT_HMAC_KEY = "test-audit-hmac-key-not-secret"
+SECRETS_ENCRYPTION_KEY = "dGVzdC1mZXJuZXQta2V5LTMyLWJ5dGVzLWxvbmchISE="
+WHITENOISE_AUTOREFRESH = True
+RUN_SWEEP_INTERVAL_S = 3600  # tests call the sweep directly
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not :memory:, so the live daphne server and the test process share one database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test{_suffix}.sqlite3")}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_conductor{_suffix}"}
+
+CELERY_TASK_DEFAULT_QUEUE = f"conductor{_suffix}"
+if "redis" in CHANNEL_LAYERS["default"]["BACKEND"]:
+    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{_suffix}:"

@@ -1,0 +1,47 @@
+"""Root conftest: the runtime mode, service requirements, and fixture registration."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.runtime import MODE, describe_mode, require_services
+
+pytest_plugins = [
+    "tests.fixtures.core",
+    "tests.fakes.fixtures",
+    "tests.fixtures.governance",
+    "tests.fixtures.workers",
+    "tests.fixtures.policies",
+    "tests.fixtures.runs",
+    "tests.fixtures.api",
+    "tests.fixtures.audit",
+]
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [f"conductor mode: {describe_mode()}"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Distributed mode was asked for by the environment: a missing service is an error, not a skip.
+    if MODE == "distributed":
+        require_services()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only_runtime = os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1"
+    skip_distributed = pytest.mark.skip(reason="needs the distributed mode (PostgreSQL, Redis, Celery); runs in make test's distributed phase")
+    deselected = []
+    kept = []
+    for item in items:
+        if MODE != "distributed" and item.get_closest_marker("distributed"):
+            item.add_marker(skip_distributed)
+        if only_runtime and not (item.get_closest_marker("runtime") or item.get_closest_marker("browser")):
+            deselected.append(item)
+        else:
+            kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept

@@ -1,0 +1,1 @@
+"""Fake provider fixtures (owned by the engine work)."""
