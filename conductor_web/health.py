@@ -61,7 +61,7 @@ async def _guard(name: str, coro: Any) -> dict[str, Any]:
 
 async def healthz(request: HttpRequest) -> JsonResponse:
     db, layer, execution = await asyncio.gather(
-        _guard("database", sync_to_async(_database_check, thread_sensitive=False)()),
+        _guard("database", sync_to_async(_database_check)()),
         _guard("channel_layer", _channel_layer_check()),
         _guard("execution", sync_to_async(_execution_check, thread_sensitive=False)()),
     )

@@ -4,3 +4,7 @@ from django.apps import AppConfig
 class ApiConfig(AppConfig):
     name = "apps.api"
     label = "api"
+
+    def ready(self) -> None:
+        # Registers the OpenAPI description of API key authentication with drf-spectacular.
+        from apps.api import schema  # noqa: F401

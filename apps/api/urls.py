@@ -1,1 +1,68 @@
-urlpatterns: list = []
+"""Mounted at the project root: ``/v1/`` (OpenAI-compatible), ``/api/`` (REST, schema, docs) and the
+team key pages ``/teams/<slug>/keys/``."""
+
+from __future__ import annotations
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from apps.api import openai_views, views
+from apps.api.rest import audit, keys, policies, pools, runs, teams
+
+app_name = "api"
+
+v1 = [
+    path("models", openai_views.models_view, name="v1_models"),
+    path("models/<str:model>", openai_views.model_detail_view, name="v1_model"),
+    path("chat/completions", openai_views.chat_completions_view, name="v1_chat_completions"),
+]
+
+rest = [
+    # teams, memberships, API keys
+    path("teams/", teams.TeamListCreate.as_view(), name="team_list"),
+    path("teams/<slug:slug>/", teams.TeamDetail.as_view(), name="team_detail"),
+    path("teams/<slug:slug>/members/", teams.MemberListCreate.as_view(), name="member_list"),
+    path("teams/<slug:slug>/members/<str:username>/", teams.MemberDetail.as_view(), name="member_detail"),
+    path("teams/<slug:slug>/keys/", keys.ApiKeyListCreate.as_view(), name="apikey_list"),
+    path("teams/<slug:slug>/keys/<int:key_id>/", keys.ApiKeyDetail.as_view(), name="apikey_detail"),
+    path("teams/<slug:slug>/keys/<int:key_id>/revoke/", keys.ApiKeyRevoke.as_view(), name="apikey_revoke"),
+    # providers, workers, pools
+    path("providers/", pools.ProviderListCreate.as_view(), name="provider_list"),
+    path("providers/<slug:slug>/", pools.ProviderDetail.as_view(), name="provider_detail"),
+    path("workers/", pools.WorkerListCreate.as_view(), name="worker_list"),
+    path("workers/<slug:slug>/", pools.WorkerDetail.as_view(), name="worker_detail"),
+    path("workers/<slug:slug>/health-check/", pools.WorkerHealthCheck.as_view(), name="worker_health_check"),
+    path("pools/", pools.PoolListCreate.as_view(), name="pool_list"),
+    path("pools/<slug:slug>/", pools.PoolDetail.as_view(), name="pool_detail"),
+    # policies
+    path("policies/", policies.PolicyList.as_view(), name="policy_list"),
+    path("policies/<int:policy_id>/", policies.PolicyDetail.as_view(), name="policy_detail"),
+    path("policies/<int:policy_id>/diff/", policies.PolicyDiff.as_view(), name="policy_diff"),
+    path("policies/<int:policy_id>/versions/", policies.PolicyVersionListCreate.as_view(), name="policy_versions"),
+    path("policies/<int:policy_id>/versions/<int:number>/", policies.PolicyVersionDetail.as_view(),
+         name="policy_version_detail"),
+    path("policies/<int:policy_id>/versions/<int:number>/publish/", policies.PolicyVersionPublish.as_view(),
+         name="policy_version_publish"),
+    # runs
+    path("runs/", runs.RunListCreate.as_view(), name="run_list"),
+    path("runs/<uuid:run_id>/", runs.RunDetail.as_view(), name="run_detail"),
+    path("runs/<uuid:run_id>/steps/", runs.RunSteps.as_view(), name="run_steps"),
+    path("runs/<uuid:run_id>/events/", runs.RunEvents.as_view(), name="run_events"),
+    path("runs/<uuid:run_id>/cancel/", runs.RunCancel.as_view(), name="run_cancel"),
+    path("runs/<uuid:run_id>/review/", runs.RunReview.as_view(), name="run_review"),
+    # audit
+    path("audit/events/", audit.AuditEventList.as_view(), name="audit_event_list"),
+    path("audit/events/<int:seq>/", audit.AuditEventDetail.as_view(), name="audit_event_detail"),
+    path("audit/export/", audit.AuditExport.as_view(), name="audit_export"),
+    # schema and docs (docs assets come from drf-spectacular-sidecar: no CDN)
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api:schema"), name="redoc"),
+]
+
+urlpatterns = [
+    path("v1/", include(v1)),
+    path("api/", include(rest)),
+    path("teams/<slug:slug>/keys/", views.key_list, name="key_list"),
+    path("teams/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+]

@@ -13,25 +13,43 @@ GENESIS_DIGEST = "0" * 64
 # The exact fields covered by an event's digest, in this order; changing this list is a format
 # change that breaks every existing chain.
 DIGEST_FIELDS = (
-    "seq", "created_at", "event_type", "kind", "actor_id", "actor_label", "api_key_id", "ip",
-    "user_agent", "team_id", "object_type", "object_id", "object_repr", "run_id", "policy_version_id",
+    "seq",
+    "created_at",
+    "event_type",
+    "kind",
+    "actor_id",
+    "actor_label",
+    "api_key_id",
+    "ip",
+    "user_agent",
+    "team_id",
+    "object_type",
+    "object_id",
+    "object_repr",
+    "run_id",
+    "policy_version_id",
     "payload",
 )
 
 
+_PLAIN_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
+# One encoder instance: json.dumps() with non-default options builds a new one per call, which
+# dominates verification time at millions of rows. Output is identical to json.dumps(...).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def _normalise(value: Any) -> Any:
+    if type(value) in _PLAIN_TYPES:  # fast path for the common exact types
+        return value
     if isinstance(value, datetime):
         return value.isoformat(timespec="microseconds")
-    if value is None or isinstance(value, bool | int | float | str | list | dict):
+    if isinstance(value, bool | int | float | str | list | dict):
         return value
     return str(value)
 
 
 def canonical_json(content: dict[str, Any]) -> str:
-    return json.dumps(
-        {k: _normalise(content.get(k)) for k in DIGEST_FIELDS},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str,
-    )
+    return _ENCODER.encode({k: _normalise(content.get(k)) for k in DIGEST_FIELDS})
 
 
 def compute_digest(key: bytes, content: dict[str, Any], prev_digest: str) -> str:

@@ -22,7 +22,12 @@ def mask_secrets(data: Any) -> Any:
     if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
-            if isinstance(key, str) and key not in _ALLOWED and _SECRET_KEY_RE.search(key) and not key.endswith("_tokens"):
+            if (
+                isinstance(key, str)
+                and key not in _ALLOWED
+                and _SECRET_KEY_RE.search(key)
+                and not key.endswith("_tokens")
+            ):
                 out[key] = "••••" if value else ""
             else:
                 out[key] = mask_secrets(value)
@@ -34,6 +39,12 @@ def mask_secrets(data: Any) -> Any:
 
 def diff_values(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     """The fields that changed, masked: ``{field: {"before": ..., "after": ...}}``."""
-    before, after = mask_secrets(before or {}), mask_secrets(after or {})
-    keys = sorted(set(before) | set(after))
-    return {k: {"before": before.get(k), "after": after.get(k)} for k in keys if before.get(k) != after.get(k)}
+    # Compare the raw values (so a rotated key shows up as a change) but record only masked ones.
+    raw_before, raw_after = before or {}, after or {}
+    masked_before, masked_after = mask_secrets(raw_before), mask_secrets(raw_after)
+    keys = sorted(set(raw_before) | set(raw_after))
+    return {
+        k: {"before": masked_before.get(k), "after": masked_after.get(k)}
+        for k in keys
+        if raw_before.get(k) != raw_after.get(k)
+    }

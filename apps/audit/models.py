@@ -40,7 +40,11 @@ class AuditEvent(models.Model):
     kind = models.CharField(max_length=16, choices=AuditKind.choices)
     # Plain ids (no FK constraints): an append-only row must never be touched by a cascade.
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
         related_name="+",
     )
     actor_label = models.CharField(max_length=150, blank=True)
@@ -48,7 +52,11 @@ class AuditEvent(models.Model):
     ip = models.GenericIPAddressField(null=True, blank=True)
     user_agent = models.CharField(max_length=256, blank=True)
     team = models.ForeignKey(
-        "governance.Team", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        "governance.Team",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
         related_name="+",
     )
     object_type = models.CharField(max_length=64, blank=True)
@@ -76,20 +84,22 @@ class AuditEvent(models.Model):
     def __str__(self) -> str:
         return f"#{self.seq} {self.event_type}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None or not kwargs.get("force_insert", False):
+            raise AppendOnlyError(
+                "audit events are append-only: write them with apps.audit.services.audit_record"
+            )
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise AppendOnlyError("audit events are append-only: delete refused")
+
     @property
     def type_label(self) -> str:
         try:
             return str(AuditEventType(self.event_type).label)
         except ValueError:  # a type from a newer/older release
             return self.event_type
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None or not kwargs.get("force_insert", False):
-            raise AppendOnlyError("audit events are append-only: write them with apps.audit.services.audit_record")
-        super().save(*args, **kwargs)
-
-    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
-        raise AppendOnlyError("audit events are append-only: delete refused")
 
 
 class AuditChainHead(models.Model):
@@ -103,6 +113,9 @@ class AuditChainHead(models.Model):
     last_verified_seq = models.PositiveBigIntegerField(default=0)
     last_verify_message = models.TextField(blank=True)
 
+    def __str__(self) -> str:
+        return f"audit chain head #{self.seq}"
+
 
 class ReviewDecision(models.TextChoices):
     APPROVED = "approved", "Approved"
@@ -114,7 +127,9 @@ class RunReview(models.Model):
     """One reviewer's sign-off on a run. Every review is also a ``run.reviewed`` audit event."""
 
     run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="reviews")
-    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
     reviewer_label = models.CharField(max_length=150, blank=True)
     status = models.CharField(max_length=16, choices=ReviewDecision.choices)
     reason = models.TextField(blank=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -11,11 +13,13 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models, transaction
 from django.utils import timezone
 
-from apps.audit.chain import compute_digest
+from apps.audit.chain import compute_digest, content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
 from apps.audit.models import AuditChainHead, AuditEvent
 from conductor_web.request_context import current_request_meta
+
+_IP_FIELD = AuditEvent._meta.get_field("ip")
 
 
 def hmac_key() -> bytes:
@@ -74,7 +78,8 @@ def audit_record(
             actor=user,
             actor_label=(actor_label or (user.get_username() if user else "system"))[:150],
             api_key_id=api_key_id if api_key_id is not None else meta.api_key_id,
-            ip=meta.ip,
+            # Normalised as the column will store it (IPv6 forms), so the digest matches read-back.
+            ip=_IP_FIELD.get_prep_value(meta.ip) if meta.ip else None,
             user_agent=meta.user_agent[:256],
             team_id=team_id,
             object_type=object_type[:64],
@@ -111,3 +116,303 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
         "policy_version_id": event.policy_version_id,
         "payload": event.payload,
     }
+
+
+# --- checkpoints and exports --------------------------------------------------------------------
+
+CHECKPOINT_FORMAT = "conductor-audit-checkpoint/1"
+
+
+def audit_checkpoint(*, actor: Any = None) -> dict[str, Any]:
+    """Capture the chain head (seq, digest, time) for an auditor to keep outside this system.
+
+    The checkpoint covers the chain as it was before this call; the ``audit.checkpoint`` event
+    recording it is appended right after, so the log itself shows when each checkpoint was taken.
+    """
+    with transaction.atomic():
+        head, _ = AuditChainHead.objects.select_for_update().get_or_create(pk=1)
+        checkpoint = {
+            "format": CHECKPOINT_FORMAT,
+            "seq": head.seq,
+            "digest": head.digest,
+            "created_at": timezone.now().isoformat(timespec="seconds"),
+        }
+        audit_record(
+            event_type=AuditEventType.AUDIT_CHECKPOINT,
+            actor=actor,
+            payload={"checkpoint_seq": head.seq, "checkpoint_digest": head.digest},
+        )
+    return checkpoint
+
+
+def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, Any]) -> AuditEvent:
+    """Record that ``actor`` exported a selection; the export then covers rows before this event."""
+    with transaction.atomic():
+        return audit_record(
+            event_type=AuditEventType.AUDIT_EXPORTED,
+            actor=actor,
+            payload={
+                "format": export_format,
+                "filters": {k: v for k, v in filters.items() if v not in ("", None)},
+            },
+        )
+
+
+# --- reviews ------------------------------------------------------------------------------------
+
+REVIEW_TEXT_MAX = 2000
+
+
+def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
+    """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
+
+    Sets ``Run.review_status``; approving a run whose answer a ``require_review`` guardrail held
+    releases the answer (a second event, ``run.released``).
+    """
+    from django.core.exceptions import PermissionDenied, ValidationError
+
+    from apps.audit.models import ReviewDecision, RunReview
+    from apps.governance.selectors import can_review_run
+    from apps.runs.models import Run
+
+    if not can_review_run(actor, run):
+        raise PermissionDenied("You may not review this run.")
+    reason, comment = (reason or "").strip(), (comment or "").strip()
+    errors: dict[str, list[str]] = {}
+    if status not in ReviewDecision.values:
+        errors["status"] = ["Choose approved, flagged or needs follow-up."]
+    if status == ReviewDecision.FLAGGED and not reason:
+        errors["reason"] = ["Say why you flag this run."]
+    if len(reason) > REVIEW_TEXT_MAX:
+        errors["reason"] = [f"Keep the reason under {REVIEW_TEXT_MAX} characters."]
+    if len(comment) > REVIEW_TEXT_MAX:
+        errors["comment"] = [f"Keep the comment under {REVIEW_TEXT_MAX} characters."]
+    if errors:
+        raise ValidationError(errors)
+
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
+        release = status == ReviewDecision.APPROVED and locked.answer_held
+        locked.review_status = status
+        if release:
+            locked.answer_held = False
+        locked.save(update_fields=["review_status", "answer_held"])
+        user = actor if getattr(actor, "is_authenticated", False) else None
+        review = RunReview.objects.create(
+            run=locked,
+            reviewer=user,
+            reviewer_label=user.get_username() if user else "system",
+            status=status,
+            reason=reason,
+            comment=comment,
+            released_answer=release,
+        )
+        # Review text is the reviewer's own judgement (not run content), so it is kept as evidence.
+        event = audit_record(
+            event_type=AuditEventType.RUN_REVIEWED,
+            actor=actor,
+            team=locked.team_id,
+            object_type="runs.run",
+            object_id=str(locked.pk),
+            object_repr=str(locked),
+            run_id=locked.pk,
+            policy_version_id=locked.policy_version_id,
+            payload={"review_id": review.pk, "status": status, "reason": reason, "comment": comment},
+            before=before,
+            after={"review_status": locked.review_status, "answer_held": locked.answer_held},
+        )
+        RunReview.objects.filter(pk=review.pk).update(audit_seq=event.seq)
+        review.audit_seq = event.seq
+        if release:
+            audit_record(
+                event_type=AuditEventType.RUN_RELEASED,
+                actor=actor,
+                team=locked.team_id,
+                object_type="runs.run",
+                object_id=str(locked.pk),
+                object_repr=str(locked),
+                run_id=locked.pk,
+                policy_version_id=locked.policy_version_id,
+                payload={"review_id": review.pk, "answer": content_sha256(locked.answer)},
+            )
+    run.review_status, run.answer_held = locked.review_status, locked.answer_held
+    return review
+
+
+def review_request(
+    *, run: Any, reason: str, actor: Any = None, details: dict[str, Any] | None = None
+) -> bool:
+    """Queue a run for review (``review_status`` → ``pending``) unless it already has a review state.
+
+    ``reason`` is a short code (``sampled``, ``guardrail``...). Returns whether the run was queued.
+    """
+    from apps.runs.models import ReviewStatus, Run
+
+    with transaction.atomic():
+        queued = Run.objects.filter(pk=run.pk, review_status=ReviewStatus.NONE).update(
+            review_status=ReviewStatus.PENDING
+        )
+        if queued:
+            audit_record(
+                event_type=AuditEventType.RUN_REVIEW_REQUESTED,
+                actor=actor,
+                team=run.team_id,
+                object_type="runs.run",
+                object_id=str(run.pk),
+                object_repr=str(run),
+                run_id=run.pk,
+                policy_version_id=run.policy_version_id,
+                payload={"reason": reason, **(details or {})},
+            )
+    if queued:
+        run.review_status = ReviewStatus.PENDING
+    return bool(queued)
+
+
+def maybe_sample_for_review(run: Any, *, rng: random.Random | None = None) -> bool:
+    """At run end: queue a random share (``AUDIT_REVIEW_SAMPLE_RATE``, 0.0 to 1.0) of runs for review."""
+    rate = float(getattr(settings, "AUDIT_REVIEW_SAMPLE_RATE", 0.0) or 0.0)
+    if rate <= 0.0 or run.review_status:
+        return False
+    draw = (rng or _SAMPLER).random()
+    if draw >= rate:
+        return False
+    return review_request(run=run, reason="sampled", details={"sample_rate": rate})
+
+
+_SAMPLER = random.SystemRandom()
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+# Keys of RunEvent.data (and nested dicts) whose values are prompt/answer content.
+CONTENT_KEYS = frozenset(
+    {
+        "question",
+        "answer",
+        "output",
+        "instruction",
+        "instructions",
+        "subtasks",
+        "messages",
+        "delta",
+        "text",
+        "content",
+        "prompt",
+        "error",
+        "final",
+        "raw",
+        "reasoning",
+    }
+)
+
+
+def _erase_content(value: Any, *, under_content: bool = False) -> tuple[Any, int]:
+    """Blank content-bearing values; returns (new value, characters erased)."""
+    if isinstance(value, dict):
+        out, total = {}, 0
+        for key, item in value.items():
+            new, n = _erase_content(item, under_content=under_content or key in CONTENT_KEYS)
+            out[key] = new
+            total += n
+        return out, total
+    if isinstance(value, list):
+        items = [_erase_content(v, under_content=under_content) for v in value]
+        return [v for v, _ in items], sum(n for _, n in items)
+    if under_content and isinstance(value, str) and value:
+        return "", len(value)
+    return value, 0
+
+
+def _json_sha(value: Any) -> dict[str, Any]:
+    return content_sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str) if value else "")
+
+
+def run_payload_erase(
+    *, run: Any, actor: Any = None, reason: str = "retention", retention_days: int | None = None
+) -> bool:
+    """Erase a run's prompts and outputs, keeping their SHA-256 and length in the audit trail.
+
+    Idempotent (a run already erased is left alone; returns False). The chain is untouched:
+    audit payloads never held the text.
+    """
+    from apps.runs.models import Run, RunEvent, Step
+
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().filter(pk=run.pk).first()
+        if locked is None or locked.payload_erased_at is not None:
+            return False
+        now = timezone.now()
+        erased_run = {
+            "question": content_sha256(locked.question),
+            "answer": content_sha256(locked.answer),
+            "error": content_sha256(locked.error),
+            "replay_messages": _json_sha(locked.replay_messages),
+        }
+        steps = []
+        for step in Step.objects.filter(run=locked).order_by("index"):
+            steps.append(
+                {
+                    "index": step.index,
+                    "instruction": content_sha256(step.instruction),
+                    "output": content_sha256(step.output),
+                    "messages": _json_sha(step.messages),
+                    "error": content_sha256(step.error),
+                }
+            )
+        Step.objects.filter(run=locked).update(instruction="", output="", messages=[], error="")
+        changed_events, event_chars = [], 0
+        for ev in RunEvent.objects.filter(run=locked).only("pk", "data"):
+            data, n = _erase_content(ev.data)
+            if n:
+                ev.data = data
+                changed_events.append(ev)
+                event_chars += n
+        RunEvent.objects.bulk_update(changed_events, ["data"], batch_size=500)
+        locked.question = locked.answer = locked.error = ""
+        locked.replay_messages = None
+        locked.payload_erased_at = now
+        locked.save(update_fields=["question", "answer", "error", "replay_messages", "payload_erased_at"])
+        audit_record(
+            event_type=AuditEventType.RUN_PAYLOAD_ERASED,
+            actor=actor,
+            actor_label="" if actor else "retention",
+            team=locked.team_id,
+            object_type="runs.run",
+            object_id=str(locked.pk),
+            object_repr=str(locked),
+            run_id=locked.pk,
+            policy_version_id=locked.policy_version_id,
+            payload={
+                "reason": reason,
+                "retention_days": retention_days,
+                "erased_at": now.isoformat(),
+                "run_created_at": locked.created_at.isoformat(),
+                "run": erased_run,
+                "steps": steps,
+                "events": {"changed": len(changed_events), "chars": event_chars},
+            },
+        )
+    run.payload_erased_at = now
+    return True
+
+
+def audit_retention_sweep(*, now: datetime | None = None, limit: int | None = None) -> int:
+    """Erase run content older than each team's ``retention_days``. Returns how many runs."""
+    from apps.governance.models import Team
+    from apps.runs.models import TERMINAL_RUN_STATUSES, Run
+
+    now = now or timezone.now()
+    erased = 0
+    for team in Team.objects.filter(retention_days__isnull=False).order_by("pk"):
+        cutoff = now - timedelta(days=team.retention_days or 0)
+        due = Run.objects.filter(
+            team=team, created_at__lt=cutoff, payload_erased_at__isnull=True, status__in=TERMINAL_RUN_STATUSES
+        ).order_by("created_at")
+        for run in due.only("pk", "team_id", "payload_erased_at").iterator(chunk_size=200):
+            if limit is not None and erased >= limit:
+                return erased
+            if run_payload_erase(run=run, retention_days=team.retention_days):
+                erased += 1
+    return erased

@@ -1,6 +1,201 @@
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+"""Audit pages: search, event detail, export, verification, the review queue and review posts.
+
+Thin: visibility from ``apps.governance.selectors`` (an event or run you cannot see is a 404),
+writes through ``apps.audit.services``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.handlers.asgi import ASGIRequest
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.audit import export, selectors, services
+from apps.audit.filters import AuditFilterForm, active_filters, filter_audit_events
+from apps.audit.forms import RunReviewForm
+from apps.audit.verify import verify_and_record
+from apps.governance import selectors as gov
 
 
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    raw = request.GET.get(name, "")
+    return int(raw) if raw.isdigit() else None
+
+
+def _filter_form(request: HttpRequest) -> AuditFilterForm:
+    teams = gov.teams_with_audit_visible_to(request.user) if not request.user.is_superuser else None
+    if teams is None:
+        from apps.governance.models import Team
+
+        teams = Team.objects.all()
+    return AuditFilterForm(request.GET or None, teams=teams.order_by("slug"))
+
+
+@require_GET
 def event_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "audit/event_list.html")
+    form = _filter_form(request)
+    qs = gov.audit_events_visible_to(request.user)
+    params = active_filters(request.GET)
+    if form.is_bound and not form.is_valid():
+        page = selectors.Page([], None, None)
+    else:
+        qs = filter_audit_events(qs, params)
+        page = selectors.page_of_events(
+            qs, before=_int_param(request, "before"), after=_int_param(request, "after")
+        )
+    query = urlencode(params)
+    return render(
+        request,
+        "audit/event_list.html",
+        {
+            "form": form,
+            "page": page,
+            "query": query,
+            "has_filters": bool(params),
+            "chain": selectors.chain_state(),
+            "can_verify": request.user.is_superuser,
+        },
+    )
+
+
+@require_GET
+def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
+    event = get_object_or_404(gov.audit_events_visible_to(request.user), seq=seq)
+    payload = dict(event.payload or {})
+    changes = payload.pop("changes", None)
+    return render(
+        request,
+        "audit/event_detail.html",
+        {
+            "event": event,
+            "payload_json": json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False),
+            "changes": changes if isinstance(changes, dict) else None,
+            "linked": selectors.linked_events(event, request.user),
+            "chain": selectors.chain_state(),
+        },
+    )
+
+
+@require_GET
+def event_export(request: HttpRequest, export_format: str) -> HttpResponse:
+    if export_format not in export.FORMATS:
+        raise Http404("Unknown export format (use csv or jsonl).")
+    params = active_filters(request.GET)
+    try:
+        qs = filter_audit_events(gov.audit_events_visible_to(request.user), params)
+    except ValidationError as exc:
+        messages.error(
+            request,
+            "Fix the search before exporting: "
+            + "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()),
+        )
+        return redirect(reverse("audit:event_list"))
+    recorded = services.audit_export_record(actor=request.user, export_format=export_format, filters=params)
+    # The export is a fixed snapshot: everything before its own audit record.
+    chunks = export.export_chunks(qs.filter(seq__lt=recorded.seq), export_format)
+    content_type, ext = export.FORMATS[export_format]
+    streaming = export.as_async(chunks) if isinstance(request, ASGIRequest) else chunks
+    response = StreamingHttpResponse(streaming, content_type=content_type)
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="audit-{stamp}-upto{recorded.seq - 1}.{ext}"'
+    response["X-Audit-Export-Seq"] = str(recorded.seq)
+    return response
+
+
+# Above this many events the walk (about 10k events/s) runs in the background, not in the request.
+VERIFY_INLINE_MAX = 100_000
+
+
+@require_POST
+def verify_now(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_superuser:
+        raise PermissionDenied("Only platform administrators can start a verification.")
+    if selectors.chain_state().head_seq > VERIFY_INLINE_MAX:
+        _verify_in_background()
+        messages.info(request, "Verification started; this page shows the result when it finishes.")
+        return redirect(reverse("audit:event_list"))
+    result = verify_and_record(key=services.hmac_key())
+    (messages.success if result.ok else messages.error)(request, result.summary())
+    return redirect(reverse("audit:event_list"))
+
+
+def _verify_in_background() -> None:
+    from django.conf import settings
+
+    from apps.audit import tasks
+
+    if settings.EXECUTION_BACKEND == "celery":
+        tasks.audit_verify.delay()
+        return
+
+    def work() -> None:
+        from django.db import connection
+
+        try:
+            tasks.audit_verify.run()
+        finally:
+            connection.close()
+
+    threading.Thread(target=work, name="audit-verify", daemon=True).start()
+
+
+@require_GET
+def review_queue(request: HttpRequest) -> HttpResponse:
+    runs = selectors.runs_awaiting_review(request.user)
+    return render(request, "audit/review_queue.html", {"runs": runs[:200]})
+
+
+def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | None = None) -> dict[str, Any]:
+    """Context for ``audit/_review_panel.html`` (the run page includes the partial)."""
+    return {
+        "run": run,
+        "reviews": selectors.reviews_for_run(run),
+        "can_review": gov.can_review_run(request.user, run),
+        "review_form": form or RunReviewForm(),
+    }
+
+
+@require_POST
+def run_review(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
+    if not gov.can_review_run(request.user, run):
+        raise PermissionDenied("You may not review this run.")
+    form = RunReviewForm(request.POST)
+    if form.is_valid():
+        try:
+            review = services.run_review(
+                actor=request.user,
+                run=run,
+                status=form.cleaned_data["status"],
+                reason=form.cleaned_data["reason"],
+                comment=form.cleaned_data["comment"],
+            )
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                for error in errors:
+                    form.add_error(field if field in form.fields else None, error)
+        else:
+            note = " The held answer is released." if review.released_answer else ""
+            messages.success(request, f"Review recorded: {review.get_status_display()}.{note}")
+            return redirect(_next_url(request, run))
+    return render(
+        request, "audit/review_form_page.html", review_panel_context(request, run, form), status=400
+    )
+
+
+def _next_url(request: HttpRequest, run: Any) -> str:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return target
+    return reverse("runs:detail", args=[run.pk])

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -168,7 +169,7 @@ def build_plan(
         instruction = subtasks[i]
         if not isinstance(instruction, str):
             raise PlanError(f"subtasks[{i}]: instructions must be strings, got {type(instruction).__name__}")
-        instruction = instruction.strip()
+        instruction = _clean_text(instruction).strip()
         if not instruction:
             raise PlanError(f"subtasks[{i}]: the instruction is empty")
         if len(instruction) > MAX_INSTRUCTION_CHARS:
@@ -259,8 +260,6 @@ def _match_bracket(text: str, start: int) -> int | None:
                 if text.startswith(quote, i):
                     i += len(quote)
                     break
-                if not triple and text[i] == "\n":
-                    return None
                 i += 1
             else:
                 return None
@@ -282,15 +281,23 @@ def _match_bracket(text: str, start: int) -> int | None:
 
 
 def _safe_literal(src: str) -> tuple[bool, Any]:
+    # JSON first: models often write JSON inside Python assignments, and JSON's "\\ud83d\\ude00"
+    # surrogate-pair escapes only combine into one character when decoded as JSON.
     try:
-        return True, ast.literal_eval(src)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError):
-        pass
-    # LLMs often write JSON-flavoured lists (true/null) inside Python assignments.
-    try:
-        return True, json.loads(src)
+        return True, json.loads(src, strict=False)
     except (ValueError, RecursionError):
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes in model output are not our warnings
+            return True, ast.literal_eval(src)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, OverflowError):
         return False, None
+
+
+def _clean_text(text: str) -> str:
+    # Lone surrogates cannot be stored or sent as UTF-8; make them U+FFFD instead of failing later.
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 @dataclass(slots=True)
@@ -299,7 +306,7 @@ class _Candidate:
     lists: tuple[object, object, object]
 
 
-def _python_candidates(text: str) -> Iterator[_Candidate]:
+def _python_candidates(text: str, problems: dict[str, str]) -> Iterator[_Candidate]:
     latest: dict[str, tuple[int, object, bool]] = {}
     for m in _ASSIGN_RE.finditer(text):
         name = _CANONICAL[m.group(1).lower()]
@@ -307,9 +314,14 @@ def _python_candidates(text: str) -> Iterator[_Candidate]:
         end = _match_bracket(text, lb)
         if end is None:
             latest.pop(name, None)  # a truncated final list must not be mixed with an older one
+            problems[name] = f"{name} is unterminated (no closing bracket)"
             continue
         ok, value = _safe_literal(text[lb:end])
         latest[name] = (end, value, ok)
+        if ok:
+            problems.pop(name, None)
+        else:
+            problems[name] = f"{name} is not a plain list literal (only numbers, strings and lists are allowed)"
         if len(latest) == 3 and all(v[2] for v in latest.values()):
             yield _Candidate(
                 max(v[0] for v in latest.values()),
@@ -359,7 +371,7 @@ _OBJ_START = re.compile(r"\{\s*\"")
 
 
 def _json_candidates(text: str) -> Iterator[_Candidate]:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # small models put raw newlines inside strings
     attempts = 0
     pos = 0
     while attempts < _MAX_JSON_ATTEMPTS:
@@ -388,7 +400,8 @@ def extract_plan_lists(text: str) -> tuple[object, object, object]:
     if len(text) > MAX_PLAN_TEXT:
         raise PlanError(f"the plan text is {len(text)} characters; the limit is {MAX_PLAN_TEXT}")
     best: _Candidate | None = None
-    for cand in _python_candidates(text):
+    problems: dict[str, str] = {}
+    for cand in _python_candidates(text, problems):
         if best is None or cand.end >= best.end:
             best = cand
     for cand in _json_candidates(text):
@@ -399,8 +412,10 @@ def extract_plan_lists(text: str) -> tuple[object, object, object]:
         missing = [k for k in ("model_id", "subtasks", "access_list") if k not in found]
         if found and missing:
             raise PlanError(f"no complete plan found: missing {', '.join(missing)}")
+        if problems:
+            raise PlanError("no complete plan found: " + "; ".join(problems.values()))
         if found:
-            raise PlanError("no complete plan found: a list is unterminated or is not a plain literal")
+            raise PlanError("no complete plan found: a list is not a plain literal")
         raise PlanError("no plan found: expected model_id, subtasks and access_list lists")
     return best.lists
 

@@ -47,7 +47,7 @@ class CancelToken:
         return self._event.is_set()
 
 
-class RunAborted(Exception):  # noqa: N818 — control flow, not an error condition of the caller
+class RunAborted(Exception):
     """Ends a run early in a defined terminal state."""
 
     def __init__(self, status: RunStatus, reason: str, error: str) -> None:
@@ -267,7 +267,7 @@ class RunSession:
                 "usage": (result.usage if result else Usage()).to_dict(),
                 "cost_usd": (str(result.cost_usd) if result.cost_usd is not None else None) if result else "0",
                 "priced": result.priced if result else True,
-                "latency_ms": round(result.latency_ms, 3) if result else 0.0,
+                "latency_ms": float(f"{result.latency_ms:.3f}") if result else 0.0,  # `round` is shadowed here
             },
         )
 
@@ -286,7 +286,7 @@ class RunSession:
             out.append(Violation("invalid_plan", err.message))
         allowed = set(self.pool.allowed_indices(self.limits.allowed_workers))
         for s in plan.steps:
-            if not s.is_self and s.worker not in allowed:
+            if not s.is_self and 0 <= s.worker < len(self.pool) and s.worker not in allowed:
                 out.append(
                     Violation(
                         "worker_not_allowed",

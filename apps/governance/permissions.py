@@ -72,7 +72,9 @@ def _key(obj: models.Model) -> ObjKey:
 def contributions(membership: Membership) -> dict[ObjKey, tuple[models.Model, set[str]]]:
     """The per-user permissions one membership gives, per object."""
     team, role = membership.team, membership.role
-    out: dict[ObjKey, tuple[models.Model, set[str]]] = {_key(team): (team, set(TEAM_ROLE_PERMS.get(role, ())))}
+    out: dict[ObjKey, tuple[models.Model, set[str]]] = {
+        _key(team): (team, set(TEAM_ROLE_PERMS.get(role, ())))
+    }
     for pool in pools_granted_to(team):
         perms: set[str] = set()
         if role in RUNNER_ROLES:

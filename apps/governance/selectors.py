@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 
 def _active(user: Any) -> bool:
-    return bool(user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False))
+    return bool(
+        user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False)
+    )
 
 
 def _super(user: Any) -> bool:
@@ -126,7 +128,11 @@ def pools_visible_to(user: Any) -> QuerySet[Pool]:
     if not _active(user):
         return Pool.objects.none()
     return get_objects_for_user(
-        user, ["workers.view_pool", "workers.change_pool"], klass=Pool, any_perm=True, accept_global_perms=False
+        user,
+        ["workers.view_pool", "workers.change_pool"],
+        klass=Pool,
+        any_perm=True,
+        accept_global_perms=False,
     )
 
 
@@ -271,3 +277,21 @@ def can_change_team_policy(user: Any, team: Team) -> bool:
     if _super(user):
         return True
     return role_in(user, team) in (Role.ADMIN, Role.POLICY_ADMIN)
+
+
+# --- configuration roles ------------------------------------------------------------------------
+
+
+def teams_configurable_by(user: Any) -> QuerySet[Team]:
+    """Teams whose pools, providers and workers the user configures (admins, policy admins)."""
+    if not _active(user):
+        return Team.objects.none()
+    if _super(user):
+        return Team.objects.all()
+    return Team.objects.filter(memberships__user=user, memberships__role__in=[Role.ADMIN, Role.POLICY_ADMIN])
+
+
+def can_configure_team(user: Any, team: Team | None) -> bool:
+    if team is None:
+        return _super(user)
+    return _super(user) or role_in(user, team) in (Role.ADMIN, Role.POLICY_ADMIN)

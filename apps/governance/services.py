@@ -41,6 +41,8 @@ def team_create(*, actor: Any, slug: str, name: str, retention_days: int | None 
     errors: dict[str, list[str]] = {}
     if not slug or slugify(slug) != slug:
         errors["slug"] = ["Use lowercase letters, digits and hyphens only."]
+    elif slug == "new":
+        errors["slug"] = ["“new” is reserved; choose another slug."]
     elif Team.objects.filter(slug=slug).exists():
         errors["slug"] = [f"A team with the slug “{slug}” already exists."]
     if not (name or "").strip():
@@ -64,7 +66,7 @@ def team_create(*, actor: Any, slug: str, name: str, retention_days: int | None 
 
 
 def team_update(
-    *, actor: Any, team: Team, name: str | None = None, retention_days: int | None | object = ...
+    *, actor: Any, team: Team, name: str | None = None, retention_days: int | object | None = ...
 ) -> Team:
     """Rename a team or change its retention. Team admins and superusers."""
     _require_manage(actor, team)
@@ -249,10 +251,16 @@ def team_permissions_sync(*, team: Team, objects: list[Any] | None = None) -> li
         revoked = [c for c in changes if c["op"] == "revoke"]
         if granted:
             audit_record(
-                event_type=AuditEventType.PERMISSION_GRANTED, team=team, obj=team, payload={"permissions": granted}
+                event_type=AuditEventType.PERMISSION_GRANTED,
+                team=team,
+                obj=team,
+                payload={"permissions": granted},
             )
         if revoked:
             audit_record(
-                event_type=AuditEventType.PERMISSION_REVOKED, team=team, obj=team, payload={"permissions": revoked}
+                event_type=AuditEventType.PERMISSION_REVOKED,
+                team=team,
+                obj=team,
+                payload={"permissions": revoked},
             )
     return changes

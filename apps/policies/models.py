@@ -13,7 +13,9 @@ from django.db import models
 class Policy(models.Model):
     """A team's policy (or the platform default when ``team`` is null), with immutable versions."""
 
-    team = models.OneToOneField("governance.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="policy")
+    team = models.OneToOneField(
+        "governance.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="policy"
+    )
     name = models.CharField(max_length=100)
     current_version = models.ForeignKey(
         "PolicyVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
@@ -45,7 +47,9 @@ class PolicyVersion(models.Model):
     policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="versions")
     number = models.PositiveIntegerField()
     spec = models.JSONField(default=dict)
-    status = models.CharField(max_length=12, choices=PolicyVersionStatus.choices, default=PolicyVersionStatus.DRAFT)
+    status = models.CharField(
+        max_length=12, choices=PolicyVersionStatus.choices, default=PolicyVersionStatus.DRAFT
+    )
     note = models.CharField(max_length=300, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -58,7 +62,9 @@ class PolicyVersion(models.Model):
 
     class Meta:
         ordering = ["policy", "-number"]
-        constraints = [models.UniqueConstraint(fields=["policy", "number"], name="policyversion_unique_number")]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "number"], name="policyversion_unique_number")
+        ]
 
     def __str__(self) -> str:
         return f"{self.policy} v{self.number}"

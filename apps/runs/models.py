@@ -37,7 +37,7 @@ class Strategy(models.TextChoices):
     CONDUCTOR = "conductor", "Conductor"
     SINGLE = "single", "Single worker"
     MOA = "moa", "Mixture of agents"
-    PEV = "pev", "Planner–executor–verifier"
+    PEV = "pev", "Planner-executor-verifier"
 
 
 class Preset(models.TextChoices):
@@ -65,7 +65,9 @@ class Run(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
-    api_key = models.ForeignKey("api.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs")
+    api_key = models.ForeignKey(
+        "api.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
     team = models.ForeignKey("governance.Team", on_delete=models.PROTECT, related_name="runs")
     pool = models.ForeignKey("workers.Pool", on_delete=models.PROTECT, related_name="runs")
     policy_version = models.ForeignKey(
@@ -75,7 +77,9 @@ class Run(models.Model):
     strategy = models.CharField(max_length=12, choices=Strategy.choices, default=Strategy.CONDUCTOR)
     preset = models.CharField(max_length=8, choices=Preset.choices, blank=True, default=Preset.MINI)
     # For the single strategy, the worker it names; also the worker a step replay targets.
-    worker = models.ForeignKey("workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    worker = models.ForeignKey(
+        "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     classification = models.CharField(max_length=16, blank=True, default="")
     question = models.TextField()
     # Replay of one step: the exact messages to send instead of planning.
@@ -126,7 +130,9 @@ class Step(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     index = models.PositiveSmallIntegerField()
     round = models.PositiveSmallIntegerField(default=1)
-    worker = models.ForeignKey("workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    worker = models.ForeignKey(
+        "workers.Worker", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     worker_key = models.CharField(max_length=60)
     worker_name = models.CharField(max_length=100, blank=True)
     instruction = models.TextField()
@@ -165,3 +171,6 @@ class RunEvent(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq} of {self.run_id}"

@@ -1,10 +1,206 @@
-from django.http import HttpRequest, HttpResponse
+"""Playground, runs list and run page. Thin: forms validate, services write, selectors read."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.template import TemplateDoesNotExist
+from django.template.loader import get_template
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from apps.governance import selectors as gov
+from apps.runs import selectors, services
+from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
+from apps.runs.models import RunSource, Strategy
+from apps.workers.models import Worker
+
+PAGE_SIZE = 50
+
+
+def _template_exists(name: str) -> bool:
+    try:
+        get_template(name)
+    except TemplateDoesNotExist:
+        return False
+    return True
+
+
+def _visible_ids(request: HttpRequest, *names: str) -> list[str]:
+    ids = [request.GET.get(n, "") for n in names]
+    return (
+        [i for i in ids if i and selectors.run_get_visible(user=request.user, run_id=i) is not None]
+        if all(_is_uuid(i) for i in ids if i)
+        else []
+    )
+
+
+def _is_uuid(value: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def playground(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/playground.html")
+    form = PlaygroundForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        ids = []
+        try:
+            for choice in [data["strategy"], data.get("compare")]:
+                if not choice:
+                    continue
+                strategy, preset = split_strategy(choice)
+                run = services.run_create(
+                    actor=request.user,
+                    team=data.get("team"),
+                    pool=data["pool"],
+                    question=data["prompt"],
+                    strategy=strategy,
+                    preset=preset,
+                    worker=data.get("worker") if strategy == Strategy.SINGLE else None,
+                    source=RunSource.PLAYGROUND,
+                )
+                ids.append(str(run.id))
+        except services.RunRefused as exc:
+            form.add_error(None, exc.message)
+        else:
+            query = {"run": ids[0]} | ({"compare": ids[1]} if len(ids) > 1 else {})
+            return HttpResponseRedirect(f"{reverse('playground')}?{urlencode(query)}")
+    shown = _visible_ids(request, "run", "compare")
+    if request.method == "GET" and shown and "run" in request.GET:
+        first = selectors.run_get_visible(user=request.user, run_id=shown[0])
+        if first is not None and not form.is_bound:
+            form = PlaygroundForm(
+                initial={
+                    "prompt": first.question,
+                    "pool": first.pool_id,
+                    "strategy": f"{first.strategy}-{first.preset}" if first.preset else first.strategy,
+                },
+                user=request.user,
+            )
+    return render(
+        request,
+        "runs/playground.html",
+        {"form": form, "run_ids": shown, "has_pools": form.fields["pool"].queryset.exists()},
+    )
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "runs/run_list.html")
+    form = RunFilterForm(request.GET or None)
+    filters = form.cleaned_data if form.is_valid() else {}
+    qs = selectors.run_list(
+        user=request.user,
+        team=filters.get("team") or None,
+        created_by=filters.get("user") or None,
+        status=filters.get("status") or None,
+        strategy=filters.get("strategy") or None,
+        worker=filters.get("worker") or None,
+        date_from=filters.get("date_from"),
+        date_to=filters.get("date_to"),
+        sort=filters.get("sort") or "newest",
+    )
+    try:
+        page = max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        page = 1
+    # No COUNT(*): one extra row tells whether a next page exists (fast at any table size).
+    offset = (page - 1) * PAGE_SIZE
+    rows = list(qs[offset : offset + PAGE_SIZE + 1])
+    params = request.GET.copy()
+    params.pop("page", None)
+    return render(
+        request,
+        "runs/run_list.html",
+        {
+            "form": form,
+            "runs": rows[:PAGE_SIZE],
+            "page": page,
+            "has_next": len(rows) > PAGE_SIZE,
+            "has_prev": page > 1,
+            "query": params.urlencode(),
+            "teams": gov.teams_with_runs_visible_to(request.user).order_by("slug"),
+        },
+    )
+
+
+def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    context = {
+        "run": run,
+        "decisions": selectors.run_decisions(run),
+        "audit_events": selectors.run_audit_events(user=request.user, run=run)[:200],
+        "can_cancel": not run.is_terminal and _may_cancel(request, run),
+        "review_panel": "audit/_review_panel.html" if _template_exists("audit/_review_panel.html") else None,
+    }
+    return render(request, "runs/run_detail.html", context)
+
+
+def _may_cancel(request: HttpRequest, run: object) -> bool:
+    user = request.user
+    return bool(
+        getattr(run, "created_by_id", None) == user.pk
+        or gov.can_run_on_team(user, run.team)  # type: ignore[attr-defined]
+        or gov.can_manage_team(user, run.team)  # type: ignore[attr-defined]
+    )
+
+
+@require_POST
+def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    try:
+        services.run_cancel(actor=request.user, run=run)
+    except PermissionError as exc:
+        raise PermissionDenied(str(exc)) from None
+    messages.success(request, "Cancellation requested: the run stops at the next step boundary.")
+    return HttpResponseRedirect(
+        request.POST.get("next")
+        if request.POST.get("next", "").startswith("/")
+        else reverse("runs:detail", args=[run.id])
+    )
+
+
+@require_POST
+def step_replay(request: HttpRequest, run_id: str, index: int) -> HttpResponse:
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    step = run.steps.filter(index=index).first()
+    if step is None or not step.messages:
+        raise Http404("That step has no recorded messages to replay.")
+    worker = step.worker or Worker.objects.filter(slug=step.worker_key).first()
+    try:
+        new = services.run_create(
+            actor=request.user,
+            team=run.team,
+            pool=run.pool,
+            question=_last_user_message(step.messages),
+            strategy=Strategy.SINGLE,
+            preset="",
+            worker=worker,
+            source=RunSource.PLAYGROUND,
+            replay_messages=step.messages,
+        )
+    except services.RunRefused as exc:
+        if exc.code == "pool_not_allowed":
+            raise PermissionDenied(exc.message) from None
+        messages.error(request, exc.message)
+        return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
+    return HttpResponseRedirect(f"{reverse('playground')}?{urlencode({'run': str(new.id)})}")
+
+
+def _last_user_message(msgs: list[dict[str, str]]) -> str:
+    users = [m.get("content", "") for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
+    return (users[-1] if users else "")[:2000] or "(replay)"

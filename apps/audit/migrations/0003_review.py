@@ -6,36 +6,63 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('audit', '0002_initial'),
-        ('runs', '0001_initial'),
+        ("audit", "0002_initial"),
+        ("runs", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='auditevent',
-            name='event_type',
+            model_name="auditevent",
+            name="event_type",
             field=models.CharField(max_length=64),
         ),
         migrations.CreateModel(
-            name='RunReview',
+            name="RunReview",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('reviewer_label', models.CharField(blank=True, max_length=150)),
-                ('status', models.CharField(choices=[('approved', 'Approved'), ('flagged', 'Flagged'), ('needs_follow_up', 'Needs follow-up')], max_length=16)),
-                ('reason', models.TextField(blank=True)),
-                ('comment', models.TextField(blank=True)),
-                ('released_answer', models.BooleanField(default=False)),
-                ('audit_seq', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('reviewer', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='reviews', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("reviewer_label", models.CharField(blank=True, max_length=150)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("approved", "Approved"),
+                            ("flagged", "Flagged"),
+                            ("needs_follow_up", "Needs follow-up"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("reason", models.TextField(blank=True)),
+                ("comment", models.TextField(blank=True)),
+                ("released_answer", models.BooleanField(default=False)),
+                ("audit_seq", models.PositiveBigIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "reviewer",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="reviews", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['run', '-created_at'], name='runreview_run_created')],
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["run", "-created_at"], name="runreview_run_created")],
             },
         ),
     ]

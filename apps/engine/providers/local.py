@@ -5,10 +5,11 @@ with importlib and never downloaded. Each (model path, n_ctx, n_threads) is load
 process (module cache + lock) and calls to one instance are serialised: a llama context is not
 thread-safe, and two generations on one KV cache would corrupt each other.
 
-Timeouts: llama-cpp generation cannot be interrupted from outside, so a logits processor (called
-once per generated token) raises when the deadline passes; the call then fails with
+Timeouts: llama-cpp generation cannot be interrupted from outside, so we always stream internally
+and check the deadline between tokens; past it the generator is closed and the call fails with
 `ProviderTimeout` instead of running on. Waiting for the instance lock counts against the same
-deadline.
+deadline. (A logits processor would also work but costs ~15% throughput: it is a ctypes
+callback that builds a vocabulary-sized array per token, and it cannot raise.)
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _Loaded:
     llm: Any  # llama_cpp.Llama; typed loosely so importing this module does not import llama_cpp
     lock: threading.Lock
     path: str
+    count_prompt: Callable[[list[Message]], int]
 
 
 _MODELS: dict[tuple[str, int, int], _Loaded] = {}
@@ -78,32 +80,38 @@ def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAUL
         t0 = time.perf_counter()
         llm = Llama(model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
         logger.info("loaded local model %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, threading.Lock(), key[0])
+        loaded = _Loaded(llm, threading.Lock(), key[0], _prompt_counter(llm))
         _MODELS[key] = loaded
         return loaded
 
 
-class _Deadline(Exception):  # noqa: N818 — internal signal out of llama's generation loop
-    pass
+def _prompt_counter(llm: Any) -> Callable[[list[Message]], int]:
+    """Counts prompt tokens exactly as llama-cpp's chat handler will build the prompt (streamed
+    chunks carry no usage). Falls back to tokenizing the raw contents if the model has no
+    chat template."""
+    from llama_cpp import llama_chat_format
 
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
 
-class _Meter:
-    """Logits processor: counts generated tokens and enforces the deadline."""
+        def rough(messages: list[Message]) -> int:
+            text = "\n".join(m.get("content", "") for m in messages)
+            return len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
 
-    __slots__ = ("calls", "deadline", "prompt_tokens")
+        return rough
 
-    def __init__(self, deadline: float | None) -> None:
-        self.deadline = deadline
-        self.calls = 0
-        self.prompt_tokens: int | None = None
+    def token_text(token_id: int) -> str:
+        return llm._model.token_get_text(token_id) if token_id >= 0 else ""
 
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        if self.prompt_tokens is None:
-            self.prompt_tokens = len(input_ids)
-        self.calls += 1
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise _Deadline
-        return scores
+    formatter = llama_chat_format.Jinja2ChatFormatter(
+        template=template, eos_token=token_text(llm.token_eos()), bos_token=token_text(llm.token_bos())
+    )
+
+    def exact(messages: list[Message]) -> int:
+        res = formatter(messages=messages)
+        return len(llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True))
+
+    return exact
 
 
 class LocalWorker:
@@ -139,46 +147,52 @@ class LocalWorker:
         on_delta: Callable[[str], None] | None = None,
         json_schema: dict | None = None,
     ) -> WorkerResult:
-        from llama_cpp import LogitsProcessorList
-
         t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
         deadline = time.monotonic() + timeout
         loaded = self.load()
         if not loaded.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise ProviderTimeout(f"The local model stayed busy for {timeout:.1f} s.", provider="local")
-        meter = _Meter(deadline)
         kwargs: dict[str, Any] = {
             "messages": messages,
             "max_tokens": max_tokens or self.info.max_output_tokens,
             "temperature": self.temperature,
-            "logits_processor": LogitsProcessorList([meter]),
+            # Always stream internally: between tokens is the only place a llama generation
+            # can be stopped, which is how timeouts are enforced (and it costs ~nothing).
+            "stream": True,
         }
         if self.seed is not None:
             kwargs["seed"] = self.seed
         if json_schema is not None:
             # llama-cpp compiles the schema to a GBNF grammar: output is valid JSON for it.
             kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
+        parts: list[str] = []
+        generated = 0
         try:
-            if on_delta is None:
-                resp = loaded.llm.create_chat_completion(**kwargs)
-                text = resp["choices"][0]["message"].get("content") or ""
-                raw_usage = resp.get("usage") or {}
-                usage = Usage(int(raw_usage.get("prompt_tokens", 0)), int(raw_usage.get("completion_tokens", 0)))
-            else:
-                parts: list[str] = []
-                for chunk in loaded.llm.create_chat_completion(stream=True, **kwargs):
-                    piece = chunk["choices"][0]["delta"].get("content") if chunk.get("choices") else None
-                    if piece:
-                        parts.append(piece)
-                        on_delta(piece)
-                text = "".join(parts)
-                # Streamed chunks carry no usage; the meter saw the prompt and every sampled token
-                # (the last sample is the end-of-generation token, which non-stream usage omits).
-                generated = max(0, meter.calls - 1) if meter.calls else 0
-                usage = Usage(meter.prompt_tokens or 0, generated)
-        except _Deadline:
-            raise ProviderTimeout(f"The local model did not finish within {timeout:.1f} s.", provider="local") from None
+            prompt_tokens = loaded.count_prompt(messages)
+            if prompt_tokens >= self.n_ctx:
+                raise ProviderContextTooLong(
+                    f"The conversation ({prompt_tokens} tokens) is too long for the local model's "
+                    f"context window ({self.n_ctx} tokens).",
+                    provider="local",
+                )
+            stream = loaded.llm.create_chat_completion(**kwargs)
+            try:
+                for chunk in stream:
+                    delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+                    if "content" in delta:
+                        generated += 1  # llama-cpp yields one content chunk per sampled token
+                        piece = delta["content"] or ""
+                        if piece:
+                            parts.append(piece)
+                            if on_delta is not None:
+                                on_delta(piece)
+                    if time.monotonic() > deadline:
+                        raise ProviderTimeout(
+                            f"The local model did not finish within {timeout:.1f} s.", provider="local"
+                        )
+            finally:
+                stream.close()  # stops generation if we left early
         except ProviderError:
             raise
         except ValueError as err:
@@ -191,6 +205,8 @@ class LocalWorker:
             raise ProviderBadRequest(f"The local model rejected the request: {msg[:200]}", provider="local") from None
         finally:
             loaded.lock.release()
+        text = "".join(parts)
+        usage = Usage(prompt_tokens, generated)
         return WorkerResult(
             text=text,
             usage=usage,

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,29 +14,64 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Team',
+            name="Team",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(unique=True)),
-                ('name', models.CharField(max_length=100)),
-                ('retention_days', models.PositiveIntegerField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(unique=True)),
+                ("name", models.CharField(max_length=100)),
+                ("retention_days", models.PositiveIntegerField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['slug'],
-                'permissions': [('manage_team', "Can manage the team's members, pools, policies and keys"), ('run_on_team', 'Can run requests as a member of the team'), ('view_team_runs', "Can view the team's runs"), ('review_team_runs', "Can review the team's runs"), ('view_team_audit', "Can view the team's audit trail")],
+                "ordering": ["slug"],
+                "permissions": [
+                    ("manage_team", "Can manage the team's members, pools, policies and keys"),
+                    ("run_on_team", "Can run requests as a member of the team"),
+                    ("view_team_runs", "Can view the team's runs"),
+                    ("review_team_runs", "Can review the team's runs"),
+                    ("view_team_audit", "Can view the team's audit trail"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('admin', 'Team admin'), ('policy_admin', 'Policy admin'), ('member', 'Member'), ('reviewer', 'Reviewer')], default='member', max_length=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[
+                            ("admin", "Team admin"),
+                            ("policy_admin", "Policy admin"),
+                            ("member", "Member"),
+                            ("reviewer", "Reviewer"),
+                        ],
+                        default="member",
+                        max_length=20,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['team__slug', 'user__username'],
+                "ordering": ["team__slug", "user__username"],
             },
         ),
     ]

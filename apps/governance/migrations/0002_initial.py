@@ -5,33 +5,42 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('auth', '0012_alter_user_first_name_max_length'),
-        ('governance', '0001_initial'),
-        ('workers', '0001_initial'),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("governance", "0001_initial"),
+        ("workers", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='team',
-            name='default_pool',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='default_for_teams', to='workers.pool'),
+            model_name="team",
+            name="default_pool",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="default_for_teams",
+                to="workers.pool",
+            ),
         ),
         migrations.AddField(
-            model_name='team',
-            name='group',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='team', to='auth.group'),
+            model_name="team",
+            name="group",
+            field=models.OneToOneField(
+                on_delete=django.db.models.deletion.PROTECT, related_name="team", to="auth.group"
+            ),
         ),
         migrations.AddField(
-            model_name='membership',
-            name='team',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='governance.team'),
+            model_name="membership",
+            name="team",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="memberships", to="governance.team"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='membership',
-            constraint=models.UniqueConstraint(fields=('team', 'user'), name='membership_unique_team_user'),
+            model_name="membership",
+            constraint=models.UniqueConstraint(fields=("team", "user"), name="membership_unique_team_user"),
         ),
     ]

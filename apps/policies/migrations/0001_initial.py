@@ -6,57 +6,123 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('governance', '0001_initial'),
+        ("governance", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Policy',
+            name="Policy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('team', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='policy', to='governance.team')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "team",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="policy",
+                        to="governance.team",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'policies',
-                'permissions': [('publish_policy', 'Can publish a policy version')],
+                "verbose_name_plural": "policies",
+                "permissions": [("publish_policy", "Can publish a policy version")],
             },
         ),
         migrations.CreateModel(
-            name='PolicyVersion',
+            name="PolicyVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('spec', models.JSONField(default=dict)),
-                ('status', models.CharField(choices=[('draft', 'Draft'), ('published', 'Published'), ('superseded', 'Superseded')], default='draft', max_length=12)),
-                ('note', models.CharField(blank=True, max_length=300)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('published_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('policy', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='policies.policy')),
-                ('published_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("spec", models.JSONField(default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("published", "Published"),
+                            ("superseded", "Superseded"),
+                        ],
+                        default="draft",
+                        max_length=12,
+                    ),
+                ),
+                ("note", models.CharField(blank=True, max_length=300)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("published_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "policy",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="policies.policy",
+                    ),
+                ),
+                (
+                    "published_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['policy', '-number'],
+                "ordering": ["policy", "-number"],
             },
         ),
         migrations.AddField(
-            model_name='policy',
-            name='current_version',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='policies.policyversion'),
+            model_name="policy",
+            name="current_version",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="policies.policyversion",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='policyversion',
-            constraint=models.UniqueConstraint(fields=('policy', 'number'), name='policyversion_unique_number'),
+            model_name="policyversion",
+            constraint=models.UniqueConstraint(
+                fields=("policy", "number"), name="policyversion_unique_number"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='policy',
-            constraint=models.UniqueConstraint(condition=models.Q(('team__isnull', True)), fields=('team',), name='policy_one_platform_default'),
+            model_name="policy",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("team__isnull", True)),
+                fields=("team",),
+                name="policy_one_platform_default",
+            ),
         ),
     ]

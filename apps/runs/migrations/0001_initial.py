@@ -7,140 +7,292 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('api', '0002_initial'),
-        ('governance', '0001_initial'),
-        ('policies', '0001_initial'),
-        ('workers', '0001_initial'),
+        ("api", "0002_initial"),
+        ("governance", "0001_initial"),
+        ("policies", "0001_initial"),
+        ("workers", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('source', models.CharField(choices=[('playground', 'Playground'), ('openai_api', 'OpenAI-compatible API'), ('rest_api', 'REST API')], default='playground', max_length=12)),
-                ('strategy', models.CharField(choices=[('conductor', 'Conductor'), ('single', 'Single worker'), ('moa', 'Mixture of agents'), ('pev', 'Planner–executor–verifier')], default='conductor', max_length=12)),
-                ('preset', models.CharField(blank=True, choices=[('', '—'), ('mini', 'mini'), ('ultra', 'ultra')], default='mini', max_length=8)),
-                ('classification', models.CharField(blank=True, default='', max_length=16)),
-                ('question', models.TextField()),
-                ('replay_messages', models.JSONField(blank=True, null=True)),
-                ('answer', models.TextField(blank=True)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('blocked', 'Blocked'), ('cancelled', 'Cancelled'), ('timed_out', 'Timed out')], default='queued', max_length=12)),
-                ('status_reason', models.TextField(blank=True)),
-                ('error', models.TextField(blank=True)),
-                ('review_status', models.CharField(blank=True, choices=[('', 'Not queued'), ('pending', 'Awaiting review'), ('approved', 'Approved'), ('flagged', 'Flagged'), ('needs_follow_up', 'Needs follow-up')], default='', max_length=16)),
-                ('answer_held', models.BooleanField(default=False)),
-                ('input_tokens', models.PositiveIntegerField(default=0)),
-                ('output_tokens', models.PositiveIntegerField(default=0)),
-                ('cost_usd', models.DecimalField(blank=True, decimal_places=8, max_digits=14, null=True)),
-                ('priced', models.BooleanField(default=True)),
-                ('latency_ms', models.FloatField(blank=True, null=True)),
-                ('step_count', models.PositiveSmallIntegerField(default=0)),
-                ('last_seq', models.PositiveIntegerField(default=0)),
-                ('cancel_requested', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('deadline_at', models.DateTimeField(blank=True, null=True)),
-                ('payload_erased_at', models.DateTimeField(blank=True, null=True)),
-                ('api_key', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='runs', to='api.apikey')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='runs', to=settings.AUTH_USER_MODEL)),
-                ('policy_version', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='policies.policyversion')),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='workers.pool')),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='runs', to='governance.team')),
-                ('worker', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.worker')),
+                (
+                    "id",
+                    models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False),
+                ),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("playground", "Playground"),
+                            ("openai_api", "OpenAI-compatible API"),
+                            ("rest_api", "REST API"),
+                        ],
+                        default="playground",
+                        max_length=12,
+                    ),
+                ),
+                (
+                    "strategy",
+                    models.CharField(
+                        choices=[
+                            ("conductor", "Conductor"),
+                            ("single", "Single worker"),
+                            ("moa", "Mixture of agents"),
+                            ("pev", "Planner–executor–verifier"),
+                        ],
+                        default="conductor",
+                        max_length=12,
+                    ),
+                ),
+                (
+                    "preset",
+                    models.CharField(
+                        blank=True,
+                        choices=[("", "—"), ("mini", "mini"), ("ultra", "ultra")],
+                        default="mini",
+                        max_length=8,
+                    ),
+                ),
+                ("classification", models.CharField(blank=True, default="", max_length=16)),
+                ("question", models.TextField()),
+                ("replay_messages", models.JSONField(blank=True, null=True)),
+                ("answer", models.TextField(blank=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("blocked", "Blocked"),
+                            ("cancelled", "Cancelled"),
+                            ("timed_out", "Timed out"),
+                        ],
+                        default="queued",
+                        max_length=12,
+                    ),
+                ),
+                ("status_reason", models.TextField(blank=True)),
+                ("error", models.TextField(blank=True)),
+                (
+                    "review_status",
+                    models.CharField(
+                        blank=True,
+                        choices=[
+                            ("", "Not queued"),
+                            ("pending", "Awaiting review"),
+                            ("approved", "Approved"),
+                            ("flagged", "Flagged"),
+                            ("needs_follow_up", "Needs follow-up"),
+                        ],
+                        default="",
+                        max_length=16,
+                    ),
+                ),
+                ("answer_held", models.BooleanField(default=False)),
+                ("input_tokens", models.PositiveIntegerField(default=0)),
+                ("output_tokens", models.PositiveIntegerField(default=0)),
+                ("cost_usd", models.DecimalField(blank=True, decimal_places=8, max_digits=14, null=True)),
+                ("priced", models.BooleanField(default=True)),
+                ("latency_ms", models.FloatField(blank=True, null=True)),
+                ("step_count", models.PositiveSmallIntegerField(default=0)),
+                ("last_seq", models.PositiveIntegerField(default=0)),
+                ("cancel_requested", models.BooleanField(default=False)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("deadline_at", models.DateTimeField(blank=True, null=True)),
+                ("payload_erased_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="runs",
+                        to="api.apikey",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="runs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "policy_version",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="runs",
+                        to="policies.policyversion",
+                    ),
+                ),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="workers.pool"
+                    ),
+                ),
+                (
+                    "team",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name="runs", to="governance.team"
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'permissions': [('review_run', 'Can review (sign off or flag) the run')],
+                "ordering": ["-created_at"],
+                "permissions": [("review_run", "Can review (sign off or flag) the run")],
             },
         ),
         migrations.CreateModel(
-            name='RunEvent',
+            name="RunEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('seq', models.PositiveIntegerField()),
-                ('type', models.CharField(max_length=32)),
-                ('data', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='runs.run')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("seq", models.PositiveIntegerField()),
+                ("type", models.CharField(max_length=32)),
+                ("data", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="events", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'seq'],
+                "ordering": ["run", "seq"],
             },
         ),
         migrations.CreateModel(
-            name='Step',
+            name="Step",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField()),
-                ('round', models.PositiveSmallIntegerField(default=1)),
-                ('worker_key', models.CharField(max_length=60)),
-                ('worker_name', models.CharField(blank=True, max_length=100)),
-                ('instruction', models.TextField()),
-                ('access', models.JSONField(default=list)),
-                ('messages', models.JSONField(default=list)),
-                ('output', models.TextField(blank=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('timed_out', 'Timed out'), ('skipped', 'Skipped'), ('blocked', 'Blocked')], default='pending', max_length=12)),
-                ('error', models.TextField(blank=True)),
-                ('fallback_from', models.CharField(blank=True, max_length=60)),
-                ('input_tokens', models.PositiveIntegerField(default=0)),
-                ('output_tokens', models.PositiveIntegerField(default=0)),
-                ('cost_usd', models.DecimalField(blank=True, decimal_places=8, max_digits=14, null=True)),
-                ('priced', models.BooleanField(default=True)),
-                ('latency_ms', models.FloatField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='steps', to='runs.run')),
-                ('worker', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.worker')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveSmallIntegerField()),
+                ("round", models.PositiveSmallIntegerField(default=1)),
+                ("worker_key", models.CharField(max_length=60)),
+                ("worker_name", models.CharField(blank=True, max_length=100)),
+                ("instruction", models.TextField()),
+                ("access", models.JSONField(default=list)),
+                ("messages", models.JSONField(default=list)),
+                ("output", models.TextField(blank=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("timed_out", "Timed out"),
+                            ("skipped", "Skipped"),
+                            ("blocked", "Blocked"),
+                        ],
+                        default="pending",
+                        max_length=12,
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
+                ("fallback_from", models.CharField(blank=True, max_length=60)),
+                ("input_tokens", models.PositiveIntegerField(default=0)),
+                ("output_tokens", models.PositiveIntegerField(default=0)),
+                ("cost_usd", models.DecimalField(blank=True, decimal_places=8, max_digits=14, null=True)),
+                ("priced", models.BooleanField(default=True)),
+                ("latency_ms", models.FloatField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="steps", to="runs.run"
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run', 'index'],
+                "ordering": ["run", "index"],
             },
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['team', '-created_at'], name='run_team_created'),
+            model_name="run",
+            index=models.Index(fields=["team", "-created_at"], name="run_team_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['created_by', '-created_at'], name='run_user_created'),
+            model_name="run",
+            index=models.Index(fields=["created_by", "-created_at"], name="run_user_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', '-created_at'], name='run_status_created'),
+            model_name="run",
+            index=models.Index(fields=["status", "-created_at"], name="run_status_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['strategy', '-created_at'], name='run_strategy_created'),
+            model_name="run",
+            index=models.Index(fields=["strategy", "-created_at"], name="run_strategy_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['-created_at'], name='run_created'),
+            model_name="run",
+            index=models.Index(fields=["-created_at"], name="run_created"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['status', 'deadline_at'], name='run_status_deadline'),
+            model_name="run",
+            index=models.Index(fields=["status", "deadline_at"], name="run_status_deadline"),
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['review_status', '-created_at'], name='run_review_created'),
+            model_name="run",
+            index=models.Index(fields=["review_status", "-created_at"], name="run_review_created"),
         ),
         migrations.AddConstraint(
-            model_name='runevent',
-            constraint=models.UniqueConstraint(fields=('run', 'seq'), name='runevent_unique_seq'),
+            model_name="runevent",
+            constraint=models.UniqueConstraint(fields=("run", "seq"), name="runevent_unique_seq"),
         ),
         migrations.AddIndex(
-            model_name='step',
-            index=models.Index(fields=['worker_key', 'run'], name='step_worker_run'),
+            model_name="step",
+            index=models.Index(fields=["worker_key", "run"], name="step_worker_run"),
         ),
         migrations.AddConstraint(
-            model_name='step',
-            constraint=models.UniqueConstraint(fields=('run', 'index'), name='step_unique_index'),
+            model_name="step",
+            constraint=models.UniqueConstraint(fields=("run", "index"), name="step_unique_index"),
         ),
     ]

@@ -5,113 +5,239 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('governance', '0001_initial'),
+        ("governance", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Pool',
+            name="Pool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(unique=True)),
-                ('name', models.CharField(max_length=100)),
-                ('description', models.TextField(blank=True)),
-                ('enabled', models.BooleanField(default=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('team', models.ForeignKey(blank=True, help_text='Owning team; empty for a platform pool. Other teams get use_pool grants.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='owned_pools', to='governance.team')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(unique=True)),
+                ("name", models.CharField(max_length=100)),
+                ("description", models.TextField(blank=True)),
+                ("enabled", models.BooleanField(default=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "team",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Owning team; empty for a platform pool. Other teams get use_pool grants.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="owned_pools",
+                        to="governance.team",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['slug'],
-                'permissions': [('use_pool', 'Can run requests on the pool')],
+                "ordering": ["slug"],
+                "permissions": [("use_pool", "Can run requests on the pool")],
             },
         ),
         migrations.CreateModel(
-            name='Provider',
+            name="Provider",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(unique=True)),
-                ('name', models.CharField(max_length=100)),
-                ('kind', models.CharField(choices=[('openai', 'OpenAI'), ('anthropic', 'Anthropic'), ('openai_compatible', 'OpenAI-compatible endpoint'), ('local', 'Local GGUF model')], max_length=20)),
-                ('base_url', models.URLField(blank=True, max_length=300)),
-                ('model_path', models.CharField(blank=True, max_length=500)),
-                ('api_key_env', models.CharField(blank=True, help_text='Environment variable holding the key', max_length=100)),
-                ('api_key_encrypted', models.TextField(blank=True, editable=False)),
-                ('api_key_last4', models.CharField(blank=True, editable=False, max_length=4)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('team', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='providers', to='governance.team')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(unique=True)),
+                ("name", models.CharField(max_length=100)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("openai", "OpenAI"),
+                            ("anthropic", "Anthropic"),
+                            ("openai_compatible", "OpenAI-compatible endpoint"),
+                            ("local", "Local GGUF model"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("base_url", models.URLField(blank=True, max_length=300)),
+                ("model_path", models.CharField(blank=True, max_length=500)),
+                (
+                    "api_key_env",
+                    models.CharField(
+                        blank=True, help_text="Environment variable holding the key", max_length=100
+                    ),
+                ),
+                ("api_key_encrypted", models.TextField(blank=True, editable=False)),
+                ("api_key_last4", models.CharField(blank=True, editable=False, max_length=4)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "team",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="providers",
+                        to="governance.team",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['slug'],
+                "ordering": ["slug"],
             },
         ),
         migrations.CreateModel(
-            name='Worker',
+            name="Worker",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('slug', models.SlugField(max_length=60, unique=True)),
-                ('display_name', models.CharField(max_length=100)),
-                ('model_name', models.CharField(max_length=200)),
-                ('strengths', models.TextField(blank=True, help_text='What this worker is good at; the conductor reads it.')),
-                ('tags', models.JSONField(blank=True, default=list)),
-                ('cost_rank', models.PositiveSmallIntegerField(default=1, help_text='Relative cost, 1 (cheapest) to 5')),
-                ('context_window', models.PositiveIntegerField(default=8192)),
-                ('max_output_tokens', models.PositiveIntegerField(default=512)),
-                ('input_price_per_mtok', models.DecimalField(blank=True, decimal_places=6, max_digits=12, null=True)),
-                ('output_price_per_mtok', models.DecimalField(blank=True, decimal_places=6, max_digits=12, null=True)),
-                ('timeout_s', models.PositiveIntegerField(default=60)),
-                ('enabled', models.BooleanField(default=True)),
-                ('health_status', models.CharField(choices=[('unknown', 'Not checked'), ('ok', 'Reachable'), ('error', 'Error'), ('unavailable', 'Unavailable')], default='unknown', max_length=12)),
-                ('health_detail', models.CharField(blank=True, max_length=300)),
-                ('health_latency_ms', models.FloatField(blank=True, null=True)),
-                ('health_checked_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('fallback', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.worker')),
-                ('provider', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='workers', to='workers.provider')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("slug", models.SlugField(max_length=60, unique=True)),
+                ("display_name", models.CharField(max_length=100)),
+                ("model_name", models.CharField(max_length=200)),
+                (
+                    "strengths",
+                    models.TextField(
+                        blank=True, help_text="What this worker is good at; the conductor reads it."
+                    ),
+                ),
+                ("tags", models.JSONField(blank=True, default=list)),
+                (
+                    "cost_rank",
+                    models.PositiveSmallIntegerField(default=1, help_text="Relative cost, 1 (cheapest) to 5"),
+                ),
+                ("context_window", models.PositiveIntegerField(default=8192)),
+                ("max_output_tokens", models.PositiveIntegerField(default=512)),
+                (
+                    "input_price_per_mtok",
+                    models.DecimalField(blank=True, decimal_places=6, max_digits=12, null=True),
+                ),
+                (
+                    "output_price_per_mtok",
+                    models.DecimalField(blank=True, decimal_places=6, max_digits=12, null=True),
+                ),
+                ("timeout_s", models.PositiveIntegerField(default=60)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "health_status",
+                    models.CharField(
+                        choices=[
+                            ("unknown", "Not checked"),
+                            ("ok", "Reachable"),
+                            ("error", "Error"),
+                            ("unavailable", "Unavailable"),
+                        ],
+                        default="unknown",
+                        max_length=12,
+                    ),
+                ),
+                ("health_detail", models.CharField(blank=True, max_length=300)),
+                ("health_latency_ms", models.FloatField(blank=True, null=True)),
+                ("health_checked_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "fallback",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="workers.worker",
+                    ),
+                ),
+                (
+                    "provider",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="workers",
+                        to="workers.provider",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['slug'],
+                "ordering": ["slug"],
             },
         ),
         migrations.CreateModel(
-            name='PoolWorker',
+            name="PoolWorker",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('position', models.PositiveSmallIntegerField()),
-                ('pool', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='pool_workers', to='workers.pool')),
-                ('worker', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='pool_entries', to='workers.worker')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("position", models.PositiveSmallIntegerField()),
+                (
+                    "pool",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="pool_workers",
+                        to="workers.pool",
+                    ),
+                ),
+                (
+                    "worker",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="pool_entries",
+                        to="workers.worker",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['pool', 'position'],
+                "ordering": ["pool", "position"],
             },
         ),
         migrations.AddField(
-            model_name='pool',
-            name='conductor_worker',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.worker'),
+            model_name="pool",
+            name="conductor_worker",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="workers.worker",
+            ),
         ),
         migrations.AddField(
-            model_name='pool',
-            name='default_worker',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.worker'),
+            model_name="pool",
+            name="default_worker",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="workers.worker",
+            ),
         ),
         migrations.AddField(
-            model_name='pool',
-            name='workers',
-            field=models.ManyToManyField(related_name='pools', through='workers.PoolWorker', to='workers.worker'),
+            model_name="pool",
+            name="workers",
+            field=models.ManyToManyField(
+                related_name="pools", through="workers.PoolWorker", to="workers.worker"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='poolworker',
-            constraint=models.UniqueConstraint(fields=('pool', 'worker'), name='poolworker_unique_worker'),
+            model_name="poolworker",
+            constraint=models.UniqueConstraint(fields=("pool", "worker"), name="poolworker_unique_worker"),
         ),
         migrations.AddConstraint(
-            model_name='poolworker',
-            constraint=models.UniqueConstraint(fields=('pool', 'position'), name='poolworker_unique_position'),
+            model_name="poolworker",
+            constraint=models.UniqueConstraint(
+                fields=("pool", "position"), name="poolworker_unique_position"
+            ),
         ),
     ]

@@ -1,0 +1,41 @@
+"""The team key form (browser UI). Validation of the values themselves lives in the service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from apps.api.models import ApiKeyRole
+from apps.api.services import MAX_RPM, MAX_TPM
+
+
+class ApiKeyCreateForm(forms.Form):
+    name = forms.CharField(
+        max_length=100,
+        help_text="What uses this key, e.g. “nightly report job”.",
+        error_messages={"required": "Give the key a name so you can recognise it later."},
+    )
+    role = forms.ChoiceField(
+        choices=ApiKeyRole.choices,
+        initial=ApiKeyRole.RUN,
+        help_text="Read: list and read. Run: also start and cancel runs. Admin: also change configuration.",
+    )
+    expires_at = forms.DateTimeField(
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        help_text="Optional (UTC). The key stops working at this time.",
+    )
+    allowed_pools = forms.ModelMultipleChoiceField(
+        queryset=None,  # set per team in __init__
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Leave empty to allow every pool the team may use.",
+    )
+    requests_per_minute = forms.IntegerField(min_value=1, max_value=MAX_RPM, initial=60)
+    tokens_per_minute = forms.IntegerField(min_value=1, max_value=MAX_TPM, initial=100_000)
+
+    def __init__(self, *args: Any, pools: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["allowed_pools"].queryset = pools

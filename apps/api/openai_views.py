@@ -1,0 +1,651 @@
+"""OpenAI-compatible endpoints: ``GET /v1/models`` and ``POST /v1/chat/completions``.
+
+Existing OpenAI clients drop in unchanged: requests and responses follow OpenAI's wire format,
+errors use its shape ``{"error": {"message", "type", "param", "code"}}`` and status codes, and a
+streamed answer is server-sent events in the chunk format ending with ``data: [DONE]``.
+
+Models: ``conductor-mini`` / ``conductor-ultra`` run the conductor (that preset) on the key's
+team's default pool; ``conductor-mini:<pool>`` / ``conductor-ultra:<pool>`` or a bare ``<pool>``
+slug pick another pool the key may use. Every response names its run (``X-Conductor-Run`` header,
+``conductor`` field) so a developer can open its live graph.
+
+The views are async: waiting for a run costs no thread. A run's progress is followed by joining its
+channel group ``run.<id>`` (a wake-up) and reading ``RunEvent`` rows by ``seq`` (the truth), so no
+event is lost or repeated whichever channel layer is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.api import ratelimit
+from apps.api import selectors as api_sel
+from apps.api.authentication import authenticate_key, presented_key
+from apps.api.models import ApiKey, ApiKeyRole
+from apps.api.services import ApiKeyInvalid, apikey_record_denied
+
+logger = logging.getLogger(__name__)
+
+PRESETS = {"conductor-mini": "mini", "conductor-ultra": "ultra"}
+MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
+# How long a follower sleeps between database reads when no channel message wakes it.
+FOLLOW_POLL_S = 0.25
+
+
+class OpenAIError(Exception):
+    """An error answered in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        conductor: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.conductor = conductor
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        }
+        if self.conductor is not None:
+            out["conductor"] = self.conductor
+        return out
+
+
+def error_response(err: OpenAIError) -> JsonResponse:
+    response = JsonResponse(err.body(), status=err.status)
+    for name, value in err.headers.items():
+        response[name] = value
+    return response
+
+
+def _no_retry() -> dict[str, str]:
+    # The OpenAI SDKs honour this header: a deterministic refusal must not be retried (a retry
+    # would start another run).
+    return {"x-should-retry": "false"}
+
+
+# --- authentication and model resolution (sync: ORM) ---------------------------------------------
+
+
+def _authenticate(request: HttpRequest) -> ApiKey:
+    raw = presented_key(request)
+    if raw is None:
+        raise OpenAIError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer cw_…'.",
+            code="missing_api_key",
+        )
+    try:
+        key = authenticate_key(raw)
+    except ApiKeyInvalid as exc:
+        raise OpenAIError(401, exc.reason, code=exc.code) from None
+    decision = ratelimit.hit_requests(key_prefix=key.prefix, limit=key.requests_per_minute)
+    if not decision.allowed:
+        raise OpenAIError(
+            429,
+            f"Rate limit reached: {decision.limit} requests per minute for this key. "
+            f"Try again in {decision.retry_after_s}s.",
+            type_="requests",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(decision.retry_after_s)},
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class Target:
+    preset: str
+    pool: Any
+    model: str
+
+
+def _deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> OpenAIError:
+    apikey_record_denied(api_key=key, reason=reason, detail=detail)
+    return OpenAIError(status, message, code=reason, headers=_no_retry(), **kw)
+
+
+def resolve_model(key: ApiKey, model: Any) -> Target:
+    """Map an OpenAI ``model`` to a preset and a pool this key may use."""
+    from apps.workers.models import Pool
+
+    user = key.created_by
+    if not isinstance(model, str) or not model.strip():
+        raise OpenAIError(400, "'model' is required: e.g. 'conductor-mini'.", param="model", code="invalid_value")
+    model = model.strip()
+    base, sep, slug = model.partition(":")
+    if base in PRESETS:
+        preset = PRESETS[base]
+        pool_slug: str | None = slug if sep else None
+        if sep and not slug:
+            raise OpenAIError(400, f"Name a pool after the colon: '{base}:<pool>'.", param="model", code="invalid_value")
+    elif not sep:
+        preset, pool_slug = PRESETS["conductor-mini"], base
+    else:
+        raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+
+    if pool_slug is None:
+        pool = key.team.default_pool
+        if pool is None:
+            raise OpenAIError(
+                400,
+                f"The team '{key.team.slug}' has no default pool; use '{base}:<pool>' with a pool from /v1/models.",
+                param="model",
+                code="no_default_pool",
+            )
+    else:
+        pool = Pool.objects.filter(slug=pool_slug).first()
+        # A pool the caller cannot see at all is reported as an unknown model, not as forbidden,
+        # so keys cannot probe other teams' pool names.
+        if pool is None or not api_sel.pools_visible_for(user, key).filter(pk=pool.pk).exists():
+            raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+    if not api_sel.pools_usable_for(user, key).filter(pk=pool.pk).exists():
+        raise _deny(
+            key, 403, "pool_not_allowed",
+            f"This API key may not use the pool '{pool.slug}'.", detail=pool.slug, param="model",
+        )
+    return Target(preset=preset, pool=pool, model=model)
+
+
+def models_payload(key: ApiKey) -> dict[str, Any]:
+    user = key.created_by
+    created = int(key.team.created_at.timestamp())
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "conductor"} for name in PRESETS]
+    for pool in api_sel.pools_usable_for(user, key).order_by("slug"):
+        data.append(
+            {"id": pool.slug, "object": "model", "created": int(pool.created_at.timestamp()),
+             "owned_by": pool.team.slug if pool.team_id else "platform"}
+        )
+    return {"object": "list", "data": data}
+
+
+# --- request validation ----------------------------------------------------------------------------
+
+
+def _text_content(content: Any, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise OpenAIError(
+                    400, "Only text content parts ({'type': 'text', 'text': …}) are supported.",
+                    param=f"messages[{index}].content[{j}]", code="invalid_value",
+                )
+            parts.append(part["text"])
+        return "\n".join(parts)
+    raise OpenAIError(400, "Message content must be a string or a list of text parts.",
+                      param=f"messages[{index}].content", code="invalid_type")
+
+
+def question_from_messages(messages: Any) -> str:
+    """One conductor question from a chat: the last user turn, with earlier turns as context."""
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(400, "'messages' must be a non-empty array.", param="messages", code="invalid_value")
+    turns: list[tuple[str, str]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise OpenAIError(400, "Each message must be an object.", param=f"messages[{i}]", code="invalid_type")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise OpenAIError(
+                400, f"Invalid role {role!r}; expected one of {', '.join(sorted(MESSAGE_ROLES))}.",
+                param=f"messages[{i}].role", code="invalid_value",
+            )
+        turns.append((role, _text_content(message.get("content"), i)))
+    if not any(role == "user" and text.strip() for role, text in turns):
+        raise OpenAIError(400, "At least one user message with text is required.", param="messages", code="invalid_value")
+    if len(turns) == 1:
+        return turns[0][1]
+    labels = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+    return "\n\n".join(f"{labels[role]}: {text}" for role, text in turns if text.strip())
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: Any
+    question: str
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    try:
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if "model" not in body:
+        raise OpenAIError(400, "'model' is required.", param="model", code="missing_required_parameter")
+    if "messages" not in body:
+        raise OpenAIError(400, "'messages' is required.", param="messages", code="missing_required_parameter")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise OpenAIError(400, "'stream' must be a boolean.", param="stream", code="invalid_type")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise OpenAIError(400, "Only n=1 is supported: the conductor returns one answer per run.", param="n",
+                          code="invalid_value")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise OpenAIError(400, f"'{name}' must be a positive integer.", param=name, code="invalid_value")
+    temperature = body.get("temperature")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2
+    ):
+        raise OpenAIError(400, "'temperature' must be a number between 0 and 2.", param="temperature",
+                          code="invalid_value")
+    if body.get("tools") or body.get("functions"):
+        param = "tools" if body.get("tools") else "functions"
+        raise OpenAIError(400, "Tool calling is not supported by the conductor.", param=param, code="unsupported_parameter")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise OpenAIError(400, "'stream_options' must be an object.", param="stream_options", code="invalid_type")
+    include_usage = bool((options or {}).get("include_usage", False))
+    return ChatRequest(
+        model=body.get("model"),
+        question=question_from_messages(body.get("messages")),
+        stream=bool(stream),
+        include_usage=include_usage,
+    )
+
+
+# --- starting the run (sync: ORM, transaction) ------------------------------------------------------
+
+
+def run_url(request: HttpRequest, run_id: Any) -> str:
+    try:
+        path = reverse("runs:detail", args=[run_id])
+    except NoReverseMatch:
+        path = f"/runs/{run_id}/"
+    return request.build_absolute_uri(path)
+
+
+def start_run(request: HttpRequest) -> tuple[ApiKey, ChatRequest, Target, Any]:
+    """Authenticate, validate, resolve and create the run. Raises OpenAIError."""
+    from apps.runs.models import RunSource
+    from apps.runs.services import RunRefused, run_create
+
+    key = _authenticate(request)
+    chat = parse_chat_request(request.body)
+    if not api_sel.key_allows(key, ApiKeyRole.RUN):
+        raise _deny(key, 403, "insufficient_role", "This API key is read-only: it cannot start runs.")
+    target = resolve_model(key, chat.model)
+    tokens = ratelimit.check_tokens(key_prefix=key.prefix, limit=key.tokens_per_minute)
+    if not tokens.allowed:
+        raise OpenAIError(
+            429,
+            f"Rate limit reached: {tokens.limit} tokens per minute for this key. Try again in {tokens.retry_after_s}s.",
+            type_="tokens",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(tokens.retry_after_s)},
+        )
+    try:
+        run = run_create(
+            actor=key.created_by,
+            team=key.team,
+            pool=target.pool,
+            question=chat.question,
+            strategy="conductor",
+            preset=target.preset,
+            source=RunSource.OPENAI_API,
+            api_key=key,
+        )
+    except RunRefused as refused:
+        raise _refusal_error(refused) from None
+    return key, chat, target, run
+
+
+def _refusal_error(refused: Any) -> OpenAIError:
+    if refused.code == "budget_exhausted":
+        headers = _no_retry()
+        if refused.retry_after_s:
+            headers["Retry-After"] = str(int(refused.retry_after_s))
+        return OpenAIError(429, refused.message, type_="insufficient_quota", code="budget_exhausted", headers=headers)
+    if refused.code == "pool_not_allowed":
+        return OpenAIError(403, refused.message, param="model", code="pool_not_allowed", headers=_no_retry())
+    if refused.code == "pool_unavailable":
+        return OpenAIError(503, refused.message, type_="server_error", code="pool_unavailable", headers=_no_retry())
+    return OpenAIError(400, refused.message, param="messages", code="invalid_value")
+
+
+# --- following a run -------------------------------------------------------------------------------
+
+
+class RunFollower:
+    """Joins ``run.<id>`` to be woken when the run emits; readers then go to the database."""
+
+    def __init__(self, run_id: Any) -> None:
+        self.group = f"run.{run_id}"
+        self.layer: Any = None
+        self.channel: str | None = None
+
+    async def __aenter__(self) -> RunFollower:
+        from channels.layers import get_channel_layer
+
+        from apps.runs.sink import register_server_loop
+
+        self.layer = get_channel_layer()
+        if self.layer is not None:
+            try:
+                register_server_loop(asyncio.get_running_loop())
+                self.channel = await self.layer.new_channel()
+                await self.layer.group_add(self.group, self.channel)
+            except Exception:  # the database poll still finds every event
+                logger.warning("could not join %s; following by polling", self.group, exc_info=True)
+                self.channel = None
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.layer is not None and self.channel is not None:
+            try:
+                await self.layer.group_discard(self.group, self.channel)
+            except Exception:
+                logger.debug("group_discard failed for %s", self.group, exc_info=True)
+
+    async def wait(self, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        if self.channel is None:
+            await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
+            return
+        try:
+            await asyncio.wait_for(self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S))
+        except TimeoutError:
+            pass
+
+
+def _events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
+    from apps.runs.models import RunEvent
+
+    return list(RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data"))
+
+
+def _load_run(run_id: Any) -> Any:
+    from apps.runs.models import Run
+
+    return Run.objects.select_related("pool").get(pk=run_id)
+
+
+def _blocked_rules(run_id: Any) -> list[str]:
+    """Names of the checks that blocked the run (never their findings)."""
+    from apps.runs.models import RunEvent
+
+    names: list[str] = []
+    for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list("data", flat=True):
+        if not isinstance(data, dict) or not data.get("blocked"):
+            continue
+        for check in data.get("checks") or []:
+            if isinstance(check, dict) and check.get("status") == "intervened" and check.get("action") == "block":
+                names.append(f"{data.get('stage')}:{check.get('name')}")
+    return names
+
+
+def _deadline() -> float:
+    return time.monotonic() + settings.RUN_TIMEOUT_S + getattr(settings, "RUN_SWEEP_GRACE_S", 60) + 30
+
+
+async def wait_for_run(run_id: Any) -> Any:
+    deadline = _deadline()
+    async with RunFollower(run_id) as follower:
+        while True:
+            run = await sync_to_async(_load_run)(run_id)
+            if run.is_terminal or time.monotonic() >= deadline:
+                return run
+            await follower.wait(deadline - time.monotonic())
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    id: str
+    created: int
+    model: str
+    conductor: dict[str, Any]
+
+
+def _conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str, Any]:
+    return {
+        "run_id": str(run.id),
+        "url": run_url(request, run.id),
+        "status": run.status,
+        "pool": target.pool.slug,
+        "preset": target.preset,
+        "steps": run.step_count,
+        "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
+        "policy_version_id": run.policy_version_id,
+        "answer_held": bool(run.answer_held),
+    }
+
+
+def _usage(run: Any) -> dict[str, int]:
+    return {
+        "prompt_tokens": run.input_tokens,
+        "completion_tokens": run.output_tokens,
+        "total_tokens": run.input_tokens + run.output_tokens,
+    }
+
+
+def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+    """The error for a run that ended without a releasable answer, else None."""
+    status = run.status
+    if status == "succeeded":
+        return None
+    if status == "blocked":
+        rules = _blocked_rules(run.id)
+        rule_text = f" (policy rule: {', '.join(rules)})" if rules else ""
+        reason = run.error or run.status_reason or "blocked by policy"
+        return OpenAIError(400, f"{reason}{rule_text}", code="content_policy_violation", headers=_no_retry(),
+                           conductor=conductor)
+    if status == "cancelled":
+        return OpenAIError(409, "The run was cancelled.", code="run_cancelled", headers=_no_retry(), conductor=conductor)
+    if status == "timed_out":
+        return OpenAIError(504, run.error or "The run timed out.", type_="server_error", code="run_timed_out",
+                           headers=_no_retry(), conductor=conductor)
+    if status in ("queued", "running"):
+        return OpenAIError(504, "The run did not finish in time; follow it at its URL.", type_="server_error",
+                           code="run_timed_out", headers=_no_retry(), conductor=conductor)
+    return OpenAIError(502, run.error or "The run failed.", type_="server_error", code="run_failed",
+                       headers=_no_retry(), conductor=conductor)
+
+
+def completion_body(env: Envelope, run: Any) -> dict[str, Any]:
+    held = bool(run.answer_held)
+    return {
+        "id": env.id,
+        "object": "chat.completion",
+        "created": env.created,
+        "model": env.model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": None if held else run.answer, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "content_filter" if held else "stop",
+            }
+        ],
+        "usage": _usage(run),
+        "conductor": env.conductor,
+    }
+
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def _chunk(env: Envelope, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": env.id,
+        "object": "chat.completion.chunk",
+        "created": env.created,
+        "model": env.model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    body.update(extra)
+    return body
+
+
+def progress(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``conductor`` progress field for one run event (None for events not worth a chunk)."""
+    kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
+    base = {"event": kind, "seq": seq}
+    if kind == "step.started":
+        return {**base, "index": data.get("index"), "round": data.get("round"), "worker": data.get("worker_key"),
+                "instruction": data.get("instruction")}
+    if kind == "step.delta":
+        return {**base, "index": data.get("index"), "text": data.get("text")}
+    if kind == "step.finished":
+        return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
+    if kind == "plan.validated":
+        plan = data.get("plan") or {}
+        return {**base, "action": data.get("action"), "steps": len(plan.get("steps") or [])}
+    if kind == "guardrail.checked":
+        return {**base, "stage": data.get("stage"), "blocked": bool(data.get("blocked"))}
+    return None
+
+
+async def stream_run(request: HttpRequest, key: ApiKey, chat: ChatRequest, target: Target, run: Any,
+                     env: Envelope) -> AsyncIterator[bytes]:
+    yield _sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
+    last_seq = 0
+    deadline = _deadline()
+    async with RunFollower(run.id) as follower:
+        finished = False
+        while not finished and time.monotonic() < deadline:
+            for event in await sync_to_async(_events_after)(run.id, last_seq):
+                last_seq = event["seq"]
+                info = progress(event)
+                if info is not None:
+                    yield _sse(_chunk(env, {}, conductor=info))
+                if event["type"] == "run.finished":
+                    finished = True
+                    break
+            if not finished:
+                await follower.wait(deadline - time.monotonic())
+        # The Run row is updated in the same transaction as run.finished; read the verdict.
+        final = await sync_to_async(_load_run)(run.id)
+    await sync_to_async(ratelimit.add_tokens)(key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens)
+    conductor = _conductor_info(request, final, target)
+    error = await sync_to_async(run_outcome_error)(final, conductor)
+    if error is not None:
+        yield _sse(error.body())
+        yield _sse("[DONE]")
+        return
+    usage = _usage(final)
+    if final.answer_held:
+        yield _sse(_chunk(env, {}, "content_filter", conductor=conductor))
+    else:
+        if final.answer:
+            yield _sse(_chunk(env, {"content": final.answer}))
+        yield _sse(_chunk(env, {}, "stop", conductor={**conductor, "usage": usage}))
+    if chat.include_usage:
+        yield _sse({"id": env.id, "object": "chat.completion.chunk", "created": env.created, "model": env.model,
+                    "system_fingerprint": None, "choices": [], "usage": usage})
+    yield _sse("[DONE]")
+
+
+# --- views --------------------------------------------------------------------------------------------
+
+
+def _method_not_allowed(allowed: str) -> JsonResponse:
+    response = error_response(OpenAIError(405, f"Use {allowed} on this endpoint.", code="method_not_allowed"))
+    response["Allow"] = allowed
+    return response
+
+
+@csrf_exempt
+async def models_view(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        key = await sync_to_async(_authenticate)(request)
+        payload = await sync_to_async(models_payload)(key)
+    except OpenAIError as err:
+        return error_response(err)
+    return JsonResponse(payload)
+
+
+@csrf_exempt
+async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        key = await sync_to_async(_authenticate)(request)
+        payload = await sync_to_async(models_payload)(key)
+    except OpenAIError as err:
+        return error_response(err)
+    for entry in payload["data"]:
+        if entry["id"] == model:
+            return JsonResponse(entry)
+    return error_response(OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found"))
+
+
+@csrf_exempt
+async def chat_completions_view(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        key, chat, target, run = await sync_to_async(start_run)(request)
+    except OpenAIError as err:
+        return error_response(err)
+    env = Envelope(
+        id=f"chatcmpl-{run.id.hex}",
+        created=int(run.created_at.timestamp()),
+        model=target.model,
+        conductor=_conductor_info(request, run, target),
+    )
+    headers = {"X-Conductor-Run": str(run.id), "X-Conductor-Run-Url": env.conductor["url"]}
+    if chat.stream:
+        response: HttpResponse = StreamingHttpResponse(
+            stream_run(request, key, chat, target, run, env), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
+    else:
+        final = await wait_for_run(run.id)
+        await sync_to_async(ratelimit.add_tokens)(
+            key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens
+        )
+        conductor = _conductor_info(request, final, target)
+        error = await sync_to_async(run_outcome_error)(final, conductor)
+        if error is not None:
+            response = error_response(error)
+        else:
+            response = JsonResponse(completion_body(Envelope(env.id, env.created, env.model, conductor), final))
+    for name, value in headers.items():
+        response[name] = value
+    return response

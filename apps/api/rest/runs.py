@@ -1,0 +1,285 @@
+"""``/api/runs/``: create, list (filters), detail, steps (exact worker messages), events, cancel, review."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.api import selectors as api_sel
+from apps.api.rest.base import ApiListView, ApiView
+from apps.runs.models import (
+    Preset,
+    ReviewStatus,
+    Run,
+    RunEvent,
+    RunSource,
+    RunStatus,
+    Step,
+    Strategy,
+)
+
+
+def run_absolute_url(request: Request, run: Run) -> str:
+    from apps.api.openai_views import run_url
+
+    return run_url(request._request, run.pk)
+
+
+class RunOutput(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField(help_text="The run page with its live step graph.")
+    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
+    answer = serializers.SerializerMethodField(help_text="Null while held for review.")
+
+    class Meta:
+        model = Run
+        fields = [
+            "id", "url", "team", "pool", "created_by", "api_key", "source", "strategy", "preset", "worker",
+            "classification", "policy_version", "question", "answer", "answer_held", "status", "status_reason",
+            "error", "review_status", "input_tokens", "output_tokens", "cost_usd", "priced", "latency_ms",
+            "step_count", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
+            "payload_erased_at",
+        ]
+
+    def get_url(self, obj: Run) -> str:
+        return run_absolute_url(self.context["request"], obj)
+
+    def get_answer(self, obj: Run) -> str | None:
+        return None if obj.answer_held else obj.answer
+
+
+class RunSummaryOutput(RunOutput):
+    class Meta(RunOutput.Meta):
+        fields = [f for f in RunOutput.Meta.fields if f not in ("question", "answer", "error", "status_reason")]
+
+
+class MessageOutput(serializers.Serializer):
+    role = serializers.CharField()
+    content = serializers.CharField(allow_blank=True)
+
+
+class StepOutput(serializers.ModelSerializer):
+    worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    access = serializers.JSONField(help_text="Indices of earlier steps this worker saw.")
+    messages = serializers.JSONField(help_text="The exact messages sent to the worker: [{role, content}].")
+
+    class Meta:
+        model = Step
+        fields = [
+            "index", "round", "worker", "worker_key", "worker_name", "instruction", "access", "messages", "output",
+            "status", "error", "fallback_from", "input_tokens", "output_tokens", "cost_usd", "priced", "latency_ms",
+            "started_at", "finished_at",
+        ]
+
+
+class RunEventOutput(serializers.ModelSerializer):
+    data = serializers.JSONField()
+
+    class Meta:
+        model = RunEvent
+        fields = ["seq", "type", "data", "created_at"]
+
+
+class RunCreateInput(serializers.Serializer):
+    question = serializers.CharField(max_length=32_000, trim_whitespace=True)
+    team = serializers.SlugField(required=False, help_text="Team slug; default: the key's team / your first team.")
+    pool = serializers.SlugField(required=False, help_text="Pool slug; default: the team's default pool.")
+    strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.CONDUCTOR)
+    preset = serializers.ChoiceField(choices=[Preset.MINI, Preset.ULTRA], default=Preset.MINI)
+    worker = serializers.SlugField(required=False, help_text="For the single strategy: the worker's slug.")
+    classification = serializers.ChoiceField(choices=["", "public", "internal", "confidential"], required=False,
+                                             default="")
+
+
+class ReviewInput(serializers.Serializer):
+    status = serializers.ChoiceField(choices=[ReviewStatus.APPROVED, ReviewStatus.FLAGGED,
+                                              ReviewStatus.NEEDS_FOLLOW_UP])
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class ReviewOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.UUIDField(source="run_id")
+    status = serializers.CharField()
+    reason = serializers.CharField()
+    comment = serializers.CharField()
+    reviewer = serializers.CharField(source="reviewer_label")
+    released_answer = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+
+
+class RunRefusedError(APIException):
+    status_code = 400
+    default_code = "invalid"
+
+    def __init__(self, refused: Any) -> None:
+        self.status_code = {
+            "budget_exhausted": 429, "pool_not_allowed": 403, "pool_unavailable": 503,
+        }.get(refused.code, 400)
+        super().__init__(detail={"detail": refused.message, "code": refused.code}, code=refused.code)
+        self.wait = refused.retry_after_s
+
+
+class RunFilter(django_filters.FilterSet):
+    team = django_filters.CharFilter(field_name="team__slug", help_text="team slug")
+    user = django_filters.CharFilter(field_name="created_by__username", help_text="username of the creator")
+    status = django_filters.ChoiceFilter(choices=RunStatus.choices)
+    strategy = django_filters.ChoiceFilter(choices=Strategy.choices)
+    source = django_filters.ChoiceFilter(choices=RunSource.choices)
+    pool = django_filters.CharFilter(field_name="pool__slug", help_text="pool slug")
+    review_status = django_filters.ChoiceFilter(choices=ReviewStatus.choices)
+    worker = django_filters.CharFilter(method="filter_worker", help_text="worker key used by any step")
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Run
+        fields: list[str] = []
+
+    def filter_worker(self, qs: Any, name: str, value: str) -> Any:
+        # A subquery on the (worker_key, run) index instead of a row-duplicating join.
+        return qs.filter(pk__in=Step.objects.filter(worker_key=value).values("run_id"))
+
+
+def visible_run(view: ApiView, run_id: Any) -> Run:
+    return get_object_or_404(
+        api_sel.runs_for(view.request.user, view.key).select_related("team", "pool", "created_by", "api_key",
+                                                                    "worker"),
+        pk=run_id,
+    )
+
+
+class RunListCreate(ApiListView):
+    serializer_class = RunSummaryOutput
+    filterset_class = RunFilter
+
+    @property
+    def key_role(self) -> str:  # type: ignore[override]
+        return "run" if self.request.method == "POST" else "read"
+
+    def get_queryset(self) -> Any:
+        return (api_sel.runs_for(self.request.user, self.key)
+                .select_related("team", "pool", "created_by", "api_key", "worker")
+                .order_by("-created_at", "-pk"))
+
+    @extend_schema(request=RunCreateInput, responses={201: RunOutput})
+    def post(self, request: Request) -> Response:
+        from apps.runs.services import RunRefused, run_create
+
+        data = RunCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        team = None
+        if self.key is not None:
+            team = self.key.team
+            if v.get("team") and v["team"] != team.slug:
+                raise ValidationError({"team": ["An API key runs on its own team only."]})
+        elif v.get("team"):
+            team = api_sel.teams_for(request.user, None).filter(slug=v["team"]).first()
+            if team is None:
+                raise ValidationError({"team": ["No team with this slug that you can see."]})
+        pool = None
+        if v.get("pool"):
+            pool = api_sel.pools_visible_for(request.user, self.key).filter(slug=v["pool"]).first()
+            if pool is None:
+                raise ValidationError({"pool": ["No pool with this slug that you can see."]})
+        elif self.key is not None:
+            pool = self.key.team.default_pool
+        if pool is not None and not api_sel.pools_usable_for(request.user, self.key).filter(pk=pool.pk).exists():
+            from rest_framework.exceptions import PermissionDenied
+
+            raise PermissionDenied(f"You may not run on the pool '{pool.slug}'.")
+        worker = None
+        if v.get("worker"):
+            worker = api_sel.workers_visible_for(request.user, self.key).filter(slug=v["worker"]).first()
+            if worker is None:
+                raise ValidationError({"worker": ["No worker with this slug that you can see."]})
+        try:
+            run = run_create(
+                actor=request.user,
+                team=team,
+                pool=pool,
+                question=v["question"],
+                strategy=v["strategy"],
+                preset=v["preset"],
+                worker=worker,
+                source=RunSource.REST_API,
+                api_key=self.key,
+                classification=v.get("classification", ""),
+            )
+        except RunRefused as refused:
+            raise RunRefusedError(refused) from None
+        response = Response(RunOutput(run, context={"request": request}).data, status=status.HTTP_201_CREATED)
+        response["X-Conductor-Run"] = str(run.pk)
+        response["Location"] = run_absolute_url(request, run)
+        return response
+
+
+class RunDetail(ApiView):
+    @extend_schema(responses=RunOutput)
+    def get(self, request: Request, run_id: Any) -> Response:
+        return Response(RunOutput(visible_run(self, run_id), context={"request": request}).data)
+
+
+class RunSteps(ApiListView):
+    """Each step with the exact messages its worker received."""
+
+    serializer_class = StepOutput
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):  # schema generation
+            return Step.objects.none()
+        run = visible_run(self, self.kwargs["run_id"])
+        return Step.objects.filter(run=run).select_related("worker").order_by("index")
+
+
+class RunEvents(ApiListView):
+    """The run's protocol events in ``seq`` order; ``after`` resumes where a client left off."""
+
+    serializer_class = RunEventOutput
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return RunEvent.objects.none()
+        run = visible_run(self, self.kwargs["run_id"])
+        after = self.request.query_params.get("after") or "0"
+        if not after.isdigit():
+            raise ValidationError({"after": ["Give the last seq you have (a non-negative integer)."]})
+        return RunEvent.objects.filter(run=run, seq__gt=int(after)).order_by("seq")
+
+
+class RunCancel(ApiView):
+    key_role = "run"
+
+    @extend_schema(request=None, responses=RunOutput)
+    def post(self, request: Request, run_id: Any) -> Response:
+        from apps.runs.services import run_cancel
+
+        run = visible_run(self, run_id)
+        run = run_cancel(actor=request.user, run=run)
+        return Response(RunOutput(visible_run(self, run.pk), context={"request": request}).data)
+
+
+class RunReview(ApiView):
+    key_role = "admin"
+
+    @extend_schema(request=ReviewInput, responses={201: ReviewOutput})
+    def post(self, request: Request, run_id: Any) -> Response:
+        from apps.audit.services import run_review
+
+        run = visible_run(self, run_id)
+        data = ReviewInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        review = run_review(actor=request.user, run=run, **data.validated_data)
+        return Response(ReviewOutput(review).data, status=status.HTTP_201_CREATED)

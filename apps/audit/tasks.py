@@ -1,0 +1,22 @@
+"""Celery entry points (the beat schedule / embedded timer thread call these)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="apps.audit.tasks.audit_retention_sweep", ignore_result=True)
+def audit_retention_sweep() -> int:
+    """Idempotent: each run is erased once (``payload_erased_at`` is the claim)."""
+    from apps.audit.services import audit_retention_sweep as sweep
+
+    return sweep()
+
+
+@shared_task(name="apps.audit.tasks.audit_verify", ignore_result=True)
+def audit_verify() -> bool:
+    """Verify the whole chain and record the outcome on the chain head (the UI shows it)."""
+    from apps.audit.services import hmac_key
+    from apps.audit.verify import verify_and_record
+
+    return verify_and_record(key=hmac_key()).ok

@@ -1,0 +1,108 @@
+"""Shared mapping from an HTTP API error (status, body, headers) to our typed errors.
+
+Both official SDKs expose `status_code`, `body` and `response.headers` on their status errors;
+we never use the SDK's own message (it embeds the raw body, and OpenAI's 401 body echoes part
+of the key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from apps.engine.providers.base import (
+    ProviderAuthError,
+    ProviderBadRequest,
+    ProviderContextTooLong,
+    ProviderError,
+    ProviderModelNotFound,
+    ProviderRateLimited,
+    ProviderTimeout,
+    ProviderUnavailable,
+    parse_retry_after,
+    redact,
+)
+
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "prompt is too long",
+    "too many tokens",
+    "input is too long",
+)
+
+
+def error_detail(body: object) -> tuple[str, str]:
+    """(code-or-type, message) from an OpenAI- or Anthropic-shaped error body."""
+    if isinstance(body, Mapping):
+        inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+        assert isinstance(inner, Mapping)
+        code = inner.get("code") or inner.get("type") or ""
+        message = inner.get("message") or ""
+        return str(code), str(message)
+    if isinstance(body, str):
+        return "", body
+    return "", ""
+
+
+def retry_after_from(headers: Mapping[str, str] | Any) -> float | None:
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    return parse_retry_after(headers.get("retry-after"))
+
+
+def map_status_error(
+    *,
+    provider: str,
+    status: int,
+    body: object,
+    headers: Mapping[str, str] | Any,
+    model: str,
+    secrets: Iterable[str | None],
+) -> ProviderError:
+    code, raw_message = error_detail(body)
+    detail = redact(raw_message, secrets)
+    suffix = f": {detail}" if detail else "."
+    lowered = f"{code} {raw_message}".lower()
+    kw: dict[str, Any] = {"status": status, "provider": provider}
+    if status in (401, 403):
+        # Deliberately no provider text: OpenAI's 401 body quotes (part of) the key.
+        word = "rejected the API key" if status == 401 else "refused access with this API key"
+        return ProviderAuthError(f"The {provider} provider {word} (HTTP {status}). Check the configured key.", **kw)
+    if status == 404:
+        return ProviderModelNotFound(
+            f"The model {model!r} was not found at the {provider} provider (HTTP 404){suffix}", **kw
+        )
+    if any(marker in lowered for marker in _CONTEXT_MARKERS):
+        return ProviderContextTooLong(
+            f"The conversation is too long for the model {model!r} (HTTP {status}){suffix}", **kw
+        )
+    if status == 429:
+        if "insufficient_quota" in lowered or "exceeded your current quota" in lowered:
+            err: ProviderError = ProviderRateLimited(
+                f"The {provider} account has no quota left (HTTP 429){suffix}", **kw
+            )
+            err.retryable = False  # waiting will not refill a billing quota
+            return err
+        return ProviderRateLimited(
+            f"The {provider} provider is rate limiting requests (HTTP 429){suffix}",
+            retry_after=retry_after_from(headers),
+            **kw,
+        )
+    if status == 408:
+        return ProviderTimeout(f"The {provider} provider timed out (HTTP 408).", **kw)
+    if status >= 500 or status == 409:
+        return ProviderUnavailable(
+            f"The {provider} provider is unavailable (HTTP {status}){suffix}",
+            retry_after=retry_after_from(headers),
+            **kw,
+        )
+    return ProviderBadRequest(f"The {provider} provider rejected the request (HTTP {status}){suffix}", **kw)

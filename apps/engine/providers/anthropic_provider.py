@@ -1,0 +1,192 @@
+"""Anthropic Messages API through the official `anthropic` SDK.
+
+System messages map to the top-level `system` parameter and consecutive same-role turns are
+merged (the API wants alternating user/assistant turns starting with user). A `json_schema`
+becomes a forced tool call whose `input_schema` is the schema; the tool input is returned as
+JSON text. Retries are ours (`max_retries=0` on the SDK), see `openai_provider` for why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import anthropic
+
+from apps.engine.providers._http import map_status_error
+from apps.engine.providers.base import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    call_with_retries,
+    redact,
+)
+from apps.engine.providers.pricing import price_call
+from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
+
+TOOL_NAME = "respond"
+
+
+def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, str]]]:
+    """(system, turns) in the shape the Messages API accepts."""
+    system_parts: list[str] = []
+    turns: list[dict[str, str]] = []
+    for m in messages:
+        role, content = m.get("role", "user"), m.get("content", "")
+        if role == "system":
+            system_parts.append(content)
+            continue
+        role = "assistant" if role == "assistant" else "user"
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n\n" + content
+        else:
+            turns.append({"role": role, "content": content})
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": "Continue."})
+    return ("\n\n".join(system_parts) or None), turns
+
+
+class AnthropicWorker:
+    def __init__(
+        self,
+        info: WorkerInfo,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_retries: int = 2,
+        default_headers: dict[str, str] | None = None,
+        client: anthropic.Anthropic | None = None,
+    ) -> None:
+        self.info = info
+        self.base_url = base_url
+        self.max_retries = max_retries
+        self._secret = api_key
+        self._host = (urlsplit(base_url).hostname if base_url else "api.anthropic.com") or "the endpoint"
+        self._client_error: str | None = None
+        if client is not None:
+            self._client: anthropic.Anthropic | None = client
+        else:
+            try:
+                self._client = anthropic.Anthropic(
+                    api_key=api_key,
+                    base_url=base_url,
+                    max_retries=0,
+                    timeout=info.timeout_s,
+                    default_headers=default_headers,
+                )
+            except anthropic.AnthropicError:
+                self._client = None
+                self._client_error = "No API key is configured for this Anthropic worker."
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"AnthropicWorker(key={self.info.key!r}, model={self.info.model!r}, host={self._host!r})"
+
+    def _map(self, exc: Exception) -> ProviderError:
+        if isinstance(exc, anthropic.APITimeoutError):
+            return ProviderTimeout("The Anthropic provider did not answer in time.", provider="Anthropic")
+        if isinstance(exc, anthropic.APIConnectionError):
+            return ProviderUnavailable(f"Could not connect to the Anthropic provider at {self._host}.", provider="Anthropic")
+        if isinstance(exc, anthropic.APIStatusError):
+            return map_status_error(
+                provider="Anthropic",
+                status=exc.status_code,
+                body=exc.body,
+                headers=exc.response.headers,
+                model=self.info.model,
+                secrets=(self._secret,),
+            )
+        text = redact(str(exc), (self._secret,))
+        if "api_key" in text or "auth" in text.lower():
+            return ProviderAuthError("No usable API key is configured for this Anthropic worker.", provider="Anthropic")
+        return ProviderError(f"The Anthropic call failed ({type(exc).__name__}): {text}", provider="Anthropic")
+
+    def complete(
+        self,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        on_delta: Callable[[str], None] | None = None,
+        json_schema: dict | None = None,
+    ) -> WorkerResult:
+        if self._client is None:
+            raise ProviderAuthError(self._client_error or "The Anthropic client is not configured.")
+        t0 = time.perf_counter()
+        timeout = timeout if timeout is not None else self.info.timeout_s
+        deadline = time.monotonic() + timeout
+        system, turns = to_anthropic(messages)
+        params: dict[str, Any] = {
+            "model": self.info.model,
+            "messages": turns,
+            "max_tokens": max_tokens or self.info.max_output_tokens,
+        }
+        if system:
+            params["system"] = system
+        if json_schema is not None:
+            params["tools"] = [
+                {"name": TOOL_NAME, "description": "Return the response as structured data.", "input_schema": json_schema}
+            ]
+            params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
+
+        def once() -> tuple[str, Usage, str]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProviderTimeout("The Anthropic provider did not answer in time.")
+            if on_delta is None:
+                return self._plain(params, left)
+            return self._stream(params, left, on_delta)
+
+        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
+        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)
+
+    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+        assert self._client is not None
+        try:
+            resp = self._client.messages.create(**params, timeout=timeout)
+        except anthropic.AnthropicError as exc:
+            raise self._map(exc) from None
+        parts: list[str] = []
+        for block in resp.content:
+            if block.type == "tool_use" and block.name == TOOL_NAME:
+                return json.dumps(block.input), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model
+            if block.type == "text":
+                parts.append(block.text)
+        return "".join(parts), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model
+
+    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> tuple[str, Usage, str]:
+        assert self._client is not None
+        parts: list[str] = []
+        tool_json: list[str] = []
+        input_tokens = output_tokens = 0
+        model = self.info.model
+        try:
+            stream = self._client.messages.create(**params, stream=True, timeout=timeout)
+            with stream:
+                for event in stream:
+                    if event.type == "message_start":
+                        model = event.message.model or model
+                        input_tokens = event.message.usage.input_tokens or 0
+                        output_tokens = event.message.usage.output_tokens or 0
+                    elif event.type == "content_block_delta":
+                        delta = event.delta
+                        if delta.type == "text_delta" and delta.text:
+                            parts.append(delta.text)
+                            on_delta(delta.text)
+                        elif delta.type == "input_json_delta":
+                            tool_json.append(delta.partial_json)  # structured output: not user text
+                    elif event.type == "message_delta" and event.usage is not None:
+                        output_tokens = event.usage.output_tokens or output_tokens
+                        if getattr(event.usage, "input_tokens", None):
+                            input_tokens = event.usage.input_tokens
+        except anthropic.AnthropicError as exc:
+            err = self._map(exc)
+            if parts:
+                err.retryable = False  # text already reached the user; a retry would repeat it
+            raise err from None
+        text = "".join(tool_json) if tool_json else "".join(parts)
+        return text, Usage(input_tokens, output_tokens), model

@@ -1,0 +1,184 @@
+"""OpenAI and any OpenAI-compatible endpoint (vLLM, Ollama, Gemini's OpenAI endpoint,
+OpenRouter) through the official `openai` SDK.
+
+The SDK's own retries are off (`max_retries=0`): `call_with_retries` owns retrying so that
+Retry-After, the step deadline and our typed errors are handled in one place for every provider.
+A streamed call is only retried before its first delta — afterwards a retry would repeat text
+the user has already seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+
+from apps.engine.providers._http import map_status_error
+from apps.engine.providers.base import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    call_with_retries,
+    redact,
+)
+from apps.engine.providers.pricing import price_call
+from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
+
+logger = logging.getLogger(__name__)
+
+OPENAI_HOSTS = ("api.openai.com",)
+
+
+class OpenAIWorker:
+    def __init__(
+        self,
+        info: WorkerInfo,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_retries: int = 2,
+        default_headers: dict[str, str] | None = None,
+        structured_outputs: bool | None = None,
+        client: openai.OpenAI | None = None,
+    ) -> None:
+        self.info = info
+        self.base_url = base_url
+        self.max_retries = max_retries
+        host = urlsplit(base_url).hostname if base_url else "api.openai.com"
+        self._host = host or "the endpoint"
+        is_openai = info.provider == "openai" and (base_url is None or self._host in OPENAI_HOSTS)
+        # Structured outputs are an OpenAI feature; compatible servers vary, so it is opt-in there.
+        self.structured_outputs = is_openai if structured_outputs is None else structured_outputs
+        # OpenAI's newer models reject `max_tokens`; most compatible servers only know it.
+        self._tokens_param = "max_completion_tokens" if is_openai else "max_tokens"
+        self._secret = api_key
+        if client is not None:
+            self._client: openai.OpenAI | None = client
+            self._client_error: str | None = None
+        else:
+            try:
+                self._client = openai.OpenAI(
+                    # Local compatible servers (Ollama, vLLM) need no key, but the SDK insists on one.
+                    api_key=api_key or ("not-needed" if info.provider == "openai_compatible" else None),
+                    base_url=base_url,
+                    max_retries=0,
+                    timeout=info.timeout_s,
+                    default_headers=default_headers,
+                )
+                self._client_error = None
+            except openai.OpenAIError:
+                self._client = None
+                self._client_error = "No API key is configured for this OpenAI worker."
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"OpenAIWorker(key={self.info.key!r}, model={self.info.model!r}, host={self._host!r})"
+
+    # ------------------------------------------------------------------ errors
+
+    def _map(self, exc: Exception) -> ProviderError:
+        provider = "OpenAI" if self.info.provider == "openai" else "OpenAI-compatible"
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderTimeout(f"The {provider} provider did not answer in time.", provider=provider)
+        if isinstance(exc, openai.APIConnectionError):
+            return ProviderUnavailable(f"Could not connect to the {provider} provider at {self._host}.", provider=provider)
+        if isinstance(exc, openai.APIStatusError):
+            return map_status_error(
+                provider=provider,
+                status=exc.status_code,
+                body=exc.body,
+                headers=exc.response.headers,
+                model=self.info.model,
+                secrets=(self._secret,),
+            )
+        return ProviderError(
+            f"The {provider} call failed ({type(exc).__name__}): {redact(str(exc), (self._secret,))}", provider=provider
+        )
+
+    # ------------------------------------------------------------------ calls
+
+    def complete(
+        self,
+        messages: list[Message],
+        *,
+        max_tokens: int | None = None,
+        timeout: float | None = None,
+        on_delta: Callable[[str], None] | None = None,
+        json_schema: dict | None = None,
+    ) -> WorkerResult:
+        if self._client is None:
+            raise ProviderAuthError(self._client_error or "The OpenAI client is not configured.")
+        t0 = time.perf_counter()
+        timeout = timeout if timeout is not None else self.info.timeout_s
+        deadline = time.monotonic() + timeout
+        params: dict[str, Any] = {
+            "model": self.info.model,
+            "messages": messages,
+            self._tokens_param: max_tokens or self.info.max_output_tokens,
+        }
+        if json_schema is not None and self.structured_outputs:
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "response", "schema": json_schema, "strict": False},
+            }
+
+        def once() -> tuple[str, Usage, str]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProviderTimeout("The provider did not answer in time.")
+            if on_delta is None:
+                return self._plain(params, left)
+            return self._stream(params, left, on_delta)
+
+        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
+        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)
+
+    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+        assert self._client is not None
+        try:
+            resp = self._client.chat.completions.create(**params, timeout=timeout)
+        except openai.OpenAIError as exc:
+            raise self._map(exc) from None
+        text = (resp.choices[0].message.content or "") if resp.choices else ""
+        usage = Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens) if resp.usage else _estimate(params, text)
+        return text, usage, resp.model or self.info.model
+
+    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> tuple[str, Usage, str]:
+        assert self._client is not None
+        parts: list[str] = []
+        usage: Usage | None = None
+        model = self.info.model
+        try:
+            stream = self._client.chat.completions.create(
+                **params, stream=True, stream_options={"include_usage": True}, timeout=timeout
+            )
+            with stream:
+                for chunk in stream:
+                    if chunk.model:
+                        model = chunk.model
+                    if chunk.usage is not None:
+                        usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                    for choice in chunk.choices:
+                        piece = choice.delta.content if choice.delta else None
+                        if piece:
+                            parts.append(piece)
+                            on_delta(piece)
+        except openai.OpenAIError as exc:
+            err = self._map(exc)
+            if parts:
+                err.retryable = False  # text already reached the user; a retry would repeat it
+            raise err from None
+        text = "".join(parts)
+        return text, usage if usage is not None else _estimate(params, text), model
+
+
+def _estimate(params: dict[str, Any], text: str) -> Usage:
+    # Some compatible servers omit usage; ~4 characters per token keeps totals meaningful.
+    logger.info("provider returned no usage for model %s; estimating", params.get("model"))
+    chars_in = sum(len(m.get("content", "")) for m in params.get("messages", []))
+    return Usage(max(1, chars_in // 4), max(0, len(text) // 4))

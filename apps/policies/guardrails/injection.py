@@ -1,0 +1,87 @@
+"""Prompt-injection and jailbreak heuristics, for requests and for worker outputs that later
+steps read (an injected web page or document must not steer the next worker).
+
+Heuristics, not a classifier: they catch the common phrasings cheaply and deterministically; a
+model-judged check can back them up. Policies add their own patterns (`extra_patterns`).
+Each built-in rule has lower-case "needles": its regex only runs when one occurs in the text,
+which keeps a 100 KB clean text cheap."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from apps.policies.guardrails.base import Finding
+
+_RULES: list[tuple[str, str, tuple[str, ...]]] = [
+    (
+        r"\b(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:previous|prior|above|earlier|all|any|your|the|system)\b"
+        r"[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|directions|guidelines|messages?|constraints)\b",
+        "instruction override",
+        ("ignore", "disregard", "forget", "override", "bypass"),
+    ),
+    (
+        r"\b(?:reveal|print|show|repeat|output|leak)\b[^.\n]{0,30}?\b(?:system|hidden|initial|developer)\s+(?:prompt|instructions?|message)\b",
+        "system prompt extraction",
+        ("prompt", "instruction", "message"),
+    ),
+    (
+        r"\byou\s+are\s+now\b[^.\n]{0,40}?\b(?:DAN|unfiltered|uncensored|jailbroken|unrestricted|evil|developer mode)\b",
+        "persona jailbreak",
+        ("you are now",),
+    ),
+    (
+        r"\b(?:do\s+anything\s+now|DAN\s+mode|developer\s+mode\s+(?:enabled|on)|jailbreak(?:ed)?\s+mode)\b",
+        "known jailbreak phrase",
+        ("anything now", "dan mode", "developer mode", "jailbreak"),
+    ),
+    (
+        r"\b(?:pretend|act|behave|roleplay)\b[^.\n]{0,40}?\b(?:no|without|free\s+of)\s+(?:any\s+)?"
+        r"(?:restrictions|rules|filters|limits|guidelines|censorship)\b",
+        "restriction removal",
+        ("restriction", "rules", "filter", "limits", "guideline", "censor"),
+    ),
+    (
+        r"(?:^|\n)\s*(?:#{1,3}\s*)?(?:system|assistant)\s*:\s*(?:new\s+)?(?:instructions?|rules|prompt)\b",
+        "fake role header",
+        ("system", "assistant"),
+    ),
+    (
+        r"</?\s*(?:system|im_start|im_end|\|im_start\|)\s*>|\[/?INST\]|<<SYS>>",
+        "chat template tokens",
+        ("<", "[inst]", "[/inst]"),
+    ),
+    (r"\bnew\s+instructions?\s*:", "injected instructions", ("instruction",)),
+]
+
+Rule = tuple[re.Pattern[str], str, tuple[str, ...]]
+
+
+def compile_rules(extra_patterns: Iterable[str] = ()) -> list[Rule]:
+    rules: list[Rule] = [(re.compile(p, re.I), label, needles) for p, label, needles in _RULES]
+    rules.extend((re.compile(p, re.I), "policy pattern", ()) for p in extra_patterns)
+    return rules
+
+
+_DEFAULT = compile_rules()
+
+
+def scan(text: str, extra_patterns: Iterable[str] = ()) -> list[Finding]:
+    extra = tuple(extra_patterns)
+    rules = _DEFAULT if not extra else compile_rules(extra)
+    low = text.lower()
+    out: list[Finding] = []
+    for pattern, label, needles in rules:
+        if needles and not any(n in low for n in needles):
+            continue
+        for m in pattern.finditer(text):
+            out.append(
+                Finding(
+                    "injection",
+                    m.start(),
+                    m.end(),
+                    f"possible prompt injection ({label})",
+                    "[REMOVED:injection]",
+                )
+            )
+    return out

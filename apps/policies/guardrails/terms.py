@@ -1,0 +1,49 @@
+"""Blocked topics and terms: keywords (whole words, case-insensitive) and regular expressions,
+each with the policy's own message (shown to the user, recorded in the audit).
+
+All keywords of a policy are compiled into one alternation, so the text is scanned once however
+many keywords there are; regular expressions run one by one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+from apps.policies.guardrails.base import Finding
+
+
+def _keyword_re(word: str) -> str:
+    # \b is far cheaper than a look-behind and means the same next to a word character.
+    left = r"\b" if re.match(r"\w", word) else r"(?<!\w)"
+    right = r"\b" if re.search(r"\w$", word) else r"(?!\w)"
+    return left + re.escape(word) + right
+
+
+@lru_cache(maxsize=256)
+def _compile(
+    patterns: tuple[tuple[str, str], ...],
+) -> tuple[re.Pattern[str] | None, tuple[re.Pattern[str], ...]]:
+    words = sorted({p.strip().lower() for p, kind in patterns if kind == "keyword"}, key=len, reverse=True)
+    keywords = re.compile("|".join(_keyword_re(w) for w in words), re.I) if words else None
+    return keywords, tuple(re.compile(p, re.I) for p, kind in patterns if kind == "regex")
+
+
+def scan(text: str, terms: Iterable[Any]) -> list[Finding]:
+    terms = list(terms)
+    keywords, regexes = _compile(tuple((t.pattern, t.kind) for t in terms))
+    out: list[Finding] = []
+    if keywords is not None:
+        messages: dict[str, str] = {}
+        for t in terms:
+            if t.kind == "keyword":
+                messages.setdefault(t.pattern.strip().lower(), t.message)
+        for m in keywords.finditer(text):
+            label = messages.get(m.group().lower()) or "blocked term"
+            out.append(Finding("term", m.start(), m.end(), label, "[REDACTED:term]"))
+    regex_terms = [t for t in terms if t.kind == "regex"]
+    for term, pattern in zip(regex_terms, regexes, strict=True):
+        for m in pattern.finditer(text):
+            out.append(Finding("term", m.start(), m.end(), term.message or "blocked term", "[REDACTED:term]"))
+    return out

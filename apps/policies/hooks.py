@@ -1,0 +1,179 @@
+"""`PolicyHooks`: the engine's `GovernanceHooks` implemented from an effective policy.
+
+The hooks are thin: guardrails (`apps.policies.guardrails.run_stage`) and constraints
+(`apps.policies.constraints`) are pure functions. The only database read happens once, in the
+constructor (on the run's thread): the team's budget room at run start, so `before_step` — called
+from executor threads — never touches the ORM.
+
+Thread safety: the per-run state (confidential flag, planning round, the pool seen at plan time)
+is written under a lock; `before_step` only reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from apps.engine.events import CheckStatus
+from apps.engine.hooks import CheckResult, GuardrailOutcome, PlanValidation, RunContext, StepGate
+from apps.engine.plan import Plan, PlanStep
+from apps.engine.types import Totals, WorkerInfo
+from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
+from apps.policies.guardrails import StageEnv, run_stage
+from apps.policies.spec import EffectivePolicy
+
+if TYPE_CHECKING:
+    from apps.engine.pool import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyHooks:
+    def __init__(
+        self,
+        *,
+        effective: EffectivePolicy,
+        team: Any = None,
+        run_id: str = "",
+        classification: str = "",
+        pool: WorkerPool | None = None,
+        budget_rooms: Sequence[BudgetRoom] | None = None,
+        budget_warnings: Sequence[str] | None = None,
+    ) -> None:
+        self.effective = effective
+        self.spec = effective.spec
+        self.team = team
+        self.run_id = run_id
+        self.classification = classification or self._run_classification(run_id)
+        self._lock = threading.Lock()
+        self._pool = pool
+        self._confidential = False
+        self._confidential_why = ""
+        self._rounds = 0
+        if budget_rooms is None:
+            budget_rooms, budget_warnings = self._load_budgets()
+        self.budget_rooms = list(budget_rooms)
+        self.budget_warnings = list(budget_warnings or ())
+
+    @staticmethod
+    def _run_classification(run_id: str) -> str:
+        """The classification the run was created with (`run_create(classification=...)`)."""
+        try:
+            uuid.UUID(str(run_id))
+        except ValueError:
+            return ""  # not a stored run (engine tests, the test box)
+        from apps.runs.models import Run
+
+        # A database error propagates: an unknown classification must not silently mean "public".
+        return Run.objects.filter(pk=run_id).values_list("classification", flat=True).first() or ""
+
+    def _load_budgets(self) -> tuple[list[BudgetRoom], list[str]]:
+        b = self.spec.budgets
+        if self.team is None or all(
+            getattr(b, n).soft_usd is None and getattr(b, n).hard_usd is None for n in ("daily", "monthly")
+        ):
+            return [], []
+        from apps.policies.budgets import budget_status
+
+        status = budget_status(team=self.team, effective=self.effective)
+        return status.rooms(), status.warnings
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def confidential(self) -> bool:
+        return self._confidential
+
+    def _resolve(self, key: str) -> object | None:
+        pool = self._pool
+        return pool.get(key) if pool is not None else None
+
+    def _env(self) -> StageEnv:
+        timeout = self.spec.constraints.caps.step_timeout_s or 60.0
+        return StageEnv(
+            resolve_worker=self._resolve if self._pool is not None else None, judge_timeout_s=timeout
+        )
+
+    def _stage(self, stage: str, text: str) -> GuardrailOutcome:
+        g = self.spec.guardrails
+        return run_stage(stage, getattr(g, stage), text, on_check_error=g.on_check_error, env=self._env())  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ GovernanceHooks
+
+    def check_input(self, ctx: RunContext, text: str) -> GuardrailOutcome:
+        marked = self.classification or str(ctx.metadata.get("classification") or "")
+        extra: list[CheckResult] = []
+        flags: list[str] = []
+        if self.spec.constraints.confidential.enabled:
+            t0 = time.perf_counter()
+            confidential, why = is_confidential(text, self.spec.constraints, marked=marked)
+            with self._lock:
+                self._confidential, self._confidential_why = confidential, why
+            ms = (time.perf_counter() - t0) * 1000
+            if confidential:
+                extra.append(
+                    CheckResult(
+                        "classification",
+                        "input",
+                        CheckStatus.INTERVENED,
+                        "local_only",
+                        f"confidential ({why}): local workers only",
+                        ms,
+                    )
+                )
+            else:
+                extra.append(
+                    CheckResult("classification", "input", CheckStatus.PASSED, "none", "not confidential", ms)
+                )
+        for warning in self.budget_warnings:
+            extra.append(CheckResult("budget", "input", CheckStatus.INTERVENED, "warn", warning))
+            if "warn" not in flags:
+                flags.append("warn")
+        outcome = self._stage("input", text)
+        outcome.checks = extra + outcome.checks
+        for f in flags:
+            if f not in outcome.flags:
+                outcome.flags.append(f)
+        return outcome
+
+    def validate_plan(self, ctx: RunContext, plan: Plan, pool: WorkerPool) -> PlanValidation:
+        with self._lock:
+            self._pool = pool
+            self._rounds += 1
+            round_ = self._rounds
+            confidential = self._confidential
+        facts = PlanFacts(question=ctx.question, confidential=confidential, round=round_)
+        return check_plan(plan, pool.infos, self.spec.constraints, facts)
+
+    def before_step(
+        self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
+    ) -> StepGate:
+        return step_gate(
+            step,
+            worker_info,
+            totals,
+            self.spec.constraints,
+            confidential=self._confidential,
+            started_monotonic=ctx.started_monotonic,
+            budgets=self.budget_rooms,
+        )
+
+    def check_step_output(self, ctx: RunContext, step: PlanStep, text: str) -> GuardrailOutcome:
+        outcome = self._stage("step_output", text)
+        # A stage with nothing enabled reports one not_run entry; for steps the engine wants
+        # no checks at all then (it only emits step_output events when a check ran).
+        if len(outcome.checks) == 1 and outcome.checks[0].name == "guardrails":
+            outcome.checks = []
+        return outcome
+
+    def check_output(self, ctx: RunContext, answer: str) -> GuardrailOutcome:
+        return self._stage("output", answer)
+
+
+def hooks_for_test_box(effective: EffectivePolicy) -> PolicyHooks:
+    """Hooks for the policy editor's test box: no team budget, no pool (judges do not run)."""
+    return PolicyHooks(effective=effective, team=None, run_id="test-box", budget_rooms=[], budget_warnings=[])

@@ -1,0 +1,861 @@
+"""The policy spec: a typed, validated schema for what a `PolicyVersion.spec` JSON may say.
+
+Pure Python (no ORM): the validator, the overlay ("tighten, never loosen") and the help text all
+read one declaration — the dataclasses below and their field metadata — so the editor, the
+validator and the merge can never disagree.
+
+Shape (every key optional; a missing key means the default shown by `default_spec()`)::
+
+    constraints:
+      max_steps / max_depth / max_parallel: {value: int|null, action: repair|block}
+      workers: {allowed_workers: [key]|null, allowed_tags: [tag]|null, denied_workers: [key], action}
+      confidential: {enabled, detect, detect_patterns: [regex], local_tag, action}
+      caps: {max_total_tokens, max_cost_usd, max_wall_clock_s, step_timeout_s}
+      verification: {rules: [{name, pattern}], verifier_workers: [key], verifier_tags: [tag], action}
+    budgets:
+      daily / monthly: {soft_usd, hard_usd}
+    guardrails:
+      on_check_error: fail_closed|fail_open
+      input / step_output / output:
+        pii: {enabled, action, types: [email, phone, card, iban, national_id, ip]}
+        secrets: {enabled, action, types: [openai, aws, github, slack, private_key, jwt, generic]}
+        injection: {enabled, action, extra_patterns: [regex]}
+        blocked_terms: {enabled, action, terms: [{pattern, kind: keyword|regex, message}]}
+        length: {enabled, action, max_chars}
+        json_schema: {enabled, action, schema}              (output stage only)
+        model_judge: {enabled, action, judges: [{name, worker, prompt}]}   (step_output, output)
+
+**Effective policy = platform default overlaid by the team's version.** A team may tighten, never
+loosen, a platform limit. Per field the merge rule (`merge` in the metadata) is one of:
+
+- ``min``           numeric limits, caps and budgets: the smaller non-null value wins (null = no limit);
+- ``stricter``      actions: the stricter one wins — constraints ``block`` > ``repair``;
+                    guardrails ``block`` > ``redact`` > ``require_review`` > ``warn``;
+                    ``on_check_error`` ``fail_closed`` > ``fail_open``;
+- ``or``            on/off switches (``enabled``, ``detect``): on if either side turns it on;
+- ``union``         deny lists, PII/secret types, patterns, blocked terms, verification rules,
+                    judges, verifier workers/tags: both sides' entries apply;
+- ``intersection``  allow lists (``allowed_workers``, ``allowed_tags``): only what both allow;
+                    null means "no restriction" and is the neutral element;
+- ``platform``      ``local_tag`` and the output ``json_schema.schema``: the platform's value when it
+                    sets one, otherwise the team's (a team cannot swap a platform schema for a laxer one).
+"""
+
+# `_f(...)` returns `dataclasses.field(...)` (with help text and merge rule); ruff cannot see that.
+# ruff: noqa: RUF009
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+ConstraintAction = Literal["repair", "block"]
+GuardAction = Literal["block", "redact", "warn", "require_review"]
+OnCheckError = Literal["fail_closed", "fail_open"]
+TermKind = Literal["keyword", "regex"]
+
+PII_TYPES = ("email", "phone", "card", "iban", "national_id", "ip")
+SECRET_TYPES = ("openai", "aws", "github", "slack", "private_key", "jwt", "generic")
+STAGES = ("input", "step_output", "output")
+
+# Higher = stricter. Used by the `stricter` merge rule.
+STRICTNESS: dict[str, int] = {
+    "repair": 1,
+    "block": 2,
+    "warn": 1,
+    "require_review": 2,
+    "redact": 3,
+    "fail_open": 1,
+    "fail_closed": 2,
+}
+
+MAX_PATTERN_CHARS = 500
+MAX_LIST_ITEMS = 200
+
+
+def _f(default: Any, help: str, merge: str, **extra: Any) -> Any:
+    """A dataclass field carrying its help text and merge rule (see the module docstring)."""
+    meta = {"help": help, "merge": merge, **extra}
+    if isinstance(default, list | dict | tuple) or dataclasses.is_dataclass(default):
+        value = default
+        return field(default_factory=lambda: value, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------ constraints
+
+
+@dataclass(frozen=True)
+class StepsLimit:
+    value: int | None = _f(
+        5,
+        "Most steps a conductor plan may have (per planning round). Empty: no policy limit.",
+        "min",
+        minimum=1,
+        maximum=50,
+    )
+    action: ConstraintAction = _f(
+        "repair", "repair: keep the first steps and the final one; block: the run ends blocked.", "stricter"
+    )
+
+
+@dataclass(frozen=True)
+class DepthLimit:
+    value: int | None = _f(
+        2,
+        "Most planning rounds (1 = the conductor may not re-plan itself). Empty: no policy limit.",
+        "min",
+        minimum=1,
+        maximum=10,
+    )
+    action: ConstraintAction = _f(
+        "repair", "repair: drop the re-planning step; block: the run ends blocked.", "stricter"
+    )
+
+
+@dataclass(frozen=True)
+class ParallelLimit:
+    value: int | None = _f(
+        4, "Most steps running at the same time. Empty: no policy limit.", "min", minimum=1, maximum=64
+    )
+    action: ConstraintAction = _f(
+        "repair",
+        "repair: run the plan but at most this many steps at once; block: reject wider plans.",
+        "stricter",
+    )
+
+
+@dataclass(frozen=True)
+class WorkerRule:
+    allowed_workers: tuple[str, ...] | None = _f(
+        None, "Worker keys (slugs) steps may use. Empty: any worker of the pool.", "intersection"
+    )
+    allowed_tags: tuple[str, ...] | None = _f(
+        None,
+        "Steps may only use workers carrying at least one of these tags. Empty: any tag.",
+        "intersection",
+    )
+    denied_workers: tuple[str, ...] = _f((), "Worker keys no step may ever use.", "union")
+    action: ConstraintAction = _f(
+        "repair", "repair: substitute an allowed worker; block: the run ends blocked.", "stricter"
+    )
+
+
+@dataclass(frozen=True)
+class ConfidentialRule:
+    enabled: bool = _f(
+        False, "Confidential requests may only run on workers tagged with the local tag.", "or"
+    )
+    detect: bool = _f(
+        False,
+        "Also treat a request as confidential when it matches a detection pattern (not only when marked).",
+        "or",
+    )
+    detect_patterns: tuple[str, ...] = _f(
+        (r"\bconfidential\b", r"\binternal only\b", r"\bstrictly private\b"),
+        "Regular expressions (case-insensitive) that mark a request as confidential.",
+        "union",
+        regex=True,
+    )
+    local_tag: str = _f("local", "The worker tag that means 'runs on our own hardware'.", "platform")
+    action: ConstraintAction = _f(
+        "repair", "repair: move the step to a local worker; block: the run ends blocked.", "stricter"
+    )
+
+
+@dataclass(frozen=True)
+class Caps:
+    max_total_tokens: int | None = _f(
+        None,
+        "Per run: most input+output tokens. A step is not started if its worker's max output would cross it.",
+        "min",
+        minimum=1,
+    )
+    max_cost_usd: Decimal | None = _f(
+        None,
+        "Per run: most spend in USD. A step is not started once the run's priced cost reaches it.",
+        "min",
+        minimum=0,
+    )
+    max_wall_clock_s: float | None = _f(None, "Per run: most seconds from start to answer.", "min", minimum=1)
+    step_timeout_s: float | None = _f(
+        None, "Per step: most seconds one worker call may take.", "min", minimum=1
+    )
+
+
+@dataclass(frozen=True)
+class VerificationRuleSpec:
+    name: str = _f(
+        "", "A short name shown in violations, e.g. 'numbers need a check'.", "union", required=True
+    )
+    pattern: str = _f(
+        "",
+        "Regular expression (case-insensitive); a matching request must end with a verifier step.",
+        "union",
+        regex=True,
+        required=True,
+    )
+
+
+@dataclass(frozen=True)
+class Verification:
+    rules: tuple[VerificationRuleSpec, ...] = _f(
+        (), "Requests matching any rule must end with a step on a verifier worker.", "union"
+    )
+    verifier_workers: tuple[str, ...] = _f((), "Worker keys that count as verifiers.", "union")
+    verifier_tags: tuple[str, ...] = _f(
+        ("verifier",), "Workers with any of these tags count as verifiers.", "union"
+    )
+    action: ConstraintAction = _f(
+        "repair",
+        "repair: append a verification step on a verifier worker; block: the run ends blocked.",
+        "stricter",
+    )
+
+
+@dataclass(frozen=True)
+class Constraints:
+    max_steps: StepsLimit = _f(StepsLimit(), "Plan size limit.", "nested")
+    max_depth: DepthLimit = _f(DepthLimit(), "Recursion (re-planning) limit.", "nested")
+    max_parallel: ParallelLimit = _f(ParallelLimit(), "Concurrency limit.", "nested")
+    workers: WorkerRule = _f(WorkerRule(), "Which workers steps may use.", "nested")
+    confidential: ConfidentialRule = _f(
+        ConfidentialRule(), "Confidential data stays on local workers.", "nested"
+    )
+    caps: Caps = _f(Caps(), "Per-run caps, checked before every step.", "nested")
+    verification: Verification = _f(Verification(), "Required verification steps.", "nested")
+
+
+# ------------------------------------------------------------------------------------ budgets
+
+
+@dataclass(frozen=True)
+class BudgetLimit:
+    soft_usd: Decimal | None = _f(
+        None, "Spend (USD) after which runs are flagged with a warning.", "min", minimum=0
+    )
+    hard_usd: Decimal | None = _f(
+        None, "Spend (USD) after which new runs are refused until the reset.", "min", minimum=0
+    )
+
+
+@dataclass(frozen=True)
+class Budgets:
+    daily: BudgetLimit = _f(BudgetLimit(), "Per UTC day; resets at 00:00 UTC.", "nested")
+    monthly: BudgetLimit = _f(
+        BudgetLimit(), "Per UTC calendar month; resets at 00:00 UTC on the 1st.", "nested"
+    )
+
+
+# ------------------------------------------------------------------------------------ guardrails
+
+_ACTION_HELP = "block: stop; redact: mask the finding before anyone sees it; warn: flag the run; require_review: hold the answer for a reviewer."
+
+
+@dataclass(frozen=True)
+class PiiCheck:
+    enabled: bool = _f(False, "Detect personal data.", "or")
+    action: GuardAction = _f("redact", _ACTION_HELP, "stricter")
+    types: tuple[str, ...] = _f(
+        PII_TYPES, "Which kinds: " + ", ".join(PII_TYPES) + ".", "union", choices=PII_TYPES
+    )
+
+
+@dataclass(frozen=True)
+class SecretsCheck:
+    enabled: bool = _f(False, "Detect API keys, private keys and tokens.", "or")
+    action: GuardAction = _f("block", _ACTION_HELP, "stricter")
+    types: tuple[str, ...] = _f(
+        SECRET_TYPES, "Which kinds: " + ", ".join(SECRET_TYPES) + ".", "union", choices=SECRET_TYPES
+    )
+
+
+@dataclass(frozen=True)
+class InjectionCheck:
+    enabled: bool = _f(False, "Heuristics for prompt injection and jailbreak attempts.", "or")
+    action: GuardAction = _f("block", _ACTION_HELP + " (redact removes the matching phrase)", "stricter")
+    extra_patterns: tuple[str, ...] = _f(
+        (), "Extra regular expressions (case-insensitive) that count as injection.", "union", regex=True
+    )
+
+
+@dataclass(frozen=True)
+class TermRule:
+    pattern: str = _f(
+        "", "A keyword (whole word, case-insensitive) or a regular expression.", "union", required=True
+    )
+    kind: TermKind = _f("keyword", "keyword or regex.", "union")
+    message: str = _f("", "What the user is told when this term is found (default: 'blocked term').", "union")
+
+
+@dataclass(frozen=True)
+class BlockedTermsCheck:
+    enabled: bool = _f(False, "Block topics or terms.", "or")
+    action: GuardAction = _f("block", _ACTION_HELP, "stricter")
+    terms: tuple[TermRule, ...] = _f((), "The terms; each with its own message.", "union")
+
+
+@dataclass(frozen=True)
+class LengthCheck:
+    enabled: bool = _f(False, "Limit the text length.", "or")
+    action: GuardAction = _f(
+        "block", "block, warn or require_review (redact truncates to the limit).", "stricter"
+    )
+    max_chars: int | None = _f(None, "Most characters allowed.", "min", minimum=1)
+
+
+@dataclass(frozen=True)
+class JsonSchemaCheck:
+    enabled: bool = _f(False, "The final answer must be JSON matching the schema (output stage only).", "or")
+    action: GuardAction = _f("block", "block, warn or require_review.", "stricter", exclude=("redact",))
+    schema: dict[str, Any] | None = _f(None, "A JSON Schema (draft 2020-12) object.", "platform")
+
+
+@dataclass(frozen=True)
+class Judge:
+    name: str = _f("", "A short name, e.g. 'no financial advice'.", "union", required=True)
+    worker: str = _f("", "Key of the pool worker that judges.", "union", required=True)
+    prompt: str = _f(
+        "",
+        "The rule the judge applies, e.g. 'The answer gives no personal financial advice.'",
+        "union",
+        required=True,
+    )
+
+
+@dataclass(frozen=True)
+class ModelJudgeCheck:
+    enabled: bool = _f(
+        False, "A chosen worker judges the text against policy prompts (pass/fail + reason).", "or"
+    )
+    action: GuardAction = _f("block", "block, warn or require_review.", "stricter", exclude=("redact",))
+    judges: tuple[Judge, ...] = _f((), "The judges to run.", "union")
+
+
+@dataclass(frozen=True)
+class StageGuardrails:
+    pii: PiiCheck = _f(
+        PiiCheck(),
+        "Personal data: e-mail, phone, payment card (Luhn), IBAN (mod 97), national IDs, IP addresses.",
+        "nested",
+    )
+    secrets: SecretsCheck = _f(
+        SecretsCheck(), "Secrets: sk-…, AKIA…, ghp_…, xox…, private key blocks, JWTs.", "nested"
+    )
+    injection: InjectionCheck = _f(InjectionCheck(), "Prompt injection / jailbreak heuristics.", "nested")
+    blocked_terms: BlockedTermsCheck = _f(BlockedTermsCheck(), "Blocked topics and terms.", "nested")
+    length: LengthCheck = _f(LengthCheck(), "Length limit.", "nested")
+    json_schema: JsonSchemaCheck = _f(
+        JsonSchemaCheck(), "JSON schema (output only).", "nested", stages=("output",)
+    )
+    model_judge: ModelJudgeCheck = _f(
+        ModelJudgeCheck(), "Model-judged checks.", "nested", stages=("step_output", "output")
+    )
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    on_check_error: OnCheckError = _f(
+        "fail_closed",
+        "When a check itself breaks: fail_closed blocks (default); fail_open lets the text through, recorded as bypassed.",
+        "stricter",
+    )
+    input: StageGuardrails = _f(
+        StageGuardrails(), "Checks on the request before any worker sees it.", "nested"
+    )
+    step_output: StageGuardrails = _f(
+        StageGuardrails(), "Checks on each worker's output before later steps read it.", "nested"
+    )
+    output: StageGuardrails = _f(StageGuardrails(), "Checks on the final answer.", "nested")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    constraints: Constraints = _f(
+        Constraints(), "Workflow constraints, checked at plan time and before every step.", "nested"
+    )
+    budgets: Budgets = _f(Budgets(), "Team spend limits.", "nested")
+    guardrails: Guardrails = _f(Guardrails(), "Guardrails per stage.", "nested")
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(ValueError):
+    def __init__(self, errors: list[FieldError]) -> None:
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _type_name(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _parse_value(tp: Any, value: Any, path: str, meta: Mapping[str, Any], errors: list[FieldError]) -> Any:
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        if value is None:
+            return None
+        return _parse_value(non_none[0], value, path, meta, errors)
+    if dataclasses.is_dataclass(tp):
+        return _parse_dataclass(tp, value, path, errors)  # type: ignore[arg-type]
+    if origin is Literal:
+        if value not in args:
+            errors.append(
+                FieldError(path, f"must be one of {', '.join(map(str, args))}; got {value!r}"[:300])
+            )
+            return None
+        excluded = meta.get("exclude", ())
+        if value in excluded:
+            allowed = [a for a in args if a not in excluded]
+            errors.append(
+                FieldError(path, f"{value!r} is not available for this check; choose {', '.join(allowed)}")
+            )
+            return None
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append(FieldError(path, f"must be true or false, got {_type_name(value)}"))
+            return None
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(FieldError(path, f"must be a whole number, got {value!r}"[:200]))
+            return None
+        return _bounds(value, path, meta, errors)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors.append(FieldError(path, f"must be a number, got {value!r}"[:200]))
+            return None
+        return _bounds(float(value), path, meta, errors)
+    if tp is Decimal:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            errors.append(
+                FieldError(path, f'must be an amount in USD, e.g. 5 or "2.50"; got {value!r}'[:200])
+            )
+            return None
+        try:
+            dec = Decimal(str(value))
+        except InvalidOperation:
+            errors.append(
+                FieldError(path, f'must be an amount in USD, e.g. 5 or "2.50"; got {value!r}'[:200])
+            )
+            return None
+        if not dec.is_finite():
+            errors.append(FieldError(path, "must be a finite amount"))
+            return None
+        return _bounds(dec, path, meta, errors)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append(FieldError(path, f"must be a string, got {_type_name(value)}"))
+            return None
+        if meta.get("required") and not value.strip():
+            errors.append(FieldError(path, "must not be empty"))
+            return None
+        if meta.get("regex"):
+            _check_regex(value, path, errors)
+        return value
+    if origin is tuple:
+        item_tp = args[0]
+        if not isinstance(value, list | tuple):
+            errors.append(FieldError(path, f"must be a list, got {_type_name(value)}"))
+            return None
+        if len(value) > MAX_LIST_ITEMS:
+            errors.append(FieldError(path, f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed"))
+            return None
+        out = []
+        choices = meta.get("choices")
+        item_meta = {k: v for k, v in meta.items() if k in ("regex",)}
+        for i, item in enumerate(value):
+            p = _join(path, i)
+            if item_tp is str and isinstance(item, str) and not item.strip():
+                errors.append(FieldError(p, "must not be empty"))
+                continue
+            parsed = _parse_value(item_tp, item, p, item_meta, errors)
+            if parsed is None:
+                continue
+            if choices is not None and parsed not in choices:
+                errors.append(
+                    FieldError(p, f"unknown value {parsed!r}; choose from {', '.join(choices)}"[:300])
+                )
+                continue
+            if parsed not in out:
+                out.append(parsed)
+        return tuple(out)
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors.append(FieldError(path, f"must be an object, got {_type_name(value)}"))
+            return None
+        if path.endswith("json_schema.schema"):
+            _check_json_schema(value, path, errors)
+        return value
+    raise TypeError(f"unsupported spec type {tp!r} at {path}")  # a bug in this module, not user input
+
+
+def _bounds(value: Any, path: str, meta: Mapping[str, Any], errors: list[FieldError]) -> Any:
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    if lo is not None and value < lo:
+        errors.append(FieldError(path, f"must be at least {lo}, got {value}"))
+        return None
+    if hi is not None and value > hi:
+        errors.append(FieldError(path, f"must be at most {hi}, got {value}"))
+        return None
+    return value
+
+
+def _check_regex(pattern: str, path: str, errors: list[FieldError]) -> None:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        errors.append(FieldError(path, f"the pattern is longer than {MAX_PATTERN_CHARS} characters"))
+        return
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        errors.append(FieldError(path, f"invalid regular expression: {err}"))
+
+
+def _check_json_schema(schema: dict[str, Any], path: str, errors: list[FieldError]) -> None:
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        where = "/".join(str(p) for p in err.path)
+        errors.append(
+            FieldError(path, f"invalid JSON schema{(' at ' + where) if where else ''}: {err.message}"[:300])
+        )
+
+
+def _parse_dataclass(cls: type, data: Any, path: str, errors: list[FieldError]) -> Any:
+    if not isinstance(data, Mapping):
+        errors.append(FieldError(path, f"must be an object, got {_type_name(data)}"))
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = _hints(cls)
+    for key in data:
+        if key not in fields:
+            known = ", ".join(fields)
+            errors.append(FieldError(_join(path, str(key)), f"unknown field (known: {known})"))
+    kwargs: dict[str, Any] = {}
+    stage = path.rsplit(".", 1)[-1] if path.startswith("guardrails.") else None
+    for name, f in fields.items():
+        if name not in data:
+            if f.metadata.get("required"):
+                errors.append(FieldError(_join(path, name), "is required"))
+            continue
+        before = len(errors)
+        value = _parse_value(hints[name], data[name], _join(path, name), f.metadata, errors)
+        stages = f.metadata.get("stages")
+        if stages and stage is not None and stage not in stages and getattr(value, "enabled", False):
+            # Serialised specs carry every check in every stage; only enabling one is an error.
+            errors.append(
+                FieldError(
+                    _join(path, name), f"this check is only available in the {' and '.join(stages)} stage(s)"
+                )
+            )
+        if len(errors) == before:
+            kwargs[name] = value
+    try:
+        obj = cls(**kwargs)
+    except TypeError:  # pragma: no cover — every field has a default
+        return None
+    return _cross_checks(obj, path, errors)
+
+
+def _add_once(errors: list[FieldError], error: FieldError) -> None:
+    if not any(e.path == error.path for e in errors):
+        errors.append(error)
+
+
+def _cross_checks(obj: Any, path: str, errors: list[FieldError]) -> Any:
+    """Rules that span several fields of one object (skipped where a field already failed)."""
+    if (
+        isinstance(obj, BudgetLimit)
+        and obj.soft_usd is not None
+        and obj.hard_usd is not None
+        and obj.soft_usd > obj.hard_usd
+    ):
+        _add_once(
+            errors,
+            FieldError(
+                _join(path, "soft_usd"),
+                f"the soft limit ({obj.soft_usd}) is above the hard limit ({obj.hard_usd})",
+            ),
+        )
+    if isinstance(obj, LengthCheck) and obj.enabled and obj.max_chars is None:
+        _add_once(
+            errors, FieldError(_join(path, "max_chars"), "is required when the length check is enabled")
+        )
+    if isinstance(obj, JsonSchemaCheck) and obj.enabled and obj.schema is None:
+        _add_once(
+            errors, FieldError(_join(path, "schema"), "is required when the JSON schema check is enabled")
+        )
+    if isinstance(obj, ModelJudgeCheck) and obj.enabled and not obj.judges:
+        _add_once(
+            errors, FieldError(_join(path, "judges"), "add at least one judge when the check is enabled")
+        )
+    if isinstance(obj, BlockedTermsCheck) and obj.enabled and not obj.terms:
+        _add_once(errors, FieldError(_join(path, "terms"), "add at least one term when the check is enabled"))
+    if (
+        isinstance(obj, TermRule)
+        and obj.kind == "regex"
+        and not any(e.path == _join(path, "pattern") for e in errors)
+    ):
+        _check_regex(obj.pattern, _join(path, "pattern"), errors)
+    if isinstance(obj, WorkerRule):
+        allowed = set(obj.allowed_workers or ())
+        both = sorted(allowed & set(obj.denied_workers))
+        if both:
+            _add_once(
+                errors,
+                FieldError(_join(path, "denied_workers"), f"{', '.join(both)} is both allowed and denied"),
+            )
+    return obj
+
+
+def validate_spec(data: Any) -> tuple[PolicySpec | None, list[FieldError]]:
+    """Validate raw JSON data; return (spec, []) or (None, every error with its field path)."""
+    errors: list[FieldError] = []
+    spec = _parse_dataclass(PolicySpec, data, "", errors)
+    if errors:
+        return None, errors
+    return spec, []
+
+
+def parse_spec(data: Any) -> PolicySpec:
+    """Like `validate_spec` but raises `SpecError` listing every error."""
+    spec, errors = validate_spec(data)
+    if errors or spec is None:
+        raise SpecError(errors)
+    return spec
+
+
+# ------------------------------------------------------------------------------------ serialisation
+
+
+def spec_to_dict(obj: Any) -> Any:
+    """JSON-safe dict of a spec (Decimals as strings, tuples as lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: spec_to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [spec_to_dict(v) for v in obj]
+    if isinstance(obj, Decimal):
+        return str(obj)
+    return obj
+
+
+def default_spec() -> PolicySpec:
+    return PolicySpec()
+
+
+# ------------------------------------------------------------------------------------ overlay
+
+
+def _merge_value(rule: str, platform: Any, team: Any, tp: Any) -> Any:
+    if rule == "nested":
+        return _merge_dataclass(platform, team)
+    if rule == "min":
+        if platform is None:
+            return team
+        if team is None:
+            return platform
+        return min(platform, team)
+    if rule == "stricter":
+        return team if STRICTNESS.get(team, 0) > STRICTNESS.get(platform, 0) else platform
+    if rule == "or":
+        return bool(platform) or bool(team)
+    if rule == "union":
+        return tuple(dict.fromkeys([*platform, *team]))
+    if rule == "intersection":
+        if platform is None:
+            return team
+        if team is None:
+            return platform
+        return tuple(v for v in platform if v in set(team))
+    if rule == "platform":
+        return platform if platform not in (None, "") else team
+    raise ValueError(f"unknown merge rule {rule!r}")  # a bug in this module
+
+
+def _merge_dataclass(platform: Any, team: Any) -> Any:
+    kwargs = {}
+    hints = _hints(type(platform))
+    for f in dataclasses.fields(platform):
+        kwargs[f.name] = _merge_value(
+            f.metadata["merge"], getattr(platform, f.name), getattr(team, f.name), hints[f.name]
+        )
+    return type(platform)(**kwargs)
+
+
+def merge_specs(platform: PolicySpec, team: PolicySpec | None) -> PolicySpec:
+    """Overlay the team's spec on the platform default: tighten, never loosen (see module doc)."""
+    if team is None:
+        return platform
+    return _merge_dataclass(platform, team)
+
+
+# ------------------------------------------------------------------------------------ help
+
+
+MERGE_RULE_TEXT = {
+    "min": "team may only lower it (smaller limit wins)",
+    "stricter": "the stricter of platform and team wins",
+    "or": "on if the platform or the team turns it on",
+    "union": "platform and team entries both apply",
+    "intersection": "only what both platform and team allow",
+    "platform": "the platform's value wins when it sets one",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldHelp:
+    path: str
+    help: str
+    merge: str
+    rule_text: str
+    type_text: str
+    default: Any
+
+
+def _type_text(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _type_text(inner[0]) + " or empty"
+    if origin is Literal:
+        return " | ".join(map(str, args))
+    if origin is tuple:
+        return f"list of {_type_text(args[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "object"
+    return {bool: "true/false", int: "whole number", float: "number", Decimal: "USD amount", str: "text"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
+
+
+def iter_field_help(cls: type = PolicySpec, prefix: str = "") -> Iterator[FieldHelp]:
+    """Every field of the spec with its help text and merge rule, in declaration order."""
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        path = _join(prefix, f.name)
+        tp = hints[f.name]
+        merge = f.metadata["merge"]
+        if merge == "nested":
+            yield FieldHelp(path, f.metadata["help"], merge, "", "section", None)
+            yield from iter_field_help(tp, path)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        yield FieldHelp(
+            path, f.metadata["help"], merge, MERGE_RULE_TEXT[merge], _type_text(tp), spec_to_dict(default)
+        )
+        item = get_args(tp)[0] if get_origin(tp) is tuple else None
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
+            yield from iter_field_help(item, path + "[]")
+
+
+def field_help_map() -> dict[str, FieldHelp]:
+    return {h.path: h for h in iter_field_help()}
+
+
+# ------------------------------------------------------------------------------------ diff
+
+
+def diff_dicts(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """Leaf-level differences between two JSON values: [{path, old, new}] (missing = None)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[dict[str, Any]] = []
+        for key in list(dict.fromkeys([*old, *new])):
+            out.extend(diff_dicts(old.get(key), new.get(key), _join(path, str(key))))
+        return out
+    if old != new:
+        return [{"path": path or "(root)", "old": old, "new": new}]
+    return []
+
+
+def walk(obj: Any, fn: Callable[[str, Any], None], path: str = "") -> None:
+    """Call fn(path, leaf) for every leaf of a spec dict (used by the structured summary)."""
+    if isinstance(obj, dict) and not path.endswith("schema"):
+        for k, v in obj.items():
+            walk(v, fn, _join(path, k))
+    else:
+        fn(path, obj)
+
+
+# ------------------------------------------------------------------------------------ effective
+
+
+PLAN_ENVELOPE_STEPS = 8  # the engine's parse bound when the policy limits steps (see engine_limits)
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    """The merged spec in force for a team, and the version it came from.
+
+    `version` is the team's current `PolicyVersion` when the team has one, else the platform
+    default's current version, else None (built-in defaults). `platform_version` is recorded
+    too because the team's rules are overlaid on it."""
+
+    spec: PolicySpec
+    version: Any = None
+    platform_version: Any = None
+    team_id: int | None = None
+
+    @property
+    def version_id(self) -> int | None:
+        return getattr(self.version, "pk", None)
+
+    def engine_limits(self) -> Any:
+        """`apps.engine.types.Limits` narrowed by the policy.
+
+        The engine's own step bound (what the parser accepts) is kept at least
+        PLAN_ENVELOPE_STEPS so an over-long conductor plan reaches `validate_plan`, where the
+        policy repairs or blocks it with a precise violation; presets may narrow it further.
+        Depth, parallelism and the time caps are enforced by the engine directly."""
+        from apps.engine.types import Limits
+
+        base = Limits()
+        c = self.spec.constraints
+        kwargs: dict[str, Any] = {}
+        if c.max_steps.value is not None:
+            kwargs["max_steps"] = max(c.max_steps.value, PLAN_ENVELOPE_STEPS)
+        if c.max_depth.value is not None:
+            kwargs["max_depth"] = min(base.max_depth, c.max_depth.value)
+        if c.max_parallel.value is not None:
+            kwargs["max_parallel"] = min(base.max_parallel, c.max_parallel.value)
+        if c.caps.step_timeout_s is not None:
+            kwargs["step_timeout_s"] = min(base.step_timeout_s, c.caps.step_timeout_s)
+        if c.caps.max_wall_clock_s is not None:
+            kwargs["run_timeout_s"] = min(base.run_timeout_s, c.caps.max_wall_clock_s)
+        return dataclasses.replace(base, **kwargs)

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from apps.governance import selectors as gov
+from apps.runs.models import RunStatus, Strategy
+from apps.runs.services import MAX_QUESTION_CHARS
+from apps.workers.models import Worker
+
+# What the playground offers, mapped to (strategy, preset).
+STRATEGY_CHOICES = [
+    ("conductor-mini", "Conductor · mini"),
+    ("conductor-ultra", "Conductor · ultra"),
+    ("single", "Single worker"),
+    ("moa", "Mixture of agents"),
+    ("pev", "Planner-executor-verifier"),
+]
+
+
+def split_strategy(value: str) -> tuple[str, str]:
+    if value.startswith("conductor-"):
+        return Strategy.CONDUCTOR, value.split("-", 1)[1]
+    return value, ""
+
+
+class PlaygroundForm(forms.Form):
+    prompt = forms.CharField(
+        widget=forms.Textarea(
+            attrs={"rows": 5, "data-testid": "prompt-input", "placeholder": "Ask something…"}
+        ),
+        max_length=MAX_QUESTION_CHARS,
+        error_messages={
+            "required": "Write a prompt to run.",
+            "max_length": "The prompt is too long (%(limit_value)d characters at most).",
+        },
+    )
+    strategy = forms.ChoiceField(
+        choices=STRATEGY_CHOICES,
+        initial="conductor-mini",
+        widget=forms.Select(attrs={"data-testid": "strategy-select"}),
+    )
+    pool = forms.ModelChoiceField(
+        queryset=None,
+        empty_label=None,
+        error_messages={"required": "Choose a pool.", "invalid_choice": "You may not run on that pool."},
+        widget=forms.Select(attrs={"data-testid": "pool-select"}),
+    )
+    team = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="(pool's team / my team)",
+        error_messages={"invalid_choice": "You may not start runs for that team."},
+    )
+    worker = forms.ModelChoiceField(
+        queryset=Worker.objects.none(),
+        required=False,
+        empty_label="(pool default)",
+        help_text="Only for the single-worker strategy.",
+        error_messages={"invalid_choice": "That worker is not in a pool you may use."},
+    )
+    compare = forms.ChoiceField(
+        choices=[("", "— no comparison —"), *STRATEGY_CHOICES],
+        required=False,
+        help_text="Run the same prompt through a second strategy side by side.",
+        widget=forms.Select(attrs={"data-testid": "compare-select"}),
+    )
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pools = gov.pools_usable_by(user).filter(enabled=True).order_by("slug")
+        self.fields["pool"].queryset = pools
+        self.fields["team"].queryset = gov.teams_runnable_by(user).order_by("slug")
+        self.fields["worker"].queryset = (
+            Worker.objects.filter(pool_entries__pool__in=pools).distinct().order_by("slug")
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        worker, pool = data.get("worker"), data.get("pool")
+        if worker is not None and data.get("strategy") != "single":
+            self.add_error("worker", "A worker is only chosen for the single-worker strategy.")
+        elif worker is not None and pool is not None and not pool.pool_workers.filter(worker=worker).exists():
+            self.add_error("worker", f"“{worker}” is not in the pool “{pool}”.")
+        if data.get("compare") and data.get("compare") == data.get("strategy"):
+            self.add_error("compare", "Choose a different strategy to compare with.")
+        return data
+
+
+class RunFilterForm(forms.Form):
+    team = forms.CharField(required=False, max_length=50)
+    user = forms.CharField(required=False, max_length=150)
+    status = forms.ChoiceField(choices=[("", "any"), *RunStatus.choices], required=False)
+    strategy = forms.ChoiceField(choices=[("", "any"), *Strategy.choices], required=False)
+    worker = forms.CharField(required=False, max_length=60, help_text="Worker slug")
+    date_from = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        error_messages={"invalid": "Use the format YYYY-MM-DD."},
+    )
+    date_to = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        error_messages={"invalid": "Use the format YYYY-MM-DD."},
+    )
+    sort = forms.ChoiceField(
+        choices=[
+            ("newest", "newest"),
+            ("oldest", "oldest"),
+            ("cost", "cost"),
+            ("tokens", "output tokens"),
+            ("latency", "latency"),
+        ],
+        required=False,
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("date_from") and data.get("date_to") and data["date_from"] > data["date_to"]:
+            self.add_error("date_to", "The end date is before the start date.")
+        return data

@@ -1,0 +1,324 @@
+"""Run writes: create (permission → team → policy → budget → store → dispatch), cancel, wait."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.audit.chain import content_sha256
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_record
+from apps.governance import selectors as gov
+from apps.runs import integration
+from apps.runs.models import Preset, Run, RunEvent, RunSource, RunStatus, Strategy
+
+MAX_QUESTION_CHARS = 32_000
+
+
+class RunRefused(Exception):
+    """A request that was not accepted; nothing was stored or called. ``message`` is user-safe."""
+
+    CODES = ("budget_exhausted", "pool_not_allowed", "pool_unavailable", "invalid")
+
+    def __init__(self, code: str, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+def _refuse(
+    *, actor: Any, team: Any, code: str, message: str, retry_after_s: int | None = None, **extra: Any
+) -> RunRefused:
+    """Record the refusal in the audit trail (its own transaction: there is no run to attach)."""
+    with transaction.atomic():
+        audit_record(
+            event_type=AuditEventType.RUN_REFUSED,
+            actor=actor,
+            team=team,
+            object_type="runs.run",
+            payload={"code": code, "message": message, **extra},
+        )
+    return RunRefused(code, message, retry_after_s)
+
+
+def _resolve_team(actor: Any, team: Any, pool: Any) -> Any:
+    if team is not None:
+        return team
+    runnable = gov.teams_runnable_by(actor)
+    if pool is not None and pool.team_id and runnable.filter(pk=pool.team_id).exists():
+        return pool.team
+    return runnable.order_by("slug").first()
+
+
+def run_create(
+    *,
+    actor: Any,
+    team: Any = None,
+    pool: Any = None,
+    question: str,
+    strategy: str = Strategy.CONDUCTOR,
+    preset: str = Preset.MINI,
+    worker: Any = None,
+    source: str = RunSource.PLAYGROUND,
+    api_key: Any = None,
+    classification: str = "",
+    replay_messages: list[dict[str, Any]] | None = None,
+) -> Run:
+    """Accept a request: store it `queued` with its audit event and dispatch it on commit.
+
+    Raises RunRefused before anything is stored or any model is called.
+    """
+    question = (question or "").strip()
+    if not question and not replay_messages:
+        raise RunRefused("invalid", "The prompt is empty.")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise RunRefused("invalid", f"The prompt is longer than {MAX_QUESTION_CHARS:,} characters.")
+    if strategy not in Strategy.values:
+        raise RunRefused(
+            "invalid", f"Unknown strategy “{strategy}”; choose one of {', '.join(Strategy.values)}."
+        )
+    if strategy == Strategy.CONDUCTOR:
+        if preset not in (Preset.MINI, Preset.ULTRA):
+            raise RunRefused("invalid", "The conductor strategy needs the preset “mini” or “ultra”.")
+    else:
+        preset = Preset.NONE
+    if source not in RunSource.values:
+        raise RunRefused("invalid", f"Unknown source “{source}”.")
+    if replay_messages is not None and not _valid_messages(replay_messages):
+        raise RunRefused("invalid", "Replay messages must be a non-empty list of {role, content} objects.")
+
+    team = _resolve_team(actor, team, pool)
+    if team is None or not gov.can_run_on_team(actor, team):
+        raise _refuse(
+            actor=actor, team=team, code="pool_not_allowed", message="You may not start runs for this team."
+        )
+    if pool is None:
+        pool = team.default_pool
+    if pool is None:
+        raise _refuse(
+            actor=actor,
+            team=team,
+            code="pool_not_allowed",
+            message="Choose a pool: the team has no default pool.",
+        )
+    if not gov.pools_usable_by(actor).filter(pk=pool.pk).exists():
+        raise _refuse(
+            actor=actor,
+            team=team,
+            code="pool_not_allowed",
+            message=f"You may not run on the pool “{pool.slug}”.",
+        )
+    if worker is not None and not pool.pool_workers.filter(worker=worker).exists():
+        raise RunRefused("invalid", f"The worker “{worker.slug}” is not in the pool “{pool.slug}”.")
+    if strategy == Strategy.SINGLE and worker is None:
+        worker = pool.default_worker
+    try:
+        integration.build_pool(pool)  # cheap: builds clients, calls no model
+    except integration.PoolUnavailableError as exc:
+        raise _refuse(
+            actor=actor, team=team, code="pool_unavailable", message=str(exc), pool=pool.slug
+        ) from None
+
+    policy = integration.policy_in_force(team)
+    try:
+        integration.check_budget(team, policy)
+    except integration.BudgetRefusal as exc:
+        raise _refuse(
+            actor=actor,
+            team=team,
+            code="budget_exhausted",
+            message=exc.message,
+            retry_after_s=exc.retry_after_s,
+            budget=exc.budget_name,
+        ) from None
+
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.create(
+            created_by=actor if getattr(actor, "is_authenticated", False) else None,
+            api_key=api_key,
+            team=team,
+            pool=pool,
+            policy_version_id=policy.version_id,
+            source=source,
+            strategy=strategy,
+            preset=preset,
+            worker=worker,
+            classification=classification,
+            question=question,
+            replay_messages=replay_messages,
+            status=RunStatus.QUEUED,
+            deadline_at=now + timedelta(seconds=settings.RUN_TIMEOUT_S),
+        )
+        audit_record(
+            event_type=AuditEventType.RUN_CREATED,
+            actor=actor,
+            team=team,
+            obj=run,
+            run_id=run.id,
+            policy_version_id=policy.version_id,
+            api_key_id=getattr(api_key, "pk", None),
+            payload={
+                "source": source,
+                "strategy": strategy,
+                "preset": preset,
+                "pool": pool.slug,
+                "worker": getattr(worker, "slug", None),
+                "classification": classification,
+                "question": content_sha256(question),
+                "replay": replay_messages is not None,
+            },
+        )
+        run_id = run.id
+        transaction.on_commit(lambda: _dispatch(run_id))
+    return run
+
+
+def _valid_messages(messages: Any) -> bool:
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
+
+
+def _dispatch(run_id: UUID) -> None:
+    from apps.runs.execution import dispatch_run
+
+    dispatch_run(run_id)
+
+
+def run_cancel(*, actor: Any, run: Run) -> Run:
+    """Cancel a run: a queued run ends `cancelled` now; a running one stops at the next step boundary."""
+    if not (
+        gov.can_view_run(actor, run)
+        and (
+            run.created_by_id == getattr(actor, "pk", None)
+            or gov.can_run_on_team(actor, run.team)
+            or gov.can_manage_team(actor, run.team)
+        )
+    ):
+        raise PermissionError("You may not cancel this run.")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.is_terminal:
+            return locked
+        now = timezone.now()
+        if locked.status == RunStatus.QUEUED:
+            locked.status = RunStatus.CANCELLED
+            locked.status_reason = "cancelled"
+            locked.error = "The run was cancelled before it started."
+            locked.finished_at = now
+            locked.cancel_requested = True
+            locked.last_seq += 1
+            locked.save(
+                update_fields=[
+                    "status",
+                    "status_reason",
+                    "error",
+                    "finished_at",
+                    "cancel_requested",
+                    "last_seq",
+                ]
+            )
+            event = _terminal_event(locked, now)
+        else:
+            locked.cancel_requested = True
+            locked.save(update_fields=["cancel_requested"])
+            event = None
+        audit_record(
+            event_type=AuditEventType.RUN_CANCEL_REQUESTED,
+            actor=actor,
+            team=locked.team_id,
+            obj=locked,
+            run_id=locked.id,
+            payload={"status_before": run.status, "immediate": event is not None},
+        )
+        if event is not None:
+            from apps.runs.sink import publish
+
+            transaction.on_commit(lambda: publish(locked.id, event))
+    return locked
+
+
+def _terminal_event(run: Run, now: Any) -> dict[str, Any]:
+    """Persist a run.finished for a run the engine never finished (cancelled in queue, swept)."""
+    data = {
+        "status": run.status,
+        "answer": None,
+        "error": run.error,
+        "reason": run.status_reason,
+        "totals": {
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+            "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
+            "priced": run.priced,
+            "latency_ms": run.latency_ms,
+            "steps": run.step_count,
+        },
+    }
+    RunEvent.objects.create(run=run, seq=run.last_seq, type="run.finished", data=data)
+    return {
+        "type": "run.finished",
+        "run_id": str(run.id),
+        "seq": run.last_seq,
+        "ts": now.timestamp(),
+        "data": data,
+    }
+
+
+def run_wait(run_id: UUID | str, timeout_s: float) -> Run:
+    """Block until the run is terminal or ``timeout_s`` passed; returns the run as it is then."""
+    end = time.monotonic() + max(0.0, timeout_s)
+    delay = 0.05
+    while True:
+        run = Run.objects.get(pk=run_id)
+        if run.is_terminal or time.monotonic() >= end:
+            return run
+        time.sleep(min(delay, max(0.0, end - time.monotonic())))
+        delay = min(delay * 1.5, 0.5)
+
+
+def run_finish_externally(*, run_id: UUID | str, status: str, reason: str, error: str) -> bool:
+    """End a non-terminal run the engine cannot finish (crash, dead worker, sweep). Returns
+    False if it was already terminal. Records the decision in the audit trail."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.is_terminal:
+            return False
+        now = timezone.now()
+        run.status = status
+        run.status_reason = reason
+        run.error = error
+        run.finished_at = now
+        run.last_seq += 1
+        run.save(update_fields=["status", "status_reason", "error", "finished_at", "last_seq"])
+        # Steps left running by a dead process are not running any more.
+        run.steps.filter(status__in=["pending", "running"]).update(
+            status="timed_out" if status == RunStatus.TIMED_OUT else "failed", finished_at=now
+        )
+        event = _terminal_event(run, now)
+        audit_record(
+            event_type=AuditEventType.RUN_TIMED_OUT
+            if status == RunStatus.TIMED_OUT
+            else AuditEventType.RUN_FINISHED,
+            team=run.team_id,
+            obj=run,
+            run_id=run.id,
+            policy_version_id=run.policy_version_id,
+            payload={"status": status, "reason": reason, "error": error},
+        )
+        from apps.runs.sink import publish
+
+        transaction.on_commit(lambda: publish(run.id, event))
+    return True

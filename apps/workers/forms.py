@@ -1,0 +1,231 @@
+"""Forms for providers, workers and pools. Shape checks here; meaning checks in the services,
+whose ``ValidationError``s land on the same fields (``apply_service_errors``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from apps.governance.forms import apply_service_errors  # noqa: F401  (re-exported for the views)
+from apps.workers.models import ProviderKind
+
+SLUG_ERRORS = {"required": "Enter a slug.", "invalid": "Use lowercase letters, digits and hyphens only."}
+
+
+class ProviderForm(forms.Form):
+    team = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— platform (all teams, superusers only) —",
+        help_text="The team that owns this provider and its credentials.",
+        error_messages={"invalid_choice": "Choose one of your teams."},
+    )
+    slug = forms.SlugField(max_length=50, error_messages=SLUG_ERRORS)
+    name = forms.CharField(max_length=100, error_messages={"required": "Give the provider a name."})
+    kind = forms.ChoiceField(
+        choices=ProviderKind.choices,
+        error_messages={"invalid_choice": "Choose a provider kind from the list."},
+    )
+    base_url = forms.URLField(
+        required=False,
+        max_length=300,
+        assume_scheme="https",
+        help_text="Needed for OpenAI-compatible endpoints, e.g. http://127.0.0.1:8001/v1.",
+        error_messages={"invalid": "Enter a full URL such as https://api.example.com/v1."},
+    )
+    model_path = forms.CharField(
+        required=False,
+        max_length=500,
+        help_text="Local providers only: a .gguf path; empty means the bundled SmolLM2.",
+    )
+    api_key_env = forms.CharField(
+        required=False,
+        max_length=100,
+        label="API key environment variable",
+        help_text="The name of a server environment variable holding the key, e.g. OPENAI_API_KEY.",
+    )
+    api_key = forms.CharField(
+        required=False,
+        max_length=500,
+        label="API key (stored encrypted)",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Write-only: it is encrypted at rest and never shown again. Leave empty to keep the current key.",
+    )
+    clear_api_key = forms.BooleanField(required=False, label="Forget the stored key")
+
+    def __init__(self, *args: Any, teams: Any = None, editing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if editing:
+            for name in ("team", "slug", "kind"):
+                del self.fields[name]
+        else:
+            del self.fields["clear_api_key"]
+            self.fields["team"].queryset = teams
+
+
+class WorkerForm(forms.Form):
+    provider = forms.ModelChoiceField(
+        queryset=None,
+        error_messages={"required": "Choose a provider.", "invalid_choice": "Choose one of your providers."},
+    )
+    slug = forms.SlugField(
+        max_length=60, error_messages=SLUG_ERRORS, help_text="Unique id; the conductor sees it."
+    )
+    display_name = forms.CharField(
+        max_length=100, error_messages={"required": "Give the worker a display name."}
+    )
+    model_name = forms.CharField(
+        max_length=200,
+        help_text="The provider's model id, e.g. gpt-5.",
+        error_messages={"required": "Enter the provider's model name (e.g. gpt-5)."},
+    )
+    strengths = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="What it is good at; the conductor reads this.",
+    )
+    tags = forms.CharField(required=False, max_length=200, help_text="Comma-separated, e.g. local, external.")
+    cost_rank = forms.IntegerField(
+        min_value=1,
+        max_value=5,
+        initial=1,
+        help_text="1 (cheapest) to 5.",
+        error_messages={
+            "min_value": "Cost rank is 1 to 5.",
+            "max_value": "Cost rank is 1 to 5.",
+            "required": "Enter a cost rank from 1 to 5.",
+            "invalid": "Enter a whole number from 1 to 5.",
+        },
+    )
+    context_window = forms.IntegerField(
+        min_value=256,
+        initial=8192,
+        error_messages={
+            "min_value": "The context window must be at least 256 tokens.",
+            "required": "Enter the context window in tokens.",
+            "invalid": "Enter a whole number of tokens.",
+        },
+    )
+    max_output_tokens = forms.IntegerField(
+        min_value=1,
+        initial=512,
+        error_messages={
+            "min_value": "Allow at least one output token.",
+            "required": "Enter the maximum output tokens.",
+            "invalid": "Enter a whole number of tokens.",
+        },
+    )
+    input_price_per_mtok = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=12,
+        decimal_places=6,
+        label="Input price (USD / million tokens)",
+        help_text="Only when genai-prices does not know the model.",
+        error_messages={"min_value": "A price cannot be negative.", "invalid": "Enter a price such as 1.25."},
+    )
+    output_price_per_mtok = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=12,
+        decimal_places=6,
+        label="Output price (USD / million tokens)",
+        error_messages={"min_value": "A price cannot be negative.", "invalid": "Enter a price such as 10."},
+    )
+    timeout_s = forms.IntegerField(
+        min_value=1,
+        max_value=3600,
+        initial=60,
+        label="Timeout (seconds)",
+        error_messages={
+            "min_value": "The timeout must be at least 1 second.",
+            "max_value": "The timeout is at most 3600 seconds.",
+            "required": "Enter a timeout in seconds.",
+            "invalid": "Enter a whole number of seconds.",
+        },
+    )
+    fallback = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— none —",
+        help_text="Retried when this worker fails.",
+        error_messages={"invalid_choice": "Choose one of your workers."},
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(
+        self, *args: Any, providers: Any, fallbacks: Any, editing: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if editing:
+            del self.fields["provider"]
+            del self.fields["slug"]
+        else:
+            self.fields["provider"].queryset = providers
+        self.fields["fallback"].queryset = fallbacks
+
+    def service_kwargs(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data["tags"] = [t.strip() for t in (data.get("tags") or "").split(",") if t.strip()]
+        return data
+
+
+class ExistingWorkerForm(forms.Form):
+    worker = forms.ModelChoiceField(
+        queryset=None,
+        error_messages={"required": "Choose a worker.", "invalid_choice": "Choose a worker from the list."},
+    )
+
+    def __init__(self, *args: Any, workers: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["worker"].queryset = workers
+
+
+class PoolForm(forms.Form):
+    team = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— platform (superusers only) —",
+        help_text="The team that owns and configures this pool.",
+        error_messages={"invalid_choice": "Choose one of your teams."},
+    )
+    slug = forms.SlugField(
+        max_length=50, error_messages=SLUG_ERRORS, help_text="Also usable as the model name in /v1."
+    )
+    name = forms.CharField(max_length=100, error_messages={"required": "Give the pool a name."})
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+    default_worker = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— first worker —",
+        error_messages={"invalid_choice": "Choose one of the pool's workers."},
+    )
+    conductor_worker = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— none —",
+        help_text="The model that writes the plans.",
+        error_messages={"invalid_choice": "Choose one of your workers."},
+    )
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def __init__(
+        self,
+        *args: Any,
+        teams: Any = None,
+        members: Any,
+        conductors: Any,
+        editing: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if editing:
+            del self.fields["team"]
+            del self.fields["slug"]
+        else:
+            self.fields["team"].queryset = teams
+            del self.fields["default_worker"]
+        if "default_worker" in self.fields:
+            self.fields["default_worker"].queryset = members
+        self.fields["conductor_worker"].queryset = conductors

@@ -1,0 +1,342 @@
+"""Audit trail benchmarks: appends/s, verify time, export throughput, search latency.
+
+Not a test: prints figures for bench/AUDIT.md. Use a dedicated database (it migrates it, and the
+``generate`` step TRUNCATEs/DELETEs the audit table):
+
+    # PostgreSQL (create the database once: createdb -h 127.0.0.1 -U postgres conductor_bench)
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/conductor_bench \\
+        .venv/bin/python bench/audit_bench.py all --events 1000000
+    # SQLite
+    DATABASE_URL=sqlite:////tmp/conductor_bench.sqlite3 \\
+        .venv/bin/python bench/audit_bench.py all --events 200000
+
+Steps (``all`` runs them in order): ``appends``, ``generate``, ``verify``, ``export``, ``search``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
+os.environ.setdefault("AUDIT_HMAC_KEY", "bench-audit-key")
+os.environ.setdefault("DEBUG", "false")
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection, transaction  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from apps.audit.chain import GENESIS_DIGEST, compute_digest  # noqa: E402
+from apps.audit.events import AuditEventType  # noqa: E402
+from apps.audit.models import AuditChainHead, AuditEvent  # noqa: E402
+from apps.audit.services import audit_record, hmac_key  # noqa: E402
+
+EVENT_TYPES = [t for t in AuditEventType]
+BENCH_TEAM_SLUG = "bench-a"
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def reset_audit_table() -> None:
+    table = AuditEvent._meta.db_table
+    with connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            cur.execute(f"TRUNCATE {table}")
+        else:
+            cur.execute(f"DELETE FROM {table}")
+    AuditChainHead.objects.all().delete()
+
+
+def bench_appends(n: int, threads: int) -> None:
+    reset_audit_table()
+    AuditChainHead.objects.get_or_create(pk=1)
+    # Baseline: the cheapest durable write (one row UPDATE + COMMIT) — the disk's commit latency.
+    start = time.perf_counter()
+    for _ in range(n):
+        with transaction.atomic():
+            AuditChainHead.objects.filter(pk=1).update(last_verify_message="")
+    elapsed = time.perf_counter() - start
+    say(f"baseline[{connection.vendor}] 1-row UPDATE+COMMIT: {n / elapsed:,.0f}/s")
+    start = time.perf_counter()
+    for i in range(n):
+        with transaction.atomic():
+            audit_record(
+                event_type=AuditEventType.POOL_UPDATED, payload={"i": i}, before={"a": 1}, after={"a": 2}
+            )
+    elapsed = time.perf_counter() - start
+    say(f"appends[{connection.vendor}] 1 writer: {n} events in {elapsed:.2f}s = {n / elapsed:,.0f}/s")
+    if threads > 1:
+        per = n // threads
+        barrier = threading.Barrier(threads)
+
+        def writer() -> None:
+            barrier.wait()
+            for i in range(per):
+                with transaction.atomic():
+                    audit_record(event_type=AuditEventType.POOL_UPDATED, payload={"i": i})
+            connection.close()
+
+        ts = [threading.Thread(target=writer) for _ in range(threads)]
+        start = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        elapsed = time.perf_counter() - start
+        say(
+            f"appends[{connection.vendor}] {threads} writers: {per * threads} events in {elapsed:.2f}s = {per * threads / elapsed:,.0f}/s"
+        )
+
+
+def bench_team() -> Any:
+    from apps.governance.models import Role, Team
+    from apps.governance.services import membership_set, team_create
+
+    team = Team.objects.filter(slug=BENCH_TEAM_SLUG).first() or team_create(
+        actor=None, slug=BENCH_TEAM_SLUG, name="Bench A"
+    )
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(username="bench-reviewer")
+    membership_set(actor=None, team=team, user=user, role=Role.REVIEWER)
+    return team, user
+
+
+def generate(n: int) -> None:
+    """Bulk-load ``n`` chained events, digests computed in Python (the trigger allows INSERT).
+
+    PostgreSQL: COPY; SQLite: executemany. The ORM's bulk_create is ~10x slower at this size.
+    """
+    import json
+
+    team, user = bench_team()
+    reset_audit_table()
+    key = hmac_key()
+    rng = random.Random(7)
+    start_time = timezone.now() - timedelta(days=90)
+    step = timedelta(days=90) / n
+    run_ids = [str(uuid.uuid4()) for _ in range(max(1, n // 12))]
+    cols = [
+        "seq",
+        "created_at",
+        "event_type",
+        "kind",
+        "actor_id",
+        "actor_label",
+        "api_key_id",
+        "ip",
+        "user_agent",
+        "team_id",
+        "object_type",
+        "object_id",
+        "object_repr",
+        "run_id",
+        "policy_version_id",
+        "payload",
+        "prev_digest",
+        "digest",
+    ]
+    table = AuditEvent._meta.db_table
+    prev = GENESIS_DIGEST
+    started = time.perf_counter()
+
+    def rows() -> Any:
+        nonlocal prev
+        for seq in range(1, n + 1):
+            et = rng.choice(EVENT_TYPES)
+            run_id = rng.choice(run_ids) if et.value.startswith("run.") else None
+            by_user = rng.random() < 0.05
+            content = {
+                "seq": seq,
+                "created_at": start_time + step * seq,
+                "event_type": et.value,
+                "kind": str(et.kind),
+                "actor_id": user.pk if by_user else None,
+                "actor_label": "bench-reviewer" if by_user else "system",
+                "api_key_id": None,
+                "ip": "10.0.0.1",
+                "user_agent": "bench",
+                "team_id": team.pk if rng.random() < 0.1 else 1000 + rng.randrange(20),
+                "object_type": "runs.run" if run_id else "workers.pool",
+                "object_id": run_id or str(rng.randrange(50)),
+                "object_repr": "bench object",
+                "run_id": run_id,
+                "policy_version_id": rng.randrange(1, 30),
+                "payload": {
+                    "i": seq,
+                    "tokens": {"input": rng.randrange(1000), "output": rng.randrange(1000)},
+                    "question": {"sha256": "ab" * 32, "chars": rng.randrange(5000)},
+                    "status": "succeeded",
+                },
+            }
+            digest = compute_digest(key, content, prev)
+            row = [content[c] for c in cols[:-2]] + [prev, digest]
+            row[15] = json.dumps(row[15])
+            prev = digest
+            if seq % 250_000 == 0:
+                say(f"  generated {seq:,} ({time.perf_counter() - started:.0f}s)")
+            yield row
+
+    with transaction.atomic(), connection.cursor() as cur:
+        if connection.vendor == "postgresql":
+            raw = cur.cursor  # psycopg 3 cursor
+            with raw.copy(f"COPY {table} ({', '.join(cols)}) FROM STDIN") as copy:
+                for row in rows():
+                    copy.write_row(row)
+        else:
+            placeholders = ", ".join(["%s"] * len(cols))
+            sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({placeholders})"
+            batch: list[Any] = []
+            for row in rows():
+                row[1] = row[1].isoformat(sep=" ")
+                batch.append(row)
+                if len(batch) >= 10_000:
+                    cur.executemany(sql, batch)
+                    batch = []
+            if batch:
+                cur.executemany(sql, batch)
+        AuditChainHead.objects.update_or_create(pk=1, defaults={"seq": n, "digest": prev})
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute(f"ANALYZE {table}")
+    say(f"generate[{connection.vendor}]: {n:,} chained events in {time.perf_counter() - started:.1f}s")
+
+
+def bench_verify() -> None:
+    import resource
+
+    from apps.audit.verify import verify_chain
+
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    result = verify_chain(key=hmac_key())
+    elapsed = time.perf_counter() - started
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    say(
+        f"verify[{connection.vendor}]: {result.summary()} in {elapsed:.1f}s = {result.checked / elapsed:,.0f} events/s; "
+        f"max RSS {rss_before / 1024:.0f} → {rss_after / 1024:.0f} MB"
+    )
+
+
+def bench_export(limit: int | None) -> None:
+    from apps.audit.export import export_chunks
+
+    qs = AuditEvent.objects.all()
+    if limit:
+        head = AuditChainHead.objects.get(pk=1).seq
+        qs = qs.filter(seq__gt=head - limit)
+    for fmt in ("jsonl", "csv"):
+        started = time.perf_counter()
+        size = rows = 0
+        for chunk in export_chunks(qs, fmt):
+            size += len(chunk)
+            rows += chunk.count(b"\n")
+        elapsed = time.perf_counter() - started
+        say(
+            f"export[{connection.vendor}] {fmt}: ~{rows:,} rows, {size / 1e6:,.0f} MB in {elapsed:.1f}s = "
+            f"{rows / elapsed:,.0f} rows/s, {size / 1e6 / elapsed:.1f} MB/s"
+        )
+
+
+def _median_ms(fn: Any, repeat: int = 5) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def bench_search(explain: bool) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from apps.audit.filters import filter_audit_events
+    from apps.audit.selectors import page_of_events
+    from apps.governance.selectors import audit_events_visible_to
+
+    _team, reviewer = bench_team()
+    superuser, _ = get_user_model().objects.get_or_create(
+        username="bench-admin", defaults={"is_superuser": True, "is_staff": True}
+    )
+    head = AuditChainHead.objects.get(pk=1).seq
+    run_id = AuditEvent.objects.filter(run_id__isnull=False).values_list("run_id", flat=True).first()
+    mid = AuditEvent.objects.filter(seq=head // 2).values_list("created_at", flat=True).first()
+    assert mid is not None
+    cases = {
+        "superuser, no filter, page 1": (superuser, {}, None),
+        "superuser, page at seq/2 (keyset)": (superuser, {}, head // 2),
+        "superuser, type=run.finished": (superuser, {"type": "run.finished"}, None),
+        "superuser, type prefix policy.": (superuser, {"type": "policy."}, None),
+        "superuser, run=<id>": (superuser, {"run": str(run_id)}, None),
+        "superuser, 1-day window mid-range": (
+            superuser,
+            {"since": mid.isoformat(), "until": (mid + timedelta(days=1)).isoformat()},
+            None,
+        ),
+        "superuser, actor=bench-reviewer": (superuser, {"actor": "bench-reviewer"}, None),
+        "reviewer (team visibility), page 1": (reviewer, {}, None),
+        "reviewer, type=run.finished": (reviewer, {"type": "run.finished"}, None),
+        "reviewer, page at seq/2": (reviewer, {}, head // 2),
+        "superuser, object=workers.pool:7": (superuser, {"object": "workers.pool:7"}, None),
+    }
+    say(f"search[{connection.vendor}] at {head:,} events (median of 5, one page of 50):")
+    for label, (user, params, before) in cases.items():
+        qs = filter_audit_events(audit_events_visible_to(user), params)
+        ms = _median_ms(lambda qs=qs, before=before: page_of_events(qs, before=before))
+        say(f"  {label:45s} {ms:8.1f} ms")
+        if explain and connection.vendor == "postgresql":
+            q = qs.filter(seq__lt=before) if before else qs
+            plan = q.order_by("-seq")[:51].explain()
+            first = [line.strip() for line in plan.splitlines() if "Scan" in line][:2]
+            say(f"      plan: {' | '.join(first)}")
+    client = Client()
+    for label, user in (("superuser", superuser), ("reviewer", reviewer)):
+        client.force_login(user)
+        ms = _median_ms(lambda: client.get("/audit/"))
+        ms_f = _median_ms(lambda: client.get("/audit/", {"type": "run.finished"}))
+        say(f"  GET /audit/ as {label:10s} {ms:8.1f} ms; with type=run.finished {ms_f:8.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("step", choices=["all", "appends", "generate", "verify", "export", "search"])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--appends", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--export-limit", type=int, default=None)
+    parser.add_argument("--explain", action="store_true")
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    say(f"database: {connection.vendor} {connection.settings_dict['NAME']}")
+    if args.step in ("all", "appends"):
+        bench_appends(args.appends, args.threads if connection.vendor == "postgresql" else 1)
+    if args.step in ("all", "generate"):
+        generate(args.events)
+    if args.step in ("all", "verify"):
+        bench_verify()
+    if args.step in ("all", "export"):
+        bench_export(args.export_limit)
+    if args.step in ("all", "search"):
+        bench_search(args.explain)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""Event latency from the run sink to websocket viewers, on a live daphne, per channel layer.
+
+Not a test: prints figures for bench/RUNS.md. A run executes inside daphne (embedded thread
+executor) against a loopback fake OpenAI server that streams; N viewers watch it over
+``/ws/runs/<id>/``. Latency per (viewer, event) = receive time - the event's ``ts`` (stamped by
+the engine when it emits, so it includes the sink's transaction: RunEvent + Step/Run rows +
+audit row, then the channel-layer publish and the websocket hop).
+
+    .venv/bin/python bench/ws_latency.py --layer memory --viewers 1,10,100
+    REDIS_URL=redis://127.0.0.1:6379/1 .venv/bin/python bench/ws_latency.py --layer redis --viewers 1,10,100
+
+Uses its own SQLite database (``--db``, migrated on start) unless DATABASE_URL is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--layer", choices=["memory", "redis", "redis-pubsub"], default="memory")
+parser.add_argument("--viewers", default="1,10,100")
+parser.add_argument("--db", default="sqlite:////tmp/conductor_ws_bench.sqlite3")
+parser.add_argument("--chunks", type=int, default=60, help="streamed chunks per worker answer")
+parser.add_argument("--chunk-delay", type=float, default=0.01)
+ARGS = parser.parse_args()
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_web.settings.local"
+os.environ.setdefault("DATABASE_URL", ARGS.db)
+os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+os.environ.pop("CELERY_BROKER_URL", None)  # execute inside daphne, whatever the layer
+if ARGS.layer == "memory":
+    os.environ.pop("REDIS_URL", None)
+elif not os.environ.get("REDIS_URL"):
+    sys.exit("--layer redis needs REDIS_URL")
+if ARGS.layer == "redis-pubsub":
+    # channels-redis' pub/sub layer (one PUBLISH per group_send, one subscription per process),
+    # through a throwaway settings module: the project settings stay untouched.
+    Path("/tmp/conductor_ws_bench_settings.py").write_text(
+        "from conductor_web.settings.local import *  # noqa\n"
+        "CHANNEL_LAYERS = {'default': {'BACKEND': 'channels_redis.pubsub.RedisPubSubChannelLayer',"
+        " 'CONFIG': {'hosts': [REDIS_URL]}}}\n"
+    )
+    sys.path.insert(0, "/tmp")
+    os.environ["PYTHONPATH"] = "/tmp" + os.pathsep + os.environ.get("PYTHONPATH", "")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_ws_bench_settings"
+os.environ.setdefault("DEBUG", "false")
+
+import django  # noqa: E402
+
+django.setup()
+
+import httpx  # noqa: E402
+import websockets  # noqa: E402
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model  # noqa: E402
+from django.contrib.sessions.backends.db import SessionStore  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from apps.governance.services import membership_set, team_create, team_set_default_pool  # noqa: E402
+from apps.workers.services import pool_create, provider_create, worker_create  # noqa: E402
+from tests.fakes.base import FakeReply  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+
+PLAN = {
+    "model_id": [0, 1, 2],
+    "subtasks": ["Outline.", "Solve.", "Check and answer."],
+    "access_list": [[], [0], [0, 1]],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_data(server: FakeOpenAIServer) -> tuple[Any, Any]:
+    call_command("migrate", verbosity=0)
+    tag = str(int(time.time()))
+    user = get_user_model().objects.create_user(f"wsbench{tag}", password="x")
+    team = team_create(actor=None, slug=f"wsbench-{tag}", name=f"WS bench {tag}")
+    membership_set(actor=None, team=team, user=user, role="member")
+    provider = provider_create(
+        actor=None,
+        team=team,
+        slug=f"wsb-{tag}",
+        name="Bench fake",
+        kind="openai_compatible",
+        base_url=server.base_url,
+        api_key="sk-bench-0000",
+    )
+    workers = [
+        worker_create(
+            actor=None,
+            provider=provider,
+            slug=f"wsb-{tag}-{i}",
+            display_name=f"W{i}",
+            model_name=f"w{i}",
+            timeout_s=30,
+        )
+        for i in range(3)
+    ]
+    conductor = worker_create(
+        actor=None,
+        provider=provider,
+        slug=f"wsb-{tag}-c",
+        display_name="C",
+        model_name="conductor",
+        timeout_s=30,
+    )
+    pool = pool_create(
+        actor=None,
+        team=team,
+        slug=f"wsb-{tag}",
+        name="Bench pool",
+        workers=workers,
+        default_worker=workers[0],
+        conductor_worker=conductor,
+    )
+    team_set_default_pool(actor=None, team=team, pool=pool)
+    return user, pool
+
+
+def session_cookie(user: Any) -> str:
+    store = SessionStore()
+    store[SESSION_KEY] = str(user.pk)
+    store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    store.create()
+    return store.session_key or ""
+
+
+def start_run(base: str, cookie: str, pool: Any) -> str:
+    with httpx.Client(
+        base_url=base, cookies={"sessionid": cookie}, follow_redirects=False, timeout=30
+    ) as client:
+        page = client.get("/playground/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        assert token, page.text[:500]
+        response = client.post(
+            "/playground/",
+            data={
+                "csrfmiddlewaretoken": token.group(1),
+                "prompt": "bench",
+                "strategy": "conductor-mini",
+                "pool": str(pool.pk),
+            },
+            headers={"Referer": base + "/playground/"},
+        )
+        assert response.status_code == 302, response.text[:2000]
+        return response.headers["location"].split("run=")[1].split("&")[0]
+
+
+async def viewer(
+    url: str, cookie: str, origin: str, ready: asyncio.Event, samples: list[float], seqs: list[list[int]]
+) -> None:
+    async with websockets.connect(
+        url, additional_headers={"Cookie": f"sessionid={cookie}", "Origin": origin}, max_size=None
+    ) as ws:
+        snapshot = json.loads(await ws.recv())
+        assert snapshot["type"] == "snapshot"
+        mine: list[int] = []
+        seqs.append(mine)
+        ready.set()
+        while True:
+            event = json.loads(await ws.recv())
+            samples.append(time.time() - float(event["ts"]))
+            mine.append(event["seq"])
+            if event["type"] == "run.finished":
+                return
+
+
+async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
+    run_id = await asyncio.to_thread(start_run, base, cookie, pool)
+    url = base.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
+    samples: list[float] = []
+    seqs: list[list[int]] = []
+    readies = [asyncio.Event() for _ in range(n)]
+    tasks = [asyncio.create_task(viewer(url, cookie, base, readies[i], samples, seqs)) for i in range(n)]
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+    ms = sorted(s * 1000 for s in samples)
+    clean = all(s == sorted(set(s)) and s == list(range(s[0], s[-1] + 1)) for s in seqs)
+    return {
+        "viewers": n,
+        "events_per_viewer": round(len(ms) / n),
+        "p50_ms": round(statistics.median(ms), 2),
+        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+        "max_ms": round(ms[-1], 2),
+        "no_gaps_no_dupes": clean,
+    }
+
+
+def main() -> None:
+    server = FakeOpenAIServer()
+    server.start()
+    words = [f"w{i} " for i in range(ARGS.chunks)]
+
+    def respond(req: dict[str, Any]) -> Any:
+        if req.get("model") == "conductor":
+            # Long enough for 100 viewers to connect before the first counted event.
+            return FakeReply(json.dumps(PLAN), delay=3.0)
+        return FakeReply("".join(words), chunks=words, chunk_delay=ARGS.chunk_delay)
+
+    server.responder = respond
+    user, pool = setup_data(server)
+    cookie = session_cookie(user)
+    port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = open(f"/tmp/ws_bench_daphne_{port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "conductor_web.asgi:application",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        base = f"http://127.0.0.1:{port}"
+        db = "postgresql" if "postgres" in os.environ["DATABASE_URL"] else "sqlite"
+        print(f"layer={ARGS.layer} db={db} chunks/step={ARGS.chunks} chunk_delay={ARGS.chunk_delay}s")
+        for n in [int(v) for v in ARGS.viewers.split(",")]:
+            print(json.dumps(asyncio.run(measure(base, cookie, pool, n))))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

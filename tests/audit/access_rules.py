@@ -1,0 +1,85 @@
+"""Access rules for the audit pages (format: tests/test_access_matrix.py).
+
+Audit visibility follows ``view_team_audit`` (admins, policy admins and reviewers of the team);
+plain members see an empty search and cannot open an event of their team (404, as for outsiders).
+Reviews need ``review_team_runs`` (reviewers and admins); seeing the run without it is a 403.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.audit.events import AuditEventType
+
+
+def _alpha_event_seq(ctx: Any) -> dict[str, Any]:
+    from apps.audit.services import audit_record
+
+    event = ctx.memo(
+        "alpha_event", lambda c: audit_record(event_type=AuditEventType.POOL_UPDATED, team=c.alpha)
+    )
+    return {"seq": event.seq}
+
+
+def _alpha_run(ctx: Any) -> dict[str, Any]:
+    from tests.factories.audit import make_run
+
+    run = ctx.memo("alpha_run", lambda c: make_run(c.alpha, created_by=c.owner))
+    return {"run_id": run.pk}
+
+
+EVERYONE = {
+    "anonymous": "login",
+    "owner": 200,
+    "teammate": 200,
+    "outsider": 200,
+    "reviewer": 200,
+    "policy_admin": 200,
+    "team_admin": 200,
+    "superuser": 200,
+}
+
+RULES: dict[str, Any] = {
+    "audit:event_list": {**EVERYONE, "note": "everyone searches; rows come from audit_events_visible_to"},
+    "audit:event_detail": {
+        "kwargs": _alpha_event_seq,
+        "anonymous": "login",
+        "owner": 404,
+        "teammate": 404,
+        "outsider": 404,
+        "reviewer": 200,
+        "policy_admin": 200,
+        "team_admin": 200,
+        "superuser": 200,
+    },
+    "audit:export": {
+        "kwargs": {"export_format": "csv"},
+        **EVERYONE,
+        "note": "streams only the rows the user may see (possibly none); the export is audited",
+    },
+    "audit:verify": {
+        "method": "POST",
+        "anonymous": "login",
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 403,
+        "reviewer": 403,
+        "policy_admin": 403,
+        "team_admin": 403,
+        "superuser": 302,
+    },
+    "audit:review_queue": {**EVERYONE, "note": "lists only runs the user may review"},
+    "audit:run_review": {
+        "method": "POST",
+        "kwargs": _alpha_run,
+        "data": {"status": "approved"},
+        "anonymous": "login",
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 404,
+        "reviewer": 302,
+        "policy_admin": 403,
+        "team_admin": 302,
+        "superuser": 302,
+    },
+}

@@ -1,0 +1,63 @@
+"""The playground in a real browser against a live daphne (and Celery in distributed mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apps.runs.models import Run
+from tests.fixtures.runs import scripted_plan
+
+pytestmark = [pytest.mark.browser, pytest.mark.runtime]
+
+
+def test_playground_live_graph_inspector_and_reload(
+    transactional_db: Any, runtime_workers: Any, daphne_server: Any, login: Any, fake_pool: Any, owner: Any
+) -> None:
+    # Each worker answers after 1.5 s and the plan is a chain, so "mid-run" lasts seconds.
+    scripted_plan(fake_pool.server, delay=1.5)
+    page = login(owner)
+    page.goto(f"{daphne_server.url}/playground/")
+    page.fill("[data-testid=prompt-input]", "How many legs do 3 spiders have? <i>now</i>")
+    page.select_option("[data-testid=strategy-select]", "conductor-mini")
+    page.select_option("[data-testid=pool-select]", label="Fake pool")
+    page.click("[data-testid=run-submit]")
+
+    page.wait_for_selector("[data-testid=step-graph] .main-svg")
+    page.wait_for_selector("[data-testid=step-node-0]")
+    # Nodes appear as steps start: step 2 reads step 1, which reads step 0, so it cannot exist yet.
+    assert page.locator("[data-testid=step-node-2]").count() == 0
+    assert page.get_attribute("[data-testid=final-answer]", "data-ready") == "false"
+    assert page.text_content("[data-testid=run-status]").startswith("running")
+
+    # Reload mid-run: the graph comes back from the snapshot and keeps growing.
+    page.wait_for_selector("[data-testid=step-node-1]")
+    page.reload()
+    page.wait_for_selector("[data-testid=step-node-0][data-status=succeeded]")
+    page.wait_for_selector("[data-testid=step-node-1]")
+    assert page.get_attribute("[data-testid=final-answer]", "data-ready") == "false"
+    page.wait_for_selector("[data-testid=step-node-2]")
+    page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
+
+    run = Run.objects.get()
+    assert run.status == "succeeded"
+    answer = page.text_content("[data-testid=final-answer]")
+    assert answer == run.answer and answer.startswith("fake-critic-1 says")
+    assert page.text_content("[data-testid=run-status]").startswith("succeeded")
+    # The plotly graph has one marker per step.
+    assert page.locator("[data-testid=step-graph] .scatterlayer .trace:last-child .point").count() == 3
+
+    # The inspector shows the exact messages step 1 saw: the question and step 0's output.
+    page.click("[data-testid=step-node-1]")
+    messages = page.text_content("[data-testid=inspector-messages]")
+    stored = run.steps.get(index=1).messages
+    for m in stored:
+        assert m["content"] in messages
+    assert "fake-planner-1 says" in messages and "<i>now</i>" in messages
+    assert page.text_content("[data-testid=inspector-access]") == "[0]"
+    # Model output is shown as text: the worker's <b> tag is literal, not markup.
+    output = page.text_content("[data-testid=inspector-output]")
+    assert "<b>" in output
+    assert page.locator("[data-testid=step-inspector] b").count() == 0
+    assert page.locator("[data-testid=final-answer] b").count() == 0
