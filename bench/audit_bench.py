@@ -211,7 +211,9 @@ def generate(n: int) -> None:
                     batch = []
             if batch:
                 cur.executemany(sql, batch)
-        AuditChainHead.objects.update_or_create(pk=1, defaults={"seq": n, "digest": prev})
+        AuditChainHead.objects.update_or_create(
+            pk=1, defaults={"seq": n, "digest": prev, "created_at": start_time + step * n}
+        )
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(f"ANALYZE {table}")

@@ -17,6 +17,7 @@ event is lost or repeated whichever channel layer is configured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -135,14 +136,18 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
 
     user = key.created_by
     if not isinstance(model, str) or not model.strip():
-        raise OpenAIError(400, "'model' is required: e.g. 'conductor-mini'.", param="model", code="invalid_value")
+        raise OpenAIError(
+            400, "'model' is required: e.g. 'conductor-mini'.", param="model", code="invalid_value"
+        )
     model = model.strip()
     base, sep, slug = model.partition(":")
     if base in PRESETS:
         preset = PRESETS[base]
         pool_slug: str | None = slug if sep else None
         if sep and not slug:
-            raise OpenAIError(400, f"Name a pool after the colon: '{base}:<pool>'.", param="model", code="invalid_value")
+            raise OpenAIError(
+                400, f"Name a pool after the colon: '{base}:<pool>'.", param="model", code="invalid_value"
+            )
     elif not sep:
         preset, pool_slug = PRESETS["conductor-mini"], base
     else:
@@ -162,11 +167,17 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
         # A pool the caller cannot see at all is reported as an unknown model, not as forbidden,
         # so keys cannot probe other teams' pool names.
         if pool is None or not api_sel.pools_visible_for(user, key).filter(pk=pool.pk).exists():
-            raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+            raise OpenAIError(
+                404, f"The model '{model}' does not exist.", param="model", code="model_not_found"
+            )
     if not api_sel.pools_usable_for(user, key).filter(pk=pool.pk).exists():
         raise _deny(
-            key, 403, "pool_not_allowed",
-            f"This API key may not use the pool '{pool.slug}'.", detail=pool.slug, param="model",
+            key,
+            403,
+            "pool_not_allowed",
+            f"This API key may not use the pool '{pool.slug}'.",
+            detail=pool.slug,
+            param="model",
         )
     return Target(preset=preset, pool=pool, model=model)
 
@@ -177,8 +188,12 @@ def models_payload(key: ApiKey) -> dict[str, Any]:
     data = [{"id": name, "object": "model", "created": created, "owned_by": "conductor"} for name in PRESETS]
     for pool in api_sel.pools_usable_for(user, key).order_by("slug"):
         data.append(
-            {"id": pool.slug, "object": "model", "created": int(pool.created_at.timestamp()),
-             "owned_by": pool.team.slug if pool.team_id else "platform"}
+            {
+                "id": pool.slug,
+                "object": "model",
+                "created": int(pool.created_at.timestamp()),
+                "owned_by": pool.team.slug if pool.team_id else "platform",
+            }
         )
     return {"object": "list", "data": data}
 
@@ -194,37 +209,61 @@ def _text_content(content: Any, index: int) -> str:
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise OpenAIError(
-                    400, "Only text content parts ({'type': 'text', 'text': …}) are supported.",
-                    param=f"messages[{index}].content[{j}]", code="invalid_value",
+                    400,
+                    "Only text content parts ({'type': 'text', 'text': …}) are supported.",
+                    param=f"messages[{index}].content[{j}]",
+                    code="invalid_value",
                 )
             parts.append(part["text"])
         return "\n".join(parts)
-    raise OpenAIError(400, "Message content must be a string or a list of text parts.",
-                      param=f"messages[{index}].content", code="invalid_type")
+    raise OpenAIError(
+        400,
+        "Message content must be a string or a list of text parts.",
+        param=f"messages[{index}].content",
+        code="invalid_type",
+    )
 
 
 def question_from_messages(messages: Any) -> str:
     """One conductor question from a chat: the last user turn, with earlier turns as context."""
     if not isinstance(messages, list) or not messages:
-        raise OpenAIError(400, "'messages' must be a non-empty array.", param="messages", code="invalid_value")
+        raise OpenAIError(
+            400, "'messages' must be a non-empty array.", param="messages", code="invalid_value"
+        )
     turns: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise OpenAIError(400, "Each message must be an object.", param=f"messages[{i}]", code="invalid_type")
+            raise OpenAIError(
+                400, "Each message must be an object.", param=f"messages[{i}]", code="invalid_type"
+            )
         role = message.get("role")
         if role not in MESSAGE_ROLES:
             raise OpenAIError(
-                400, f"Invalid role {role!r}; expected one of {', '.join(sorted(MESSAGE_ROLES))}.",
-                param=f"messages[{i}].role", code="invalid_value",
+                400,
+                f"Invalid role {role!r}; expected one of {', '.join(sorted(MESSAGE_ROLES))}.",
+                param=f"messages[{i}].role",
+                code="invalid_value",
             )
         turns.append((role, _text_content(message.get("content"), i)))
     if not any(role == "user" and text.strip() for role, text in turns):
-        raise OpenAIError(400, "At least one user message with text is required.", param="messages", code="invalid_value")
+        raise OpenAIError(
+            400, "At least one user message with text is required.", param="messages", code="invalid_value"
+        )
     if len(turns) == 1:
         return turns[0][1]
-    labels = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
+    labels = {
+        "system": "System",
+        "developer": "System",
+        "user": "User",
+        "assistant": "Assistant",
+        "tool": "Tool",
+    }
     return "\n\n".join(f"{labels[role]}: {text}" for role, text in turns if text.strip())
 
 
@@ -252,8 +291,12 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         raise OpenAIError(400, "'stream' must be a boolean.", param="stream", code="invalid_type")
     n = body.get("n")
     if n is not None and n != 1:
-        raise OpenAIError(400, "Only n=1 is supported: the conductor returns one answer per run.", param="n",
-                          code="invalid_value")
+        raise OpenAIError(
+            400,
+            "Only n=1 is supported: the conductor returns one answer per run.",
+            param="n",
+            code="invalid_value",
+        )
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -262,14 +305,19 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     if temperature is not None and (
         isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 <= temperature <= 2
     ):
-        raise OpenAIError(400, "'temperature' must be a number between 0 and 2.", param="temperature",
-                          code="invalid_value")
+        raise OpenAIError(
+            400, "'temperature' must be a number between 0 and 2.", param="temperature", code="invalid_value"
+        )
     if body.get("tools") or body.get("functions"):
         param = "tools" if body.get("tools") else "functions"
-        raise OpenAIError(400, "Tool calling is not supported by the conductor.", param=param, code="unsupported_parameter")
+        raise OpenAIError(
+            400, "Tool calling is not supported by the conductor.", param=param, code="unsupported_parameter"
+        )
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise OpenAIError(400, "'stream_options' must be an object.", param="stream_options", code="invalid_type")
+        raise OpenAIError(
+            400, "'stream_options' must be an object.", param="stream_options", code="invalid_type"
+        )
     include_usage = bool((options or {}).get("include_usage", False))
     return ChatRequest(
         model=body.get("model"),
@@ -330,11 +378,15 @@ def _refusal_error(refused: Any) -> OpenAIError:
         headers = _no_retry()
         if refused.retry_after_s:
             headers["Retry-After"] = str(int(refused.retry_after_s))
-        return OpenAIError(429, refused.message, type_="insufficient_quota", code="budget_exhausted", headers=headers)
+        return OpenAIError(
+            429, refused.message, type_="insufficient_quota", code="budget_exhausted", headers=headers
+        )
     if refused.code == "pool_not_allowed":
         return OpenAIError(403, refused.message, param="model", code="pool_not_allowed", headers=_no_retry())
     if refused.code == "pool_unavailable":
-        return OpenAIError(503, refused.message, type_="server_error", code="pool_unavailable", headers=_no_retry())
+        return OpenAIError(
+            503, refused.message, type_="server_error", code="pool_unavailable", headers=_no_retry()
+        )
     return OpenAIError(400, refused.message, param="messages", code="invalid_value")
 
 
@@ -378,16 +430,16 @@ class RunFollower:
         if self.channel is None:
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S))
-        except TimeoutError:
-            pass
 
 
 def _events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
     from apps.runs.models import RunEvent
 
-    return list(RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data"))
+    return list(
+        RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data")
+    )
 
 
 def _load_run(run_id: Any) -> Any:
@@ -401,11 +453,17 @@ def _blocked_rules(run_id: Any) -> list[str]:
     from apps.runs.models import RunEvent
 
     names: list[str] = []
-    for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list("data", flat=True):
+    for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list(
+        "data", flat=True
+    ):
         if not isinstance(data, dict) or not data.get("blocked"):
             continue
         for check in data.get("checks") or []:
-            if isinstance(check, dict) and check.get("status") == "intervened" and check.get("action") == "block":
+            if (
+                isinstance(check, dict)
+                and check.get("status") == "intervened"
+                and check.get("action") == "block"
+            ):
                 names.append(f"{data.get('stage')}:{check.get('name')}")
     return names
 
@@ -466,18 +524,43 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
         rules = _blocked_rules(run.id)
         rule_text = f" (policy rule: {', '.join(rules)})" if rules else ""
         reason = run.error or run.status_reason or "blocked by policy"
-        return OpenAIError(400, f"{reason}{rule_text}", code="content_policy_violation", headers=_no_retry(),
-                           conductor=conductor)
+        return OpenAIError(
+            400,
+            f"{reason}{rule_text}",
+            code="content_policy_violation",
+            headers=_no_retry(),
+            conductor=conductor,
+        )
     if status == "cancelled":
-        return OpenAIError(409, "The run was cancelled.", code="run_cancelled", headers=_no_retry(), conductor=conductor)
+        return OpenAIError(
+            409, "The run was cancelled.", code="run_cancelled", headers=_no_retry(), conductor=conductor
+        )
     if status == "timed_out":
-        return OpenAIError(504, run.error or "The run timed out.", type_="server_error", code="run_timed_out",
-                           headers=_no_retry(), conductor=conductor)
+        return OpenAIError(
+            504,
+            run.error or "The run timed out.",
+            type_="server_error",
+            code="run_timed_out",
+            headers=_no_retry(),
+            conductor=conductor,
+        )
     if status in ("queued", "running"):
-        return OpenAIError(504, "The run did not finish in time; follow it at its URL.", type_="server_error",
-                           code="run_timed_out", headers=_no_retry(), conductor=conductor)
-    return OpenAIError(502, run.error or "The run failed.", type_="server_error", code="run_failed",
-                       headers=_no_retry(), conductor=conductor)
+        return OpenAIError(
+            504,
+            "The run did not finish in time; follow it at its URL.",
+            type_="server_error",
+            code="run_timed_out",
+            headers=_no_retry(),
+            conductor=conductor,
+        )
+    return OpenAIError(
+        502,
+        run.error or "The run failed.",
+        type_="server_error",
+        code="run_failed",
+        headers=_no_retry(),
+        conductor=conductor,
+    )
 
 
 def completion_body(env: Envelope, run: Any) -> dict[str, Any]:
@@ -524,8 +607,13 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
     base = {"event": kind, "seq": seq}
     if kind == "step.started":
-        return {**base, "index": data.get("index"), "round": data.get("round"), "worker": data.get("worker_key"),
-                "instruction": data.get("instruction")}
+        return {
+            **base,
+            "index": data.get("index"),
+            "round": data.get("round"),
+            "worker": data.get("worker_key"),
+            "instruction": data.get("instruction"),
+        }
     if kind == "step.delta":
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
@@ -538,8 +626,9 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-async def stream_run(request: HttpRequest, key: ApiKey, chat: ChatRequest, target: Target, run: Any,
-                     env: Envelope) -> AsyncIterator[bytes]:
+async def stream_run(
+    request: HttpRequest, key: ApiKey, chat: ChatRequest, target: Target, run: Any, env: Envelope
+) -> AsyncIterator[bytes]:
     yield _sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
     last_seq = 0
     deadline = _deadline()
@@ -558,7 +647,9 @@ async def stream_run(request: HttpRequest, key: ApiKey, chat: ChatRequest, targe
                 await follower.wait(deadline - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
         final = await sync_to_async(_load_run)(run.id)
-    await sync_to_async(ratelimit.add_tokens)(key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens)
+    await sync_to_async(ratelimit.add_tokens)(
+        key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens
+    )
     conductor = _conductor_info(request, final, target)
     error = await sync_to_async(run_outcome_error)(final, conductor)
     if error is not None:
@@ -573,8 +664,17 @@ async def stream_run(request: HttpRequest, key: ApiKey, chat: ChatRequest, targe
             yield _sse(_chunk(env, {"content": final.answer}))
         yield _sse(_chunk(env, {}, "stop", conductor={**conductor, "usage": usage}))
     if chat.include_usage:
-        yield _sse({"id": env.id, "object": "chat.completion.chunk", "created": env.created, "model": env.model,
-                    "system_fingerprint": None, "choices": [], "usage": usage})
+        yield _sse(
+            {
+                "id": env.id,
+                "object": "chat.completion.chunk",
+                "created": env.created,
+                "model": env.model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage,
+            }
+        )
     yield _sse("[DONE]")
 
 
@@ -611,7 +711,9 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     for entry in payload["data"]:
         if entry["id"] == model:
             return JsonResponse(entry)
-    return error_response(OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found"))
+    return error_response(
+        OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+    )
 
 
 @csrf_exempt
@@ -645,7 +747,9 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponse:
         if error is not None:
             response = error_response(error)
         else:
-            response = JsonResponse(completion_body(Envelope(env.id, env.created, env.model, conductor), final))
+            response = JsonResponse(
+                completion_body(Envelope(env.id, env.created, env.model, conductor), final)
+            )
     for name, value in headers.items():
         response[name] = value
     return response

@@ -94,7 +94,10 @@ def _default_principal(team: Any) -> AbstractBaseUser | None:
     from apps.governance.models import Membership, Role
 
     membership = (
-        Membership.objects.filter(team=team, role=Role.ADMIN).select_related("user").order_by("created_at").first()
+        Membership.objects.filter(team=team, role=Role.ADMIN)
+        .select_related("user")
+        .order_by("created_at")
+        .first()
     )
     return membership.user if membership else None
 

@@ -38,11 +38,21 @@ rest = [
     path("policies/", policies.PolicyList.as_view(), name="policy_list"),
     path("policies/<int:policy_id>/", policies.PolicyDetail.as_view(), name="policy_detail"),
     path("policies/<int:policy_id>/diff/", policies.PolicyDiff.as_view(), name="policy_diff"),
-    path("policies/<int:policy_id>/versions/", policies.PolicyVersionListCreate.as_view(), name="policy_versions"),
-    path("policies/<int:policy_id>/versions/<int:number>/", policies.PolicyVersionDetail.as_view(),
-         name="policy_version_detail"),
-    path("policies/<int:policy_id>/versions/<int:number>/publish/", policies.PolicyVersionPublish.as_view(),
-         name="policy_version_publish"),
+    path(
+        "policies/<int:policy_id>/versions/",
+        policies.PolicyVersionListCreate.as_view(),
+        name="policy_versions",
+    ),
+    path(
+        "policies/<int:policy_id>/versions/<int:number>/",
+        policies.PolicyVersionDetail.as_view(),
+        name="policy_version_detail",
+    ),
+    path(
+        "policies/<int:policy_id>/versions/<int:number>/publish/",
+        policies.PolicyVersionPublish.as_view(),
+        name="policy_version_publish",
+    ),
     # runs
     path("runs/", runs.RunListCreate.as_view(), name="run_list"),
     path("runs/<uuid:run_id>/", runs.RunDetail.as_view(), name="run_detail"),

@@ -57,7 +57,12 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
     keys = ApiKey.objects.filter(team=team).select_related("created_by").prefetch_related("allowed_pools")
     # The plaintext is in this response only: never cache it, and say 400 when the form failed.
     status = 400 if request.method == "POST" and created is None else 200
-    return render(request, "api/key_list.html", {"team": team, "keys": keys, "form": form, "created": created}, status=status)
+    return render(
+        request,
+        "api/key_list.html",
+        {"team": team, "keys": keys, "form": form, "created": created},
+        status=status,
+    )
 
 
 @require_POST

@@ -71,9 +71,9 @@ def csv_chunks(qs: QuerySet[Any]) -> Iterator[bytes]:
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
     for count, (row, canonical) in enumerate(export_rows(qs), 1):
-        content = json.loads(canonical)
+        # Raw column values render exactly as their canonical (normalised) form would.
         writer.writerow(
-            [*(_csv_cell(content[c]) for c in CONTENT_COLUMNS), row["prev_digest"], row["digest"], canonical]
+            [*(_csv_cell(row[c]) for c in CONTENT_COLUMNS), row["prev_digest"], row["digest"], canonical]
         )
         if count % BATCH_ROWS == 0:
             yield buffer.getvalue().encode()

@@ -90,8 +90,27 @@ def _apply(qs: QuerySet[AuditEvent], name: str, value: str) -> QuerySet[AuditEve
             raise ValidationError(
                 {name: ["Enter a date (2026-01-31) or date and time (2026-01-31T14:00)."]}
             ) from None
-        return qs.filter(created_at__gte=moment) if name == "since" else qs.filter(created_at__lt=moment)
+        return _time_bound(qs, name, moment)
     return qs
+
+
+def _time_bound(qs: QuerySet[AuditEvent], name: str, moment: dt.datetime) -> QuerySet[AuditEvent]:
+    """A time filter plus the matching seq bound, probed on the (created_at, seq) index.
+
+    Exact because ``audit_record`` never lets created_at go backwards along seq. Without the bound PostgreSQL tends to walk the seq index backwards, testing created_at
+    row by row (half a second for a day in the middle of a million events); with it the page is
+    read straight from the right place.
+    """
+    base = AuditEvent.objects.all()
+    if name == "since":
+        qs = qs.filter(created_at__gte=moment)
+        probe = base.filter(created_at__gte=moment).order_by("created_at", "seq")
+        bound = probe.values_list("seq", flat=True).first()
+        return qs.filter(seq__gte=bound) if bound is not None else qs.none()
+    qs = qs.filter(created_at__lt=moment)
+    probe = base.filter(created_at__lt=moment).order_by("-created_at", "-seq")
+    bound = probe.values_list("seq", flat=True).first()
+    return qs.filter(seq__lte=bound) if bound is not None else qs.none()
 
 
 def filter_audit_events(qs: QuerySet[AuditEvent], params: Mapping[str, Any]) -> QuerySet[AuditEvent]:

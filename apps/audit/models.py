@@ -108,6 +108,9 @@ class AuditChainHead(models.Model):
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     seq = models.PositiveBigIntegerField(default=0)
     digest = models.CharField(max_length=64, default="0" * 64)
+    # The head event's time: appends never go back in time, so created_at follows seq and a time
+    # window maps exactly onto a seq range (see apps.audit.filters).
+    created_at = models.DateTimeField(null=True, blank=True)
     last_verified_at = models.DateTimeField(null=True, blank=True)
     last_verified_ok = models.BooleanField(null=True)
     last_verified_seq = models.PositiveBigIntegerField(default=0)

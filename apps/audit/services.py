@@ -66,13 +66,17 @@ def audit_record(
         object_repr = object_repr or str(obj)[:200]
     team_id = getattr(team, "pk", team)
 
-    with transaction.atomic():
+    # No savepoint: if recording fails, the caller's whole change must roll back with it.
+    with transaction.atomic(savepoint=False):
         # Row lock on PostgreSQL (SQLite: the IMMEDIATE transaction already holds the writer
         # lock), so concurrent appends queue here and the chain never forks.
         head, _ = AuditChainHead.objects.select_for_update().get_or_create(pk=1)
+        now = timezone.now()
+        if head.created_at is not None and now < head.created_at:
+            now = head.created_at  # a clock stepping back (or another host's skew) must not reorder time
         event = AuditEvent(
             seq=head.seq + 1,
-            created_at=timezone.now(),
+            created_at=now,
             event_type=event_type.value,
             kind=event_type.kind,
             actor=user,
@@ -92,7 +96,9 @@ def audit_record(
         )
         event.digest = compute_digest(hmac_key(), event_content(event), head.digest)
         event.save(force_insert=True)
-        AuditChainHead.objects.filter(pk=1).update(seq=event.seq, digest=event.digest)
+        AuditChainHead.objects.filter(pk=1).update(
+            seq=event.seq, digest=event.digest, created_at=event.created_at
+        )
     return event
 
 

@@ -46,8 +46,11 @@ __all__ = [
 
 @runtime_checkable
 class Strategy(Protocol):
-    name: str
-    preset: str | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def preset(self) -> str | None: ...
 
     def narrow_limits(self, limits: Limits) -> Limits:
         """The limits in force for this strategy (never looser than `limits`)."""

@@ -66,6 +66,7 @@ class DbCancelToken:
         self._cancelled = False
         self._checked = 0.0
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()
 
     def cancel(self) -> None:
         self._cancelled = True

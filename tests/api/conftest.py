@@ -32,8 +32,20 @@ def api_server(transactional_db: Any, tmp_path: Any) -> Iterator[LiveServer]:
     log = tmp_path / "daphne.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "conductor_web.asgi:application"],
-            cwd=ROOT, env=subprocess_env(), stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "conductor_web.asgi:application",
+            ],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
         _wait_for_port(port, proc, 60, log)

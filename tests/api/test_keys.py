@@ -59,9 +59,22 @@ def test_validation_names_the_field(alpha: Any, team_admin: Any, beta: Any) -> N
 
     foreign = PoolFactory(team=beta, slug="beta-only")
     with pytest.raises(ValidationError) as exc:
-        apikey_create(actor=team_admin, team=alpha, name=" ", role="root",
-                      expires_at=timezone.now() - timedelta(days=1), allowed_pools=[foreign], requests_per_minute=0)
-    assert set(exc.value.message_dict) == {"name", "role", "expires_at", "allowed_pools", "requests_per_minute"}
+        apikey_create(
+            actor=team_admin,
+            team=alpha,
+            name=" ",
+            role="root",
+            expires_at=timezone.now() - timedelta(days=1),
+            allowed_pools=[foreign],
+            requests_per_minute=0,
+        )
+    assert set(exc.value.message_dict) == {
+        "name",
+        "role",
+        "expires_at",
+        "allowed_pools",
+        "requests_per_minute",
+    }
 
 
 def test_authenticate_refuses_revoked_expired_and_forged_keys(alpha: Any, team_admin: Any) -> None:
@@ -95,7 +108,9 @@ def test_denials_are_audited_at_most_once_a_minute_per_reason(alpha: Any, team_a
     for _ in range(5):
         with pytest.raises(ApiKeyInvalid):
             apikey_authenticate(created.plaintext)
-    assert AuditEvent.objects.filter(event_type="apikey.denied", object_id=str(created.api_key.pk)).count() == 1
+    assert (
+        AuditEvent.objects.filter(event_type="apikey.denied", object_id=str(created.api_key.pk)).count() == 1
+    )
 
 
 def test_key_stops_working_when_its_user_leaves_the_team(alpha: Any, team_admin: Any, owner: Any) -> None:
@@ -109,7 +124,9 @@ def test_key_stops_working_when_its_user_leaves_the_team(alpha: Any, team_admin:
 
 def test_management_command_prints_the_key_once(alpha: Any, team_admin: Any) -> None:
     out, err = StringIO(), StringIO()
-    call_command("apikey_create", "--team", "alpha", "--name", "cron", "--role", "read", stdout=out, stderr=err)
+    call_command(
+        "apikey_create", "--team", "alpha", "--name", "cron", "--role", "read", stdout=out, stderr=err
+    )
     plaintext = out.getvalue().strip()
     key = ApiKey.objects.get(name="cron")
     assert plaintext.startswith(f"cw_{key.prefix}_")

@@ -32,7 +32,9 @@ def test_plain_completion_runs_the_conductor_and_links_to_the_graph(
     conductor_fake: Any, api_key: tuple[Any, str], client_for: Any, owner: Any
 ) -> None:
     key, plaintext = api_key
-    raw = client_for(plaintext).chat.completions.with_raw_response.create(model="conductor-mini", messages=PROMPT)
+    raw = client_for(plaintext).chat.completions.with_raw_response.create(
+        model="conductor-mini", messages=PROMPT
+    )
     completion = raw.parse()
     run_id = raw.headers["x-conductor-run"]
 
@@ -42,7 +44,9 @@ def test_plain_completion_runs_the_conductor_and_links_to_the_graph(
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None
     assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
-    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    assert (
+        completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
     conductor = completion.model_extra["conductor"]
     assert conductor["run_id"] == run_id
     assert conductor["url"].endswith(f"/runs/{run_id}/")
@@ -81,7 +85,9 @@ def test_streaming_sends_progress_then_the_answer_and_done(
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["stop"]
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
-    progress = [c.model_extra.get("conductor") for c in chunks if c.choices and c.model_extra.get("conductor")]
+    progress = [
+        c.model_extra.get("conductor") for c in chunks if c.choices and c.model_extra.get("conductor")
+    ]
     started = [p["index"] for p in progress if p.get("event") == "step.started"]
     assert started == [0, 1]
     run_id = chunks[0].model_extra["conductor"]["run_id"]
@@ -90,15 +96,18 @@ def test_streaming_sends_progress_then_the_answer_and_done(
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
 
 
-def test_raw_stream_ends_with_done(conductor_fake: Any, api_key: tuple[Any, str], api_server: Any,
-                                   runtime_workers: Any) -> None:
+def test_raw_stream_ends_with_done(
+    conductor_fake: Any, api_key: tuple[Any, str], api_server: Any, runtime_workers: Any
+) -> None:
     import httpx
 
     _key, plaintext = api_key
     with httpx.stream(
-        "POST", f"{api_server.url}/v1/chat/completions",
+        "POST",
+        f"{api_server.url}/v1/chat/completions",
         json={"model": "conductor-mini", "messages": PROMPT, "stream": True},
-        headers={"Authorization": f"Bearer {plaintext}"}, timeout=90,
+        headers={"Authorization": f"Bearer {plaintext}"},
+        timeout=90,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -108,7 +117,9 @@ def test_raw_stream_ends_with_done(conductor_fake: Any, api_key: tuple[Any, str]
     assert all(line.startswith("data: ") for line in lines)
 
 
-def test_models_lists_presets_and_usable_pools(fake_pool: Any, api_key: tuple[Any, str], client_for: Any) -> None:
+def test_models_lists_presets_and_usable_pools(
+    fake_pool: Any, api_key: tuple[Any, str], client_for: Any
+) -> None:
     _key, plaintext = api_key
     ids = [m.id for m in client_for(plaintext).models.list()]
     assert ids[:2] == ["conductor-mini", "conductor-ultra"]
@@ -124,13 +135,17 @@ def test_bad_or_missing_key_is_authentication_error(fake_pool: Any, client_for: 
         assert exc.value.status_code == 401
         assert exc.value.body["code"] == "invalid_api_key"
     # The SDK refuses to send no key at all; a raw client can.
-    response = httpx.post(f"{api_server.url}/v1/chat/completions", json={"model": "conductor-mini", "messages": PROMPT})
+    response = httpx.post(
+        f"{api_server.url}/v1/chat/completions", json={"model": "conductor-mini", "messages": PROMPT}
+    )
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "missing_api_key"
     assert not Run.objects.exists()
 
 
-def test_revoked_key_is_authentication_error(fake_pool: Any, alpha: Any, team_admin: Any, client_for: Any) -> None:
+def test_revoked_key_is_authentication_error(
+    fake_pool: Any, alpha: Any, team_admin: Any, client_for: Any
+) -> None:
     from apps.api.services import apikey_revoke
 
     created = make_api_key(alpha, principal=team_admin)
@@ -139,7 +154,9 @@ def test_revoked_key_is_authentication_error(fake_pool: Any, alpha: Any, team_ad
         client_for(created.plaintext).models.list()
 
 
-def test_pool_not_allowed_is_permission_denied(fake_pool: Any, alpha: Any, team_admin: Any, client_for: Any) -> None:
+def test_pool_not_allowed_is_permission_denied(
+    fake_pool: Any, alpha: Any, team_admin: Any, client_for: Any
+) -> None:
     from tests.factories.workers import PoolFactory
 
     other = PoolFactory(team=alpha, slug="other", workers=fake_pool.workers)
@@ -181,7 +198,9 @@ def test_invalid_request_is_bad_request_naming_the_field(
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "conductor-mini:no-such-pool", "conductor-max"])
-def test_unknown_model_is_not_found(fake_pool: Any, api_key: tuple[Any, str], client_for: Any, model: str) -> None:
+def test_unknown_model_is_not_found(
+    fake_pool: Any, api_key: tuple[Any, str], client_for: Any, model: str
+) -> None:
     _key, plaintext = api_key
     with pytest.raises(openai.NotFoundError) as exc:
         client_for(plaintext).chat.completions.create(model=model, messages=PROMPT)
@@ -189,8 +208,9 @@ def test_unknown_model_is_not_found(fake_pool: Any, api_key: tuple[Any, str], cl
     assert exc.value.body["param"] == "model"
 
 
-def test_other_teams_pool_is_not_found_not_forbidden(fake_pool: Any, beta: Any, outsider: Any, alpha: Any,
-                                                     team_admin: Any, client_for: Any) -> None:
+def test_other_teams_pool_is_not_found_not_forbidden(
+    fake_pool: Any, beta: Any, outsider: Any, alpha: Any, team_admin: Any, client_for: Any
+) -> None:
     from tests.factories.workers import PoolFactory
 
     PoolFactory(team=beta, slug="beta-pool")
@@ -209,3 +229,60 @@ def test_request_rate_limit_is_rate_limit_error_with_retry_after(
         client.models.list()
     assert exc.value.body["code"] == "rate_limit_exceeded"
     assert 1 <= int(exc.value.response.headers["retry-after"]) <= 60
+
+
+def test_exhausted_budget_is_rate_limit_error_and_calls_no_model(
+    conductor_fake: Any, api_key: tuple[Any, str], client_for: Any, alpha: Any
+) -> None:
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, {"budgets": {"daily": {"hard_usd": "0"}}})
+    _key, plaintext = api_key
+    with pytest.raises(openai.RateLimitError) as exc:
+        client_for(plaintext).chat.completions.create(model="conductor-mini", messages=PROMPT)
+    assert exc.value.body["code"] == "budget_exhausted"
+    assert exc.value.body["type"] == "insufficient_quota"
+    assert int(exc.value.response.headers["retry-after"]) > 0
+    # A refusal is final: the SDKs must not retry it into more refusals.
+    assert exc.value.response.headers["x-should-retry"] == "false"
+    assert conductor_fake.server.chat_requests() == []
+    assert not Run.objects.exists()
+
+
+SECRET = "AKIAIOSFODNN7EXAMPLE"
+
+
+def test_guardrail_block_names_the_rule_never_the_secret(
+    conductor_fake: Any, api_key: tuple[Any, str], client_for: Any, alpha: Any
+) -> None:
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, {"guardrails": {"input": {"secrets": {"enabled": True, "action": "block"}}}})
+    _key, plaintext = api_key
+    with pytest.raises(openai.BadRequestError) as exc:
+        client_for(plaintext).chat.completions.create(
+            model="conductor-mini", messages=[{"role": "user", "content": f"Remember my key {SECRET} please"}]
+        )
+    body = exc.value.response.json()
+    assert body["error"]["code"] == "content_policy_violation"
+    assert "secrets" in body["error"]["message"]
+    assert SECRET not in exc.value.response.text
+    run = Run.objects.get(pk=body["conductor"]["run_id"])
+    assert run.status == "blocked"
+    assert conductor_fake.server.chat_requests() == []
+
+
+def test_guardrail_block_while_streaming_is_an_error_event(
+    conductor_fake: Any, api_key: tuple[Any, str], client_for: Any, alpha: Any
+) -> None:
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, {"guardrails": {"input": {"secrets": {"enabled": True, "action": "block"}}}})
+    _key, plaintext = api_key
+    stream = client_for(plaintext).chat.completions.create(
+        model="conductor-mini", messages=[{"role": "user", "content": f"key {SECRET}"}], stream=True
+    )
+    with pytest.raises(openai.APIError) as exc:
+        list(stream)
+    assert "secrets" in str(exc.value)
+    assert SECRET not in str(exc.value)

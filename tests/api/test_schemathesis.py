@@ -24,11 +24,19 @@ ST = str(Path(sys.executable).with_name("st"))
 def test_schema_is_served_and_valid(api_server: Any) -> None:
     import httpx
 
-    schema = httpx.get(f"{api_server.url}/api/schema/", headers={"Accept": "application/json"}, timeout=30).json()
+    schema = httpx.get(
+        f"{api_server.url}/api/schema/", headers={"Accept": "application/json"}, timeout=30
+    ).json()
     assert schema["openapi"].startswith("3.")
     paths = set(schema["paths"])
-    for expected in ("/api/runs/", "/api/runs/{run_id}/steps/", "/api/audit/events/", "/api/pools/",
-                     "/api/policies/{policy_id}/diff/", "/api/teams/{slug}/keys/"):
+    for expected in (
+        "/api/runs/",
+        "/api/runs/{run_id}/steps/",
+        "/api/audit/events/",
+        "/api/pools/",
+        "/api/policies/{policy_id}/diff/",
+        "/api/teams/{slug}/keys/",
+    ):
         assert expected in paths
     assert "apiKey" in schema["components"]["securitySchemes"]
     docs = httpx.get(f"{api_server.url}/api/docs/", timeout=30)
@@ -36,32 +44,60 @@ def test_schema_is_served_and_valid(api_server: Any) -> None:
     # The interactive docs load their assets from this server (drf-spectacular-sidecar), no CDN.
     assert "cdn." not in docs.text and "/static/drf_spectacular_sidecar/" in docs.text
     asset = docs.text.split("/static/drf_spectacular_sidecar/", 1)[1].split('"', 1)[0]
-    assert httpx.get(f"{api_server.url}/static/drf_spectacular_sidecar/{asset}", timeout=30).status_code == 200
+    assert (
+        httpx.get(f"{api_server.url}/static/drf_spectacular_sidecar/{asset}", timeout=30).status_code == 200
+    )
 
 
 def test_schemathesis_finds_no_server_errors_and_no_schema_violations(
-    api_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any, owner: Any,
+    api_server: Any,
+    runtime_workers: Any,
+    fake_pool: Any,
+    alpha: Any,
+    team_admin: Any,
+    owner: Any,
     tmp_path: Path,
 ) -> None:
-    key = make_api_key(alpha, name="schemathesis", role="admin", principal=team_admin,
-                       requests_per_minute=100_000, tokens_per_minute=100_000_000).plaintext
+    key = make_api_key(
+        alpha,
+        name="schemathesis",
+        role="admin",
+        principal=team_admin,
+        requests_per_minute=100_000,
+        tokens_per_minute=100_000_000,
+    ).plaintext
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL"))}
     result = subprocess.run(
         [
-            ST, "run", f"{api_server.url}/api/schema/",
-            "--checks", "not_a_server_error,response_schema_conformance",
-            "--phases", "examples,coverage,fuzzing",
-            "--max-examples", "5",
-            "--seed", "20261122",
-            "--generation-database", "none",
-            "--request-timeout", "30",
-            "--workers", "1",
+            ST,
+            "run",
+            f"{api_server.url}/api/schema/",
+            "--checks",
+            "not_a_server_error,response_schema_conformance",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "5",
+            "--seed",
+            "20261122",
+            "--generation-database",
+            "none",
+            "--request-timeout",
+            "30",
+            "--workers",
+            "1",
             "--no-color",
-            "-H", f"Authorization: Bearer {key}",
+            "-H",
+            f"Authorization: Bearer {key}",
             # Revoking generated key ids could revoke the key under test mid-run.
-            "--exclude-path-regex", r"/revoke/$",
+            "--exclude-path-regex",
+            r"/revoke/$",
         ],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env=env,
     )
     output = result.stdout + result.stderr
     Path("/tmp/st_out.txt").write_text(output) if os.environ.get("ST_DUMP") else None

@@ -286,3 +286,18 @@ def test_concurrent_writers_leave_one_unbroken_chain() -> None:
     result = verify_chain(key=hmac_key())
     assert result.ok and result.last_seq == len(rows), result
     assert settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+
+@pytest.mark.django_db
+def test_time_never_goes_backwards_along_the_chain() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    (first,) = append_events(1)
+    ahead = timezone.now() + timedelta(minutes=5)  # as if the previous writer's clock ran ahead
+    AuditChainHead.objects.filter(pk=1).update(created_at=ahead)
+    (second,) = append_events(1)
+    assert second.created_at == ahead >= first.created_at
+    assert AuditChainHead.objects.get(pk=1).created_at == ahead
+    assert verify_chain(key=hmac_key()).ok

@@ -100,6 +100,17 @@ def test_review_panel_partial(reviewer: Any, owner: Any, alpha_run: Any) -> None
     )
     assert 'data-testid="review-form"' not in html and 'data-testid="review-history"' in html
 
+    # Included with only ``run`` (as the run page does): reviews and permission come from selectors.
+    request.user = reviewer
+    html = render_to_string("audit/_review_panel.html", {"run": alpha_run}, request=request)
+    assert 'data-testid="review-form"' in html and "&lt;b&gt;bold&lt;/b&gt; claim" in html
+    assert (
+        'name="status" value="flagged"' in html and 'name="reason"' in html and "csrfmiddlewaretoken" in html
+    )
+    request.user = owner
+    html = render_to_string("audit/_review_panel.html", {"run": alpha_run}, request=request)
+    assert 'data-testid="review-form"' not in html and 'data-testid="review-history"' in html
+
 
 @pytest.mark.django_db
 def test_review_queue(client: Any, reviewer: Any, outsider: Any, alpha: Any, beta: Any) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
+import inspect
 import time
 from typing import Any
 
@@ -18,6 +21,19 @@ from conductor_web.routing import websocket_urlpatterns
 from tests.factories.runs import RunEventFactory, RunFactory, StepFactory
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
+
+
+def _in_own_loop(fn: Any) -> Any:
+    """Run an async test on a fresh event loop in its own thread: Playwright's sync API (browser
+    tests in the same session) leaves a loop in the main thread, which pytest-asyncio cannot use."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, fn(*args, **kwargs)).result(timeout=120)
+
+    wrapper.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]  # keep fixtures
+    return wrapper
 
 
 def _app() -> Any:
@@ -49,14 +65,16 @@ def run_with_history(fake_pool: Any, owner: Any, alpha: Any) -> Run:
 
 
 @pytest.mark.parametrize("who", ["outsider", "anonymous"])
+@_in_own_loop
 async def test_a_user_who_may_not_view_is_rejected_before_joining(
     run_with_history: Run, outsider: Any, who: str
 ) -> None:
     user = outsider if who == "outsider" else AnonymousUser()
-    comm, connected, code = await _connect(run_with_history, user)
+    _comm, connected, code = await _connect(run_with_history, user)
     assert not connected and code == 4403
 
 
+@_in_own_loop
 async def test_teammate_reviewer_and_owner_get_the_snapshot(
     run_with_history: Run, owner: Any, teammate: Any, reviewer: Any
 ) -> None:
@@ -72,6 +90,7 @@ async def test_teammate_reviewer_and_owner_get_the_snapshot(
         await comm.disconnect()
 
 
+@_in_own_loop
 async def test_reconnect_after_seq_receives_only_what_was_missed(run_with_history: Run, owner: Any) -> None:
     comm, connected, _ = await _connect(run_with_history, owner, "?after=3")
     assert connected
@@ -82,6 +101,7 @@ async def test_reconnect_after_seq_receives_only_what_was_missed(run_with_histor
     await comm.disconnect()
 
 
+@_in_own_loop
 async def test_live_events_follow_the_snapshot_once_each(run_with_history: Run, owner: Any) -> None:
     comm, connected, _ = await _connect(run_with_history, owner)
     assert connected
@@ -117,6 +137,7 @@ async def test_live_events_follow_the_snapshot_once_each(run_with_history: Run, 
     await comm.disconnect()
 
 
+@_in_own_loop
 async def test_a_gap_in_live_events_is_filled_from_the_database(run_with_history: Run, owner: Any) -> None:
     comm, connected, _ = await _connect(run_with_history, owner, "?after=5")
     assert connected

@@ -4,30 +4,40 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(max_length=16, unique=True)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('role', models.CharField(choices=[('run', 'Run requests'), ('read', 'Read only'), ('admin', 'Admin')], default='run', max_length=8)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('requests_per_minute', models.PositiveIntegerField(default=60)),
-                ('tokens_per_minute', models.PositiveIntegerField(default=100000)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100)),
+                ("prefix", models.CharField(max_length=16, unique=True)),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("run", "Run requests"), ("read", "Read only"), ("admin", "Admin")],
+                        default="run",
+                        max_length=8,
+                    ),
+                ),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("requests_per_minute", models.PositiveIntegerField(default=60)),
+                ("tokens_per_minute", models.PositiveIntegerField(default=100000)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['team', '-created_at'],
+                "ordering": ["team", "-created_at"],
             },
         ),
     ]

@@ -6,30 +6,37 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('api', '0001_initial'),
-        ('governance', '0001_initial'),
-        ('workers', '0001_initial'),
+        ("api", "0001_initial"),
+        ("governance", "0001_initial"),
+        ("workers", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='apikey',
-            name='allowed_pools',
-            field=models.ManyToManyField(blank=True, related_name='+', to='workers.pool'),
+            model_name="apikey",
+            name="allowed_pools",
+            field=models.ManyToManyField(blank=True, related_name="+", to="workers.pool"),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='created_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            model_name="apikey",
+            name="created_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='apikey',
-            name='team',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to='governance.team'),
+            model_name="apikey",
+            name="team",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="api_keys", to="governance.team"
+            ),
         ),
     ]

@@ -12,8 +12,8 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.exceptions import ValidationError
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -31,9 +31,24 @@ class AuditEventOutput(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = [
-            "seq", "created_at", "event_type", "kind", "actor", "actor_label", "api_key_id", "ip", "user_agent",
-            "team", "object_type", "object_id", "object_repr", "run_id", "policy_version_id", "payload",
-            "prev_digest", "digest",
+            "seq",
+            "created_at",
+            "event_type",
+            "kind",
+            "actor",
+            "actor_label",
+            "api_key_id",
+            "ip",
+            "user_agent",
+            "team",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "run_id",
+            "policy_version_id",
+            "payload",
+            "prev_digest",
+            "digest",
         ]
 
 
@@ -49,8 +64,9 @@ class AuditEventList(ApiListView):
 class AuditEventDetail(ApiView):
     @extend_schema(responses=AuditEventOutput)
     def get(self, request: Request, seq: int) -> Response:
-        event = get_object_or_404(api_sel.audit_events_for(request.user, self.key).select_related("actor", "team"),
-                                  seq=seq)
+        event = get_object_or_404(
+            api_sel.audit_events_for(request.user, self.key).select_related("actor", "team"), seq=seq
+        )
         return Response(AuditEventOutput(event).data)
 
 
@@ -74,7 +90,10 @@ class AuditExport(ApiView):
             OpenApiParameter("format", str, enum=["csv", "jsonl"], default="jsonl"),
             *[OpenApiParameter(name, str) for name in FILTER_PARAMS],
         ],
-        responses={(200, "application/x-ndjson"): OpenApiTypes.BINARY, (200, "text/csv"): OpenApiTypes.BINARY},
+        responses={
+            (200, "application/x-ndjson"): OpenApiTypes.BINARY,
+            (200, "text/csv"): OpenApiTypes.BINARY,
+        },
     )
     def get(self, request: Request) -> Any:
         from apps.audit import export

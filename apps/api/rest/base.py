@@ -31,10 +31,14 @@ class KeyRolePermission(permissions.BasePermission):
         key = request_key(request)
         if key is None:
             return True
-        needed = getattr(view, "key_role", None) or ("read" if request.method in permissions.SAFE_METHODS else "admin")
+        needed = getattr(view, "key_role", None) or (
+            "read" if request.method in permissions.SAFE_METHODS else "admin"
+        )
         if key_allows(key, needed):
             return True
-        apikey_record_denied(api_key=key, reason="insufficient_role", detail=f"{request.method} {request.path}")
+        apikey_record_denied(
+            api_key=key, reason="insufficient_role", detail=f"{request.method} {request.path}"
+        )
         self.message = f"This API key has the role '{key.role}'; this operation needs '{needed}'."
         return False
 

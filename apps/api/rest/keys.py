@@ -25,8 +25,20 @@ class ApiKeyOutput(serializers.ModelSerializer):
     class Meta:
         model = ApiKey
         fields = [
-            "id", "team", "name", "prefix", "role", "allowed_pools", "expires_at", "requests_per_minute",
-            "tokens_per_minute", "acts_as", "created_at", "last_used_at", "revoked_at", "active",
+            "id",
+            "team",
+            "name",
+            "prefix",
+            "role",
+            "allowed_pools",
+            "expires_at",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "acts_as",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "active",
         ]
 
     def get_acts_as(self, obj: ApiKey) -> str | None:
@@ -49,8 +61,12 @@ class ApiKeyCreateInput(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     role = serializers.ChoiceField(choices=ApiKeyRole.choices, default=ApiKeyRole.RUN)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    allowed_pools = serializers.ListField(child=serializers.SlugField(), required=False, default=list,
-                                          help_text="Pool slugs; empty = every pool the team may use.")
+    allowed_pools = serializers.ListField(
+        child=serializers.SlugField(),
+        required=False,
+        default=list,
+        help_text="Pool slugs; empty = every pool the team may use.",
+    )
     requests_per_minute = serializers.IntegerField(min_value=1, max_value=MAX_RPM, required=False)
     tokens_per_minute = serializers.IntegerField(min_value=1, max_value=MAX_TPM, required=False)
 
@@ -73,7 +89,11 @@ class ApiKeyListCreate(ApiListView):
         if getattr(self, "swagger_fake_view", False):
             return ApiKey.objects.none()
         team = _managed_team(self, self.kwargs["slug"])
-        return ApiKey.objects.filter(team=team).select_related("team", "created_by").prefetch_related("allowed_pools")
+        return (
+            ApiKey.objects.filter(team=team)
+            .select_related("team", "created_by")
+            .prefetch_related("allowed_pools")
+        )
 
     @extend_schema(request=ApiKeyCreateInput, responses={201: ApiKeyCreatedOutput})
     def post(self, request: Request, slug: str) -> Response:

@@ -22,7 +22,16 @@ class PolicyVersionSummaryOutput(serializers.ModelSerializer):
 
     class Meta:
         model = PolicyVersion
-        fields = ["id", "number", "status", "note", "created_by", "created_at", "published_by", "published_at"]
+        fields = [
+            "id",
+            "number",
+            "status",
+            "note",
+            "created_by",
+            "created_at",
+            "published_by",
+            "published_at",
+        ]
 
 
 class PolicyVersionOutput(PolicyVersionSummaryOutput):
@@ -73,21 +82,28 @@ def spec_errors(exc: Any) -> ValidationError:
 
 
 def visible_policy(view: ApiView, policy_id: int) -> Policy:
-    return get_object_or_404(api_sel.policies_for(view.request.user, view.key).select_related("team"), pk=policy_id)
+    return get_object_or_404(
+        api_sel.policies_for(view.request.user, view.key).select_related("team"), pk=policy_id
+    )
 
 
 def policy_version(policy: Policy, number: int) -> PolicyVersion:
-    return get_object_or_404(PolicyVersion.objects.select_related("created_by", "published_by"), policy=policy,
-                             number=number)
+    return get_object_or_404(
+        PolicyVersion.objects.select_related("created_by", "published_by"), policy=policy, number=number
+    )
 
 
 class PolicyList(ApiListView):
     serializer_class = PolicyOutput
 
     def get_queryset(self) -> Any:
-        return (api_sel.policies_for(self.request.user, self.key)
-                .select_related("team", "current_version", "current_version__created_by",
-                                "current_version__published_by").order_by("pk"))
+        return (
+            api_sel.policies_for(self.request.user, self.key)
+            .select_related(
+                "team", "current_version", "current_version__created_by", "current_version__published_by"
+            )
+            .order_by("pk")
+        )
 
 
 class PolicyDetail(ApiView):
@@ -116,8 +132,12 @@ class PolicyVersionListCreate(ApiListView):
         if not isinstance(data.validated_data["spec"], dict):
             raise ValidationError({"spec": ["The spec must be a JSON object."]})
         try:
-            draft = policy_save_draft(actor=request.user, policy=policy, spec=data.validated_data["spec"],
-                                      note=data.validated_data["note"])
+            draft = policy_save_draft(
+                actor=request.user,
+                policy=policy,
+                spec=data.validated_data["spec"],
+                note=data.validated_data["note"],
+            )
         except SpecError as exc:
             raise spec_errors(exc) from None
         return Response(PolicyVersionOutput(draft).data, status=status.HTTP_201_CREATED)
@@ -181,5 +201,11 @@ class PolicyDiff(ApiView):
             raise ValidationError(errors)
         old = policy_version(policy, numbers["from"])
         new = policy_version(policy, numbers["to"])
-        return Response({"policy": policy.pk, "from_version": old.number, "to_version": new.number,
-                         "changes": policy_diff(old, new)})
+        return Response(
+            {
+                "policy": policy.pk,
+                "from_version": old.number,
+                "to_version": new.number,
+                "changes": policy_diff(old, new),
+            }
+        )

@@ -26,8 +26,20 @@ class ProviderOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Provider
-        fields = ["id", "slug", "name", "kind", "team", "base_url", "model_path", "api_key_env", "api_key_set",
-                  "api_key_hint", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "kind",
+            "team",
+            "base_url",
+            "model_path",
+            "api_key_env",
+            "api_key_set",
+            "api_key_hint",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_api_key_set(self, obj: Provider) -> bool:
         return bool(obj.api_key_encrypted)
@@ -40,12 +52,15 @@ class ProviderCreateInput(serializers.Serializer):
     slug = serializers.SlugField(max_length=50)
     name = serializers.CharField(max_length=100)
     kind = serializers.ChoiceField(choices=ProviderKind.choices)
-    team = serializers.SlugField(required=False, allow_null=True, help_text="Owning team slug; null = platform.")
+    team = serializers.SlugField(
+        required=False, allow_null=True, help_text="Owning team slug; null = platform."
+    )
     base_url = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
     model_path = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     api_key_env = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    api_key = serializers.CharField(required=False, allow_blank=True, write_only=True,
-                                    help_text="Stored encrypted; never returned.")
+    api_key = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, help_text="Stored encrypted; never returned."
+    )
 
 
 class ProviderUpdateInput(serializers.Serializer):
@@ -53,8 +68,12 @@ class ProviderUpdateInput(serializers.Serializer):
     base_url = serializers.CharField(max_length=300, required=False, allow_blank=True)
     model_path = serializers.CharField(max_length=500, required=False, allow_blank=True)
     api_key_env = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    api_key = serializers.CharField(required=False, allow_blank=True, write_only=True,
-                                    help_text="A new key (write-only); empty keeps the stored one.")
+    api_key = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        write_only=True,
+        help_text="A new key (write-only); empty keeps the stored one.",
+    )
     clear_api_key = serializers.BooleanField(required=False, default=False)
 
 
@@ -71,7 +90,9 @@ class ProviderListCreate(ApiListView):
     serializer_class = ProviderOutput
 
     def get_queryset(self) -> Any:
-        return api_sel.providers_visible_for(self.request.user, self.key).select_related("team").order_by("slug")
+        return (
+            api_sel.providers_visible_for(self.request.user, self.key).select_related("team").order_by("slug")
+        )
 
     @extend_schema(request=ProviderCreateInput, responses={201: ProviderOutput})
     def post(self, request: Request) -> Response:
@@ -102,8 +123,9 @@ class ProviderDetail(ApiView):
         provider = self._provider(slug)
         data = ProviderUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(ProviderOutput(provider_update(actor=request.user, provider=provider,
-                                                       **data.validated_data)).data)
+        return Response(
+            ProviderOutput(provider_update(actor=request.user, provider=provider, **data.validated_data)).data
+        )
 
 
 # --- workers -----------------------------------------------------------------------------------------
@@ -116,10 +138,29 @@ class WorkerOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Worker
-        fields = ["id", "slug", "display_name", "provider", "model_name", "strengths", "tags", "cost_rank",
-                  "context_window", "max_output_tokens", "input_price_per_mtok", "output_price_per_mtok",
-                  "timeout_s", "fallback", "enabled", "health_status", "health_detail", "health_latency_ms",
-                  "health_checked_at", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "display_name",
+            "provider",
+            "model_name",
+            "strengths",
+            "tags",
+            "cost_rank",
+            "context_window",
+            "max_output_tokens",
+            "input_price_per_mtok",
+            "output_price_per_mtok",
+            "timeout_s",
+            "fallback",
+            "enabled",
+            "health_status",
+            "health_detail",
+            "health_latency_ms",
+            "health_checked_at",
+            "created_at",
+            "updated_at",
+        ]
 
 
 class _WorkerFields(serializers.Serializer):
@@ -130,12 +171,16 @@ class _WorkerFields(serializers.Serializer):
     cost_rank = serializers.IntegerField(min_value=1, max_value=5, required=False)
     context_window = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False)
     max_output_tokens = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False)
-    input_price_per_mtok = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0,
-                                                    required=False, allow_null=True)
-    output_price_per_mtok = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0,
-                                                     required=False, allow_null=True)
+    input_price_per_mtok = serializers.DecimalField(
+        max_digits=12, decimal_places=6, min_value=0, required=False, allow_null=True
+    )
+    output_price_per_mtok = serializers.DecimalField(
+        max_digits=12, decimal_places=6, min_value=0, required=False, allow_null=True
+    )
     timeout_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
-    fallback = serializers.SlugField(required=False, allow_null=True, help_text="Slug of the fallback worker.")
+    fallback = serializers.SlugField(
+        required=False, allow_null=True, help_text="Slug of the fallback worker."
+    )
     enabled = serializers.BooleanField(required=False)
 
 
@@ -173,8 +218,11 @@ class WorkerListCreate(ApiListView):
     serializer_class = WorkerOutput
 
     def get_queryset(self) -> Any:
-        return (api_sel.workers_visible_for(self.request.user, self.key)
-                .select_related("provider", "fallback").order_by("slug"))
+        return (
+            api_sel.workers_visible_for(self.request.user, self.key)
+            .select_related("provider", "fallback")
+            .order_by("slug")
+        )
 
     @extend_schema(request=WorkerCreateInput, responses={201: WorkerOutput})
     def post(self, request: Request) -> Response:
@@ -183,7 +231,9 @@ class WorkerListCreate(ApiListView):
         data = WorkerCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
-        provider = api_sel.providers_visible_for(request.user, self.key).filter(slug=v.pop("provider")).first()
+        provider = (
+            api_sel.providers_visible_for(request.user, self.key).filter(slug=v.pop("provider")).first()
+        )
         if provider is None:
             raise ValidationError({"provider": ["No provider with this slug that you can see."]})
         _resolve_fallback(self, v)
@@ -235,8 +285,20 @@ class PoolOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Pool
-        fields = ["id", "slug", "name", "description", "team", "workers", "default_worker", "conductor_worker",
-                  "enabled", "usable", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "description",
+            "team",
+            "workers",
+            "default_worker",
+            "conductor_worker",
+            "enabled",
+            "usable",
+            "created_at",
+            "updated_at",
+        ]
 
     def get_workers(self, obj: Pool) -> list[str]:
         return [e.worker.slug for e in sorted(obj.pool_workers.all(), key=lambda e: e.position)]
@@ -249,8 +311,9 @@ class PoolOutput(serializers.ModelSerializer):
 class _PoolFields(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True)
-    workers = serializers.ListField(child=serializers.SlugField(), required=False,
-                                    help_text="Worker slugs in plan order.")
+    workers = serializers.ListField(
+        child=serializers.SlugField(), required=False, help_text="Worker slugs in plan order."
+    )
     default_worker = serializers.SlugField(required=False, allow_null=True)
     conductor_worker = serializers.SlugField(required=False, allow_null=True)
     enabled = serializers.BooleanField(required=False)
@@ -258,7 +321,9 @@ class _PoolFields(serializers.Serializer):
 
 class PoolCreateInput(_PoolFields):
     slug = serializers.SlugField(max_length=50)
-    team = serializers.SlugField(required=False, allow_null=True, help_text="Owning team; null = platform pool.")
+    team = serializers.SlugField(
+        required=False, allow_null=True, help_text="Owning team; null = platform pool."
+    )
 
 
 class PoolUpdateInput(_PoolFields):
@@ -290,16 +355,21 @@ def _resolve_pool_workers(view: ApiView, v: dict[str, Any]) -> None:
 
 
 def _pool_context(view: ApiView) -> dict[str, Any]:
-    return {"usable_ids": set(api_sel.pools_usable_for(view.request.user, view.key).values_list("pk", flat=True))}
+    return {
+        "usable_ids": set(api_sel.pools_usable_for(view.request.user, view.key).values_list("pk", flat=True))
+    }
 
 
 class PoolListCreate(ApiListView):
     serializer_class = PoolOutput
 
     def get_queryset(self) -> Any:
-        return (api_sel.pools_visible_for(self.request.user, self.key)
-                .select_related("team", "default_worker", "conductor_worker")
-                .prefetch_related("pool_workers__worker").order_by("slug"))
+        return (
+            api_sel.pools_visible_for(self.request.user, self.key)
+            .select_related("team", "default_worker", "conductor_worker")
+            .prefetch_related("pool_workers__worker")
+            .order_by("slug")
+        )
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), **_pool_context(self)}

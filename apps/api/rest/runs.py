@@ -44,10 +44,36 @@ class RunOutput(serializers.ModelSerializer):
     class Meta:
         model = Run
         fields = [
-            "id", "url", "team", "pool", "created_by", "api_key", "source", "strategy", "preset", "worker",
-            "classification", "policy_version", "question", "answer", "answer_held", "status", "status_reason",
-            "error", "review_status", "input_tokens", "output_tokens", "cost_usd", "priced", "latency_ms",
-            "step_count", "last_seq", "cancel_requested", "created_at", "started_at", "finished_at",
+            "id",
+            "url",
+            "team",
+            "pool",
+            "created_by",
+            "api_key",
+            "source",
+            "strategy",
+            "preset",
+            "worker",
+            "classification",
+            "policy_version",
+            "question",
+            "answer",
+            "answer_held",
+            "status",
+            "status_reason",
+            "error",
+            "review_status",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "priced",
+            "latency_ms",
+            "step_count",
+            "last_seq",
+            "cancel_requested",
+            "created_at",
+            "started_at",
+            "finished_at",
             "payload_erased_at",
         ]
 
@@ -60,7 +86,9 @@ class RunOutput(serializers.ModelSerializer):
 
 class RunSummaryOutput(RunOutput):
     class Meta(RunOutput.Meta):
-        fields = [f for f in RunOutput.Meta.fields if f not in ("question", "answer", "error", "status_reason")]
+        fields = [
+            f for f in RunOutput.Meta.fields if f not in ("question", "answer", "error", "status_reason")
+        ]
 
 
 class MessageOutput(serializers.Serializer):
@@ -76,9 +104,25 @@ class StepOutput(serializers.ModelSerializer):
     class Meta:
         model = Step
         fields = [
-            "index", "round", "worker", "worker_key", "worker_name", "instruction", "access", "messages", "output",
-            "status", "error", "fallback_from", "input_tokens", "output_tokens", "cost_usd", "priced", "latency_ms",
-            "started_at", "finished_at",
+            "index",
+            "round",
+            "worker",
+            "worker_key",
+            "worker_name",
+            "instruction",
+            "access",
+            "messages",
+            "output",
+            "status",
+            "error",
+            "fallback_from",
+            "input_tokens",
+            "output_tokens",
+            "cost_usd",
+            "priced",
+            "latency_ms",
+            "started_at",
+            "finished_at",
         ]
 
 
@@ -92,18 +136,22 @@ class RunEventOutput(serializers.ModelSerializer):
 
 class RunCreateInput(serializers.Serializer):
     question = serializers.CharField(max_length=32_000, trim_whitespace=True)
-    team = serializers.SlugField(required=False, help_text="Team slug; default: the key's team / your first team.")
+    team = serializers.SlugField(
+        required=False, help_text="Team slug; default: the key's team / your first team."
+    )
     pool = serializers.SlugField(required=False, help_text="Pool slug; default: the team's default pool.")
     strategy = serializers.ChoiceField(choices=Strategy.choices, default=Strategy.CONDUCTOR)
     preset = serializers.ChoiceField(choices=[Preset.MINI, Preset.ULTRA], default=Preset.MINI)
     worker = serializers.SlugField(required=False, help_text="For the single strategy: the worker's slug.")
-    classification = serializers.ChoiceField(choices=["", "public", "internal", "confidential"], required=False,
-                                             default="")
+    classification = serializers.ChoiceField(
+        choices=["", "public", "internal", "confidential"], required=False, default=""
+    )
 
 
 class ReviewInput(serializers.Serializer):
-    status = serializers.ChoiceField(choices=[ReviewStatus.APPROVED, ReviewStatus.FLAGGED,
-                                              ReviewStatus.NEEDS_FOLLOW_UP])
+    status = serializers.ChoiceField(
+        choices=[ReviewStatus.APPROVED, ReviewStatus.FLAGGED, ReviewStatus.NEEDS_FOLLOW_UP]
+    )
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
     comment = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
 
@@ -125,7 +173,9 @@ class RunRefusedError(APIException):
 
     def __init__(self, refused: Any) -> None:
         self.status_code = {
-            "budget_exhausted": 429, "pool_not_allowed": 403, "pool_unavailable": 503,
+            "budget_exhausted": 429,
+            "pool_not_allowed": 403,
+            "pool_unavailable": 503,
         }.get(refused.code, 400)
         super().__init__(detail={"detail": refused.message, "code": refused.code}, code=refused.code)
         self.wait = refused.retry_after_s
@@ -154,8 +204,9 @@ class RunFilter(django_filters.FilterSet):
 
 def visible_run(view: ApiView, run_id: Any) -> Run:
     return get_object_or_404(
-        api_sel.runs_for(view.request.user, view.key).select_related("team", "pool", "created_by", "api_key",
-                                                                    "worker"),
+        api_sel.runs_for(view.request.user, view.key).select_related(
+            "team", "pool", "created_by", "api_key", "worker"
+        ),
         pk=run_id,
     )
 
@@ -169,9 +220,11 @@ class RunListCreate(ApiListView):
         return "run" if self.request.method == "POST" else "read"
 
     def get_queryset(self) -> Any:
-        return (api_sel.runs_for(self.request.user, self.key)
-                .select_related("team", "pool", "created_by", "api_key", "worker")
-                .order_by("-created_at", "-pk"))
+        return (
+            api_sel.runs_for(self.request.user, self.key)
+            .select_related("team", "pool", "created_by", "api_key", "worker")
+            .order_by("-created_at", "-pk")
+        )
 
     @extend_schema(request=RunCreateInput, responses={201: RunOutput})
     def post(self, request: Request) -> Response:
@@ -196,7 +249,10 @@ class RunListCreate(ApiListView):
                 raise ValidationError({"pool": ["No pool with this slug that you can see."]})
         elif self.key is not None:
             pool = self.key.team.default_pool
-        if pool is not None and not api_sel.pools_usable_for(request.user, self.key).filter(pk=pool.pk).exists():
+        if (
+            pool is not None
+            and not api_sel.pools_usable_for(request.user, self.key).filter(pk=pool.pk).exists()
+        ):
             from rest_framework.exceptions import PermissionDenied
 
             raise PermissionDenied(f"You may not run on the pool '{pool.slug}'.")

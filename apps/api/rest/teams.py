@@ -40,8 +40,9 @@ class TeamCreateInput(serializers.Serializer):
 class TeamUpdateInput(serializers.Serializer):
     name = serializers.CharField(max_length=100, required=False)
     retention_days = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    default_pool = serializers.SlugField(required=False, allow_null=True,
-                                         help_text="Slug of a pool granted to the team, or null.")
+    default_pool = serializers.SlugField(
+        required=False, allow_null=True, help_text="Slug of a pool granted to the team, or null."
+    )
 
 
 class MembershipOutput(serializers.ModelSerializer):
@@ -130,7 +131,9 @@ class MemberListCreate(ApiListView):
         user = get_user_model().objects.filter(username=data.validated_data["username"]).first()
         if user is None:
             raise ValidationError({"username": ["No user with this username."]})
-        membership = membership_set(actor=request.user, team=team, user=user, role=data.validated_data["role"])
+        membership = membership_set(
+            actor=request.user, team=team, user=user, role=data.validated_data["role"]
+        )
         return Response(MembershipOutput(membership).data, status=status.HTTP_201_CREATED)
 
 
@@ -150,8 +153,9 @@ class MemberDetail(ApiView):
         membership = self._membership(slug, username)
         data = MembershipRoleInput(data=request.data)
         data.is_valid(raise_exception=True)
-        updated = membership_set(actor=request.user, team=membership.team, user=membership.user,
-                                 role=data.validated_data["role"])
+        updated = membership_set(
+            actor=request.user, team=membership.team, user=membership.user, role=data.validated_data["role"]
+        )
         return Response(MembershipOutput(updated).data)
 
     @extend_schema(responses={204: None})

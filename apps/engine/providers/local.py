@@ -108,7 +108,7 @@ def _prompt_counter(llm: Any) -> Callable[[list[Message]], int]:
     )
 
     def exact(messages: list[Message]) -> int:
-        res = formatter(messages=messages)
+        res = formatter(messages=messages)  # type: ignore[arg-type]
         return len(llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True))
 
     return exact

@@ -34,15 +34,20 @@ def _genai_unit_prices(model: str, provider_id: str | None, api_url: str | None)
         from genai_prices import calc_price
     except ImportError:  # pragma: no cover — declared dependency
         return None
+    def price(usage: GUsage) -> Decimal:
+        if api_url is not None:
+            return Decimal(calc_price(usage, model, provider_api_url=api_url).total_price)
+        return Decimal(calc_price(usage, model, provider_id=provider_id).total_price)
+
     try:
-        inp = calc_price(GUsage(input_tokens=1_000_000, output_tokens=0), model, provider_id=provider_id, provider_api_url=api_url)
-        out = calc_price(GUsage(input_tokens=0, output_tokens=1_000_000), model, provider_id=provider_id, provider_api_url=api_url)
+        inp = price(GUsage(input_tokens=1_000_000, output_tokens=0))
+        out = price(GUsage(input_tokens=0, output_tokens=1_000_000))
     except LookupError:
         return None
     except Exception:  # a data problem in the price table must not fail a run
         logger.warning("genai-prices failed for model %r", model, exc_info=True)
         return None
-    return Decimal(inp.total_price) / MTOK, Decimal(out.total_price) / MTOK
+    return inp / MTOK, out / MTOK
 
 
 def price_call(info: WorkerInfo, usage: Usage, *, model: str | None = None, base_url: str | None = None) -> tuple[Decimal | None, bool]:

@@ -21,8 +21,13 @@ class Command(BaseCommand):
         parser.add_argument("--team", required=True, help="Team slug")
         parser.add_argument("--name", required=True, help="What the key is for")
         parser.add_argument("--role", default=ApiKeyRole.RUN, choices=ApiKeyRole.values)
-        parser.add_argument("--pool", action="append", default=[], dest="pools",
-                            help="Allowed pool slug (repeat; default: every pool the team may use)")
+        parser.add_argument(
+            "--pool",
+            action="append",
+            default=[],
+            dest="pools",
+            help="Allowed pool slug (repeat; default: every pool the team may use)",
+        )
         parser.add_argument("--expires", help="Expiry, ISO 8601 (e.g. 2027-01-31T00:00)")
         parser.add_argument("--user", help="Username the key acts for (default: the team's first admin)")
         parser.add_argument("--rpm", type=int, help="Requests per minute")

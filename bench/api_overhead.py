@@ -1,0 +1,270 @@
+"""Request overhead of ``POST /v1/chat/completions`` with an instant worker, vs. the engine alone.
+
+Not a test: prints figures for bench/API.md. A loopback fake OpenAI server answers every call at
+once (the conductor's plan: 2 steps; each worker: a short answer), so what is measured is the
+product's own cost per request: key authentication and rate limit, validation, ``run_create``
+(policy, budget, Run row, audit event), dispatch (thread pool or Celery), the engine with the
+Django sink (RunEvent/Step/Run rows, audit events, channel publish per event) and the wait for
+the run's end. The same request through ``apps.engine.runner.run_request`` with a null sink in
+this process is the baseline ("engine").
+
+    .venv/bin/python bench/api_overhead.py --mode embedded
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/conductor_api_bench \\
+      REDIS_URL=redis://127.0.0.1:6379/1 CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \\
+      .venv/bin/python bench/api_overhead.py --mode distributed
+
+Embedded uses its own SQLite file (recreated). Distributed recreates the PostgreSQL database named
+in DATABASE_URL and consumes its own Celery queue, so it never touches other data or workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
+parser.add_argument("--concurrency", default="1,10,50")
+parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(60, 4*c))")
+parser.add_argument("--celery-concurrency", type=int, default=16)
+parser.add_argument(
+    "--shared-ssl",
+    action="store_true",
+    help="experiment: reuse one SSL context for every provider client (see bench/API.md)",
+)
+ARGS = parser.parse_args()
+
+# Each OpenAI client builds a fresh SSL context (loading the CA bundle: ~60 ms of CPU under the
+# GIL) and the product builds one client per worker twice per run. --shared-ssl measures the
+# product with that cost removed, by caching the context in the bench processes only.
+SHARED_SSL = (
+    "import functools, httpcore2\n"
+    "httpcore2.default_ssl_context = functools.lru_cache(maxsize=4)(httpcore2.default_ssl_context)\n"
+    if ARGS.shared_ssl
+    else ""
+)
+
+SETTINGS_DIR = Path("/tmp/conductor_api_bench")
+SETTINGS_DIR.mkdir(exist_ok=True)
+(SETTINGS_DIR / "api_bench_settings.py").write_text(
+    "from conductor_web.settings.local import *  # noqa\n"
+    "DEBUG = False\n"
+    "CELERY_TASK_DEFAULT_QUEUE = 'api_bench'\n"
+    "LOGGING['root']['level'] = 'WARNING'\n" + SHARED_SSL
+)
+sys.path.insert(0, str(SETTINGS_DIR))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SETTINGS_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")])
+os.environ["DJANGO_SETTINGS_MODULE"] = "api_bench_settings"
+
+if ARGS.mode == "embedded":
+    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
+        os.environ.pop(var, None)
+    db_file = Path("/tmp/conductor_api_bench.sqlite3")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_file}{suffix}").unlink(missing_ok=True)
+    os.environ["DATABASE_URL"] = f"sqlite:///{db_file}"
+else:
+    missing = [v for v in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL") if not os.environ.get(v)]
+    if missing:
+        sys.exit(f"--mode distributed needs {', '.join(missing)}")
+    import psycopg
+
+    url = urlparse(os.environ["DATABASE_URL"])
+    name = url.path.lstrip("/")
+    if not name.endswith("_bench"):
+        sys.exit("use a database whose name ends with _bench: it is dropped and recreated")
+    admin = url._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+import django  # noqa: E402
+
+django.setup()
+
+import httpx  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from apps.api.services import apikey_create  # noqa: E402
+from apps.governance.services import membership_set, team_create, team_set_default_pool  # noqa: E402
+from apps.workers.services import pool_create, provider_create, worker_create  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+
+PLAN = 'model_id = [0, 1]\nsubtasks = ["Solve.", "Check and answer."]\naccess_list = [[], [0]]'
+
+
+def responder(request: dict[str, Any]) -> str:
+    return PLAN if request.get("model") == "conductor" else "42"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("apibench", password=uuid.uuid4().hex)
+    team = team_create(actor=None, slug="apibench", name="API bench")
+    membership_set(actor=None, team=team, user=user, role="admin")
+    provider = provider_create(actor=None, team=team, slug="apibench", name="Instant fake",
+                               kind="openai_compatible", base_url=server.base_url, api_key="sk-bench-0000")
+    workers = [worker_create(actor=None, provider=provider, slug=f"apibench-{i}", display_name=f"W{i}",
+                             model_name=f"w{i}", timeout_s=30) for i in range(2)]
+    conductor = worker_create(actor=None, provider=provider, slug="apibench-c", display_name="C",
+                              model_name="conductor", timeout_s=30)
+    pool = pool_create(actor=None, team=team, slug="apibench", name="Bench pool", workers=workers,
+                       default_worker=workers[0], conductor_worker=conductor)
+    team_set_default_pool(actor=None, team=team, pool=pool)
+    key = apikey_create(actor=None, team=team, name="bench", principal=user,
+                        requests_per_minute=100_000, tokens_per_minute=100_000_000)
+    return pool, key.plaintext
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit("daphne exited early")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit("daphne did not start")
+
+
+def start_processes(log_dir: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "conductor_web.asgi:application"],
+        cwd=ROOT, stdout=(log_dir / "daphne.log").open("wb"), stderr=subprocess.STDOUT,
+    )]
+    wait_port(port, procs[0])
+    if ARGS.mode == "distributed":
+        log = log_dir / "celery.log"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "-l", "warning", "-Q", "api_bench",
+             "--pool", "threads", "--concurrency", str(ARGS.celery_concurrency), "--without-gossip",
+             "--without-mingle", "-n", f"apibench-{os.getpid()}@%h"],
+            cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        ))
+        time.sleep(4)  # the worker logs nothing at -l warning; give it time to connect
+    return f"http://127.0.0.1:{port}", procs
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def api_level(base: str, key: str, concurrency: int, total: int) -> list[float]:
+    latencies: list[float] = []
+    failures: list[str] = []
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(total):
+        queue.put_nowait(i)
+    body = {"model": "conductor-mini", "messages": [{"role": "user", "content": "What is 6*7?"}]}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=300,
+                                 limits=limits) as client:
+
+        async def worker() -> None:
+            while True:
+                try:
+                    queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                started = time.perf_counter()
+                response = await client.post("/v1/chat/completions", json=body)
+                elapsed = time.perf_counter() - started
+                if response.status_code != 200 or response.json()["choices"][0]["message"]["content"] != "42":
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+                else:
+                    latencies.append(elapsed * 1000)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    if failures:
+        print(f"  {len(failures)} failed requests, e.g. {failures[0]}", file=sys.stderr)
+    return latencies
+
+
+def engine_level(pool: Any, concurrency: int, total: int) -> list[float]:
+    from apps.engine.events import NullSink
+    from apps.engine.runner import run_request
+    from apps.engine.strategies import build_strategy
+    from apps.runs import integration
+
+    engine_pool = integration.build_pool(pool)
+
+    def one(_: int) -> float:
+        started = time.perf_counter()
+        result = run_request(run_id=str(uuid.uuid4()), question="What is 6*7?", pool=engine_pool,
+                             strategy=build_strategy("conductor", preset="mini"), sink=NullSink())
+        assert result.answer == "42", result.to_dict()
+        return (time.perf_counter() - started) * 1000
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool_exec:
+        return list(pool_exec.map(one, range(total)))
+
+
+def main() -> None:
+    server = FakeOpenAIServer(responder)
+    server.start()
+    pool, key = setup_data(server)
+    log_dir = Path("/tmp/conductor_api_bench")
+    base, procs = start_processes(log_dir)
+    rows = []
+    try:
+        asyncio.run(api_level(base, key, 2, 6))  # warm-up: imports, connections, first runs
+        for concurrency in [int(c) for c in ARGS.concurrency.split(",")]:
+            total = ARGS.requests or max(60, 4 * concurrency)
+            started = time.perf_counter()
+            api = asyncio.run(api_level(base, key, concurrency, total))
+            api_wall = time.perf_counter() - started
+            engine_level(pool, concurrency, min(total, 10))  # warm-up
+            started = time.perf_counter()
+            engine = engine_level(pool, concurrency, total)
+            engine_wall = time.perf_counter() - started
+            rows.append((concurrency, total, api, api_wall, engine, engine_wall))
+            print(f"c={concurrency}: api p50 {statistics.median(api):.1f} ms, engine p50 "
+                  f"{statistics.median(engine):.1f} ms", file=sys.stderr)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.stop()
+    print(f"\nmode: {ARGS.mode}{' --shared-ssl' if ARGS.shared_ssl else ''}  (run threads in daphne: {os.environ.get('RUN_THREAD_WORKERS', '4')}"
+          + (f", celery threads: {ARGS.celery_concurrency}" if ARGS.mode == "distributed" else "") + ")\n")
+    print("| clients | requests | /v1 p50 ms | /v1 p99 ms | /v1 req/s | engine p50 ms | engine p99 ms "
+          "| engine runs/s | overhead p50 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for concurrency, total, api, api_wall, engine, engine_wall in rows:
+        print(f"| {concurrency} | {total} | {statistics.median(api):.1f} | {pct(api, 0.99):.1f} | "
+              f"{len(api) / api_wall:.1f} | {statistics.median(engine):.1f} | {pct(engine, 0.99):.1f} | "
+              f"{len(engine) / engine_wall:.1f} | {statistics.median(api) - statistics.median(engine):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
