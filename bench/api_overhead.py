@@ -124,17 +124,52 @@ def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
     user = get_user_model().objects.create_user("apibench", password=uuid.uuid4().hex)
     team = team_create(actor=None, slug="apibench", name="API bench")
     membership_set(actor=None, team=team, user=user, role="admin")
-    provider = provider_create(actor=None, team=team, slug="apibench", name="Instant fake",
-                               kind="openai_compatible", base_url=server.base_url, api_key="sk-bench-0000")
-    workers = [worker_create(actor=None, provider=provider, slug=f"apibench-{i}", display_name=f"W{i}",
-                             model_name=f"w{i}", timeout_s=30) for i in range(2)]
-    conductor = worker_create(actor=None, provider=provider, slug="apibench-c", display_name="C",
-                              model_name="conductor", timeout_s=30)
-    pool = pool_create(actor=None, team=team, slug="apibench", name="Bench pool", workers=workers,
-                       default_worker=workers[0], conductor_worker=conductor)
+    provider = provider_create(
+        actor=None,
+        team=team,
+        slug="apibench",
+        name="Instant fake",
+        kind="openai_compatible",
+        base_url=server.base_url,
+        api_key="sk-bench-0000",
+    )
+    workers = [
+        worker_create(
+            actor=None,
+            provider=provider,
+            slug=f"apibench-{i}",
+            display_name=f"W{i}",
+            model_name=f"w{i}",
+            timeout_s=30,
+        )
+        for i in range(2)
+    ]
+    conductor = worker_create(
+        actor=None,
+        provider=provider,
+        slug="apibench-c",
+        display_name="C",
+        model_name="conductor",
+        timeout_s=30,
+    )
+    pool = pool_create(
+        actor=None,
+        team=team,
+        slug="apibench",
+        name="Bench pool",
+        workers=workers,
+        default_worker=workers[0],
+        conductor_worker=conductor,
+    )
     team_set_default_pool(actor=None, team=team, pool=pool)
-    key = apikey_create(actor=None, team=team, name="bench", principal=user,
-                        requests_per_minute=100_000, tokens_per_minute=100_000_000)
+    key = apikey_create(
+        actor=None,
+        team=team,
+        name="bench",
+        principal=user,
+        requests_per_minute=100_000,
+        tokens_per_minute=100_000_000,
+    )
     return pool, key.plaintext
 
 
@@ -153,19 +188,53 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> 
 
 def start_processes(log_dir: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     port = free_port()
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "conductor_web.asgi:application"],
-        cwd=ROOT, stdout=(log_dir / "daphne.log").open("wb"), stderr=subprocess.STDOUT,
-    )]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "conductor_web.asgi:application",
+            ],
+            cwd=ROOT,
+            stdout=(log_dir / "daphne.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+    ]
     wait_port(port, procs[0])
     if ARGS.mode == "distributed":
         log = log_dir / "celery.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "conductor_web", "worker", "-l", "warning", "-Q", "api_bench",
-             "--pool", "threads", "--concurrency", str(ARGS.celery_concurrency), "--without-gossip",
-             "--without-mingle", "-n", f"apibench-{os.getpid()}@%h"],
-            cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "conductor_web",
+                    "worker",
+                    "-l",
+                    "warning",
+                    "-Q",
+                    "api_bench",
+                    "--pool",
+                    "threads",
+                    "--concurrency",
+                    str(ARGS.celery_concurrency),
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-n",
+                    f"apibench-{os.getpid()}@%h",
+                ],
+                cwd=ROOT,
+                stdout=log.open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         time.sleep(4)  # the worker logs nothing at -l warning; give it time to connect
     return f"http://127.0.0.1:{port}", procs
 
@@ -183,8 +252,9 @@ async def api_level(base: str, key: str, concurrency: int, total: int) -> list[f
         queue.put_nowait(i)
     body = {"model": "conductor-mini", "messages": [{"role": "user", "content": "What is 6*7?"}]}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=300,
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=300, limits=limits
+    ) as client:
 
         async def worker() -> None:
             while True:
@@ -216,8 +286,13 @@ def engine_level(pool: Any, concurrency: int, total: int) -> list[float]:
 
     def one(_: int) -> float:
         started = time.perf_counter()
-        result = run_request(run_id=str(uuid.uuid4()), question="What is 6*7?", pool=engine_pool,
-                             strategy=build_strategy("conductor", preset="mini"), sink=NullSink())
+        result = run_request(
+            run_id=str(uuid.uuid4()),
+            question="What is 6*7?",
+            pool=engine_pool,
+            strategy=build_strategy("conductor", preset="mini"),
+            sink=NullSink(),
+        )
         assert result.answer == "42", result.to_dict()
         return (time.perf_counter() - started) * 1000
 
@@ -244,8 +319,11 @@ def main() -> None:
             engine = engine_level(pool, concurrency, total)
             engine_wall = time.perf_counter() - started
             rows.append((concurrency, total, api, api_wall, engine, engine_wall))
-            print(f"c={concurrency}: api p50 {statistics.median(api):.1f} ms, engine p50 "
-                  f"{statistics.median(engine):.1f} ms", file=sys.stderr)
+            print(
+                f"c={concurrency}: api p50 {statistics.median(api):.1f} ms, engine p50 "
+                f"{statistics.median(engine):.1f} ms",
+                file=sys.stderr,
+            )
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -255,15 +333,22 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         server.stop()
-    print(f"\nmode: {ARGS.mode}{' --shared-ssl' if ARGS.shared_ssl else ''}  (run threads in daphne: {os.environ.get('RUN_THREAD_WORKERS', '4')}"
-          + (f", celery threads: {ARGS.celery_concurrency}" if ARGS.mode == "distributed" else "") + ")\n")
-    print("| clients | requests | /v1 p50 ms | /v1 p99 ms | /v1 req/s | engine p50 ms | engine p99 ms "
-          "| engine runs/s | overhead p50 ms |")
+    print(
+        f"\nmode: {ARGS.mode}{' --shared-ssl' if ARGS.shared_ssl else ''}  (run threads in daphne: {os.environ.get('RUN_THREAD_WORKERS', '4')}"
+        + (f", celery threads: {ARGS.celery_concurrency}" if ARGS.mode == "distributed" else "")
+        + ")\n"
+    )
+    print(
+        "| clients | requests | /v1 p50 ms | /v1 p99 ms | /v1 req/s | engine p50 ms | engine p99 ms "
+        "| engine runs/s | overhead p50 ms |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for concurrency, total, api, api_wall, engine, engine_wall in rows:
-        print(f"| {concurrency} | {total} | {statistics.median(api):.1f} | {pct(api, 0.99):.1f} | "
-              f"{len(api) / api_wall:.1f} | {statistics.median(engine):.1f} | {pct(engine, 0.99):.1f} | "
-              f"{len(engine) / engine_wall:.1f} | {statistics.median(api) - statistics.median(engine):.1f} |")
+        print(
+            f"| {concurrency} | {total} | {statistics.median(api):.1f} | {pct(api, 0.99):.1f} | "
+            f"{len(api) / api_wall:.1f} | {statistics.median(engine):.1f} | {pct(engine, 0.99):.1f} | "
+            f"{len(engine) / engine_wall:.1f} | {statistics.median(api) - statistics.median(engine):.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apps.engine import (  # noqa: E402
+from apps.engine import (
     Limits,
     NullSink,
     Plan,
@@ -39,7 +39,9 @@ class InstantWorker:
         self.info = WorkerInfo(key=key, name=key, model="instant", provider="test")
         self._result = WorkerResult("ok", Usage(10, 2), 0.0, "instant", Decimal(0), True)
 
-    def complete(self, messages, *, max_tokens=None, timeout=None, on_delta=None, json_schema=None) -> WorkerResult:  # type: ignore[no-untyped-def]
+    def complete(
+        self, messages, *, max_tokens=None, timeout=None, on_delta=None, json_schema=None
+    ) -> WorkerResult:  # type: ignore[no-untyped-def]
         return self._result
 
 
@@ -80,7 +82,9 @@ def measure(plan: Plan, *, runs: int, parallel: int) -> dict[str, float]:
     t_all = time.perf_counter()
     for i in range(runs):
         t0 = time.perf_counter()
-        result = run_request(run_id=f"r{i}", question="q", pool=pool, strategy=strategy, sink=sink, limits=limits)
+        result = run_request(
+            run_id=f"r{i}", question="q", pool=pool, strategy=strategy, sink=sink, limits=limits
+        )
         times.append(time.perf_counter() - t0)
         assert result.status.value == "succeeded", result.error
     total = time.perf_counter() - t_all
@@ -107,16 +111,22 @@ def main() -> None:
     if args.json:
         print(json.dumps({"headline": headline, "by_size": by_size, "by_parallel": by_parallel}, indent=2))
         return
-    print(f"5-step chain, instant workers, {args.runs} runs: median {headline['median_run_us']} µs/run, "
-          f"{headline['median_per_step_us']} µs/step, {headline['runs_per_s']} runs/s")
+    print(
+        f"5-step chain, instant workers, {args.runs} runs: median {headline['median_run_us']} µs/run, "
+        f"{headline['median_per_step_us']} µs/step, {headline['runs_per_s']} runs/s"
+    )
     print("\nplan size (chain, max_parallel=4)")
     print("steps  median µs/run  µs/step  p90 µs/run  runs/s")
     for r in by_size:
-        print(f"{r['steps']:>5}  {r['median_run_us']:>13}  {r['median_per_step_us']:>7}  {r['p90_run_us']:>10}  {r['runs_per_s']:>6}")
+        print(
+            f"{r['steps']:>5}  {r['median_run_us']:>13}  {r['median_per_step_us']:>7}  {r['p90_run_us']:>10}  {r['runs_per_s']:>6}"
+        )
     print("\nparallelism (5-step fan-out: 4 independent + aggregator)")
     print("max_parallel  median µs/run  µs/step  p90 µs/run  runs/s")
     for r in by_parallel:
-        print(f"{r['parallel']:>12}  {r['median_run_us']:>13}  {r['median_per_step_us']:>7}  {r['p90_run_us']:>10}  {r['runs_per_s']:>6}")
+        print(
+            f"{r['parallel']:>12}  {r['median_run_us']:>13}  {r['median_per_step_us']:>7}  {r['p90_run_us']:>10}  {r['runs_per_s']:>6}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from apps.engine import (  # noqa: E402
+from apps.engine import (
     ConductorStrategy,
     EventType,
     Limits,
@@ -47,14 +47,25 @@ QUESTIONS = [
 ]
 
 
-def local_pool(max_tokens: int) -> WorkerPool:
+def local_pool(max_tokens: int, threads: int) -> WorkerPool:
     def w(key: str, strengths: str, rank: int) -> object:
-        info = WorkerInfo(key, key, "smollm2-135m-instruct", "local", strengths=strengths, cost_rank=rank,
-                          max_output_tokens=max_tokens, timeout_s=900)
-        return build_worker(info, temperature=0.0)
+        info = WorkerInfo(
+            key,
+            key,
+            "smollm2-135m-instruct",
+            "local",
+            strengths=strengths,
+            cost_rank=rank,
+            max_output_tokens=max_tokens,
+            timeout_s=900,
+        )
+        return build_worker(info, temperature=0.0, n_threads=threads)
 
-    workers = [w("smol-fast", "short factual answers", 1), w("smol-math", "arithmetic and reasoning", 2),
-               w("smol-writer", "writing and language", 3)]
+    workers = [
+        w("smol-fast", "short factual answers", 1),
+        w("smol-math", "arithmetic and reasoning", 2),
+        w("smol-writer", "writing and language", 3),
+    ]
     return WorkerPool(workers, default_index=0, conductor=w("smol-conductor", "planning", 1))  # type: ignore[arg-type]
 
 
@@ -63,9 +74,11 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--conductor-tokens", type=int, default=128)
+    # Token counts do not depend on threads; 1 thread is much faster on a CPU-contended box.
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    pool = local_pool(args.max_tokens)
+    pool = local_pool(args.max_tokens, args.threads)
     strategies: dict[str, Strategy] = {
         "conductor": ConductorStrategy(max_tokens=args.conductor_tokens),
         "single": SingleStrategy(),
@@ -82,25 +95,41 @@ def main() -> None:
         for name, strategy in strategies.items():
             sink = ListSink()
             t0 = time.perf_counter()
-            result = run_request(run_id=f"{name}-{qi}", question=question, pool=pool, strategy=strategy, sink=sink, limits=limits)
+            result = run_request(
+                run_id=f"{name}-{qi}",
+                question=question,
+                pool=pool,
+                strategy=strategy,
+                sink=sink,
+                limits=limits,
+            )
             wall[name].append(time.perf_counter() - t0)
             statuses[f"{name}:{result.status.value}"] += 1
             per[name].append(result.totals.total_tokens)
             n_calls = len(sink.of_type(EventType.STEP_STARTED)) + sum(
-                1 for e in sink.of_type(EventType.PLAN_PROPOSED) if e.data["source"] in ("conductor", "repair") and e.data["raw"] is not None
+                1
+                for e in sink.of_type(EventType.PLAN_PROPOSED)
+                if e.data["source"] in ("conductor", "repair") and e.data["raw"] is not None
             )
             calls[name].append(n_calls)
             if name == "conductor":
                 final = sink.of_type(EventType.PLAN_PROPOSED)[-1].data["source"]
                 sources[final] += 1
-            print(f"  q{qi} {name:>9}: {result.totals.total_tokens:5d} tokens, {n_calls} calls, {wall[name][-1]:6.1f}s, {result.status.value}", flush=True)
+            print(
+                f"  q{qi} {name:>9}: {result.totals.total_tokens:5d} tokens, {n_calls} calls, {wall[name][-1]:6.1f}s, {result.status.value}",
+                flush=True,
+            )
 
     moa = statistics.mean(per["moa"])
-    print(f"\n{args.questions} questions, local SmolLM2-135M pool (3 workers + conductor), max {args.max_tokens} tokens/step")
+    print(
+        f"\n{args.questions} questions, local SmolLM2-135M pool (3 workers + conductor), max {args.max_tokens} tokens/step"
+    )
     print("strategy   tokens/question  model calls/question  ratio to MoA  s/question")
     for name in strategies:
         mean = statistics.mean(per[name])
-        print(f"{name:>9}  {mean:15.0f}  {statistics.mean(calls[name]):20.1f}  {mean / moa:11.2f}x  {statistics.mean(wall[name]):10.1f}")
+        print(
+            f"{name:>9}  {mean:15.0f}  {statistics.mean(calls[name]):20.1f}  {mean / moa:11.2f}x  {statistics.mean(wall[name]):10.1f}"
+        )
     print(f"conductor plans ended as: {dict(sources)}; statuses: {dict(statuses)}")
     print("paper reference: Conductor 1,820 vs MoA 11,203 tokens/question = 0.16x")
 

@@ -1,6 +1,20 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class ConductorWebConfig(AppConfig):
     name = "conductor_web"
     verbose_name = "Conductor Web"
+
+    def ready(self) -> None:
+        if getattr(settings, "CONTENTTYPE_CACHE_DISABLED", False):
+            _disable_contenttype_cache()
+
+
+def _disable_contenttype_cache() -> None:
+    """Test servers only: transactional tests flush the database and recreate content types with
+    new ids, while a long-lived daphne/Celery process would keep the old ids cached and guardian
+    would then deny every object permission. Never enabled outside the test settings."""
+    from django.contrib.contenttypes.models import ContentTypeManager
+
+    ContentTypeManager._add_to_cache = lambda self, using, ct: None  # type: ignore[method-assign]

@@ -44,4 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kept.append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
+    # Browser tests last: Playwright's sync API keeps an event loop on the main thread for the
+    # rest of the session, which would break pytest-asyncio tests collected after them.
+    kept.sort(key=lambda item: item.get_closest_marker("browser") is not None)
+    items[:] = kept

@@ -146,7 +146,8 @@ class AuditFilterForm(forms.Form):
 
     def __init__(self, *args: Any, teams: Any = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["team"].choices = [("", "All visible teams"), *((t.slug, t.name) for t in teams)]
+        team_field: Any = self.fields["team"]
+        team_field.choices = [("", "All visible teams"), *((t.slug, t.name) for t in teams)]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -59,7 +59,7 @@ def audit_record(
     body = mask_secrets(dict(payload or {}))
     if before is not None or after is not None:
         body["changes"] = diff_values(before, after)
-    user = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
+    user: Any = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
     if obj is not None:
         object_type = object_type or obj._meta.label_lower
         object_id = obj.pk if object_id is None else object_id

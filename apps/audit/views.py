@@ -88,7 +88,7 @@ def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
 
 
 @require_GET
-def event_export(request: HttpRequest, export_format: str) -> HttpResponse:
+def event_export(request: HttpRequest, export_format: str) -> HttpResponse | StreamingHttpResponse:
     if export_format not in export.FORMATS:
         raise Http404("Unknown export format (use csv or jsonl).")
     params = active_filters(request.GET)

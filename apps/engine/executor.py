@@ -102,9 +102,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
     def skip_pending(reason: str) -> None:
         for index in sorted(state.pending):
             step = state.pending.pop(index)
-            finish(
-                StepRecord(step, round, StepStatus.SKIPPED, session.worker_key(step.worker), error=reason)
-            )
+            finish(StepRecord(step, round, StepStatus.SKIPPED, session.worker_key(step.worker), error=reason))
 
     def abandon_running(status: StepStatus, error: str) -> None:
         for att in sorted(state.running.values(), key=lambda a: a.step.index):
@@ -132,7 +130,13 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         timeout = max(0.001, min(limits.step_timeout_s, worker.info.timeout_s, session.remaining()))
         # Small grace so a provider that honours `timeout` reports its own ProviderTimeout first.
         att = _Attempt(
-            next(_attempt_ids), step, worker, messages, now, now + timeout + min(0.5, 0.1 * timeout), fallback_from
+            next(_attempt_ids),
+            step,
+            worker,
+            messages,
+            now,
+            now + timeout + min(0.5, 0.1 * timeout),
+            fallback_from,
         )
         state.running[att.id] = att
         max_tokens = limits.max_tokens_per_step or worker.info.max_output_tokens
@@ -171,7 +175,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
             reason = gate.reason or "a policy limit was reached"
             finish(StepRecord(step, round, StepStatus.BLOCKED, worker.info.key, error=reason))
             cap = f":{gate.cap}" if gate.cap else ""
-            state.abort = RunAborted(RunStatus.BLOCKED, f"step_blocked{cap}", f"Step {step.index} was blocked: {reason}")
+            state.abort = RunAborted(
+                RunStatus.BLOCKED, f"step_blocked{cap}", f"Step {step.index} was blocked: {reason}"
+            )
             return
         messages = build_messages(session.question, step, session.records)
         session.emitter.emit(
@@ -207,7 +213,13 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
     def on_failure(att: _Attempt, error: ProviderError, elapsed_ms: float) -> None:
         fb = fallback_for(att)
         if fb is not None and state.abort is None and not session.is_cancelled():
-            logger.info("step %d: %s failed (%s); falling back to %s", att.step.index, att.worker.info.key, error.code, fb.info.key)
+            logger.info(
+                "step %d: %s failed (%s); falling back to %s",
+                att.step.index,
+                att.worker.info.key,
+                error.code,
+                fb.info.key,
+            )
             launch(att.step, fb, att.messages, att.worker.info.key)
             return
         timed_out = isinstance(error, ProviderTimeout)
@@ -271,7 +283,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         if guard.blocked and state.abort is None:
             reason = guard.block_reason or "a guardrail blocked it"
             state.abort = RunAborted(
-                RunStatus.BLOCKED, "step_output_blocked", f"The output of step {att.step.index} was blocked: {reason}"
+                RunStatus.BLOCKED,
+                "step_output_blocked",
+                f"The output of step {att.step.index} was blocked: {reason}",
             )
 
     # ------------------------------------------------------------------ scheduling loop
@@ -281,7 +295,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
                 session.checkpoint()
             except RunAborted as stop:
                 state.abort = stop
-                what = "cancelled" if stop.status == RunStatus.CANCELLED else "stopped at the run's time limit"
+                what = (
+                    "cancelled" if stop.status == RunStatus.CANCELLED else "stopped at the run's time limit"
+                )
                 abandon_running(
                     StepStatus.SKIPPED if stop.status == RunStatus.CANCELLED else StepStatus.TIMED_OUT,
                     f"The run was {what} while this step was running.",
@@ -304,7 +320,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         if not state.running:
             if state.pending:  # unreachable with a valid plan; guards against a scheduling stall
                 skip_pending("Not run: its inputs never became available.")
-                state.abort = state.abort or RunAborted(RunStatus.FAILED, "internal_error", "The plan stalled.")
+                state.abort = state.abort or RunAborted(
+                    RunStatus.FAILED, "internal_error", "The plan stalled."
+                )
             break
 
         now = time.monotonic()

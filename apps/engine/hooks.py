@@ -115,7 +115,9 @@ class GovernanceHooks(Protocol):
 
     def validate_plan(self, ctx: RunContext, plan: Plan, pool: WorkerPool) -> PlanValidation: ...
 
-    def before_step(self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals) -> StepGate: ...
+    def before_step(
+        self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
+    ) -> StepGate: ...
 
     def check_step_output(self, ctx: RunContext, step: PlanStep, text: str) -> GuardrailOutcome: ...
 
@@ -127,7 +129,9 @@ class NoGovernance:
     that nothing was checked; steps report no checks at all."""
 
     def _not_run(self, stage: Stage, text: str) -> GuardrailOutcome:
-        check = CheckResult("governance", stage, CheckStatus.NOT_RUN, "none", "no governance policy configured")
+        check = CheckResult(
+            "governance", stage, CheckStatus.NOT_RUN, "none", "no governance policy configured"
+        )
         return GuardrailOutcome([check], text)
 
     def check_input(self, ctx: RunContext, text: str) -> GuardrailOutcome:
@@ -136,7 +140,9 @@ class NoGovernance:
     def validate_plan(self, ctx: RunContext, plan: Plan, pool: WorkerPool) -> PlanValidation:
         return PlanValidation("accepted", [], plan)
 
-    def before_step(self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals) -> StepGate:
+    def before_step(
+        self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
+    ) -> StepGate:
         return StepGate.allow()
 
     def check_step_output(self, ctx: RunContext, step: PlanStep, text: str) -> GuardrailOutcome:

@@ -16,9 +16,9 @@ worker, which small models follow more reliably than a negative id. It may only 
 step of a plan (it decides what happens next, so nothing can come after it in the same round).
 
 **Global indices.** Re-plans append steps after the earlier rounds' steps. `parse_plan(...,
-index_offset=n)` numbers the new steps from `n`; their access lists may name any earlier step
-(0..n-1 from earlier rounds, or earlier steps of the same plan). Step indices are written either
-globally (n, n+1, ...) — that is how the prompt presents them.
+index_offset=n)` numbers the new steps n, n+1, ...; their access lists use the same global
+numbers and may name any earlier step (0..n-1 from earlier rounds, or earlier steps of the same
+plan). The re-plan prompt presents the results with these numbers.
 
 Parsing never evaluates code: list literals go through `ast.literal_eval` and objects through
 `json`; deep nesting, huge numbers and oversized input become `PlanError`, never anything else.
@@ -173,7 +173,9 @@ def build_plan(
         if not instruction:
             raise PlanError(f"subtasks[{i}]: the instruction is empty")
         if len(instruction) > MAX_INSTRUCTION_CHARS:
-            raise PlanError(f"subtasks[{i}]: the instruction is longer than {MAX_INSTRUCTION_CHARS} characters")
+            raise PlanError(
+                f"subtasks[{i}]: the instruction is longer than {MAX_INSTRUCTION_CHARS} characters"
+            )
 
         steps.append(PlanStep(g, worker, instruction, _validate_access(access_list[i], i, g)))
     return Plan(tuple(steps))
@@ -183,7 +185,9 @@ def _validate_access(raw: object, i: int, g: int) -> Access:
     if isinstance(raw, str):
         if raw.strip().lower() == "all":
             return "all"
-        raise PlanError(f'access_list[{i}]: expected [], a list of earlier step indices or "all", got {raw!r}'[:300])
+        raise PlanError(
+            f'access_list[{i}]: expected [], a list of earlier step indices or "all", got {raw!r}'[:300]
+        )
     if not isinstance(raw, list | tuple):
         raise PlanError(
             f'access_list[{i}]: expected [], a list of earlier step indices or "all", got {type(raw).__name__}'
@@ -321,7 +325,9 @@ def _python_candidates(text: str, problems: dict[str, str]) -> Iterator[_Candida
         if ok:
             problems.pop(name, None)
         else:
-            problems[name] = f"{name} is not a plain list literal (only numbers, strings and lists are allowed)"
+            problems[name] = (
+                f"{name} is not a plain list literal (only numbers, strings and lists are allowed)"
+            )
         if len(latest) == 3 and all(v[2] for v in latest.values()):
             yield _Candidate(
                 max(v[0] for v in latest.values()),
@@ -444,7 +450,9 @@ def parse_plan(
 # ----------------------------------------------------------------------------- schema & serialisation
 
 
-def plan_json_schema(pool_size: int, max_steps: int = 5, *, allow_self: bool = True, strict: bool = False) -> dict:
+def plan_json_schema(
+    pool_size: int, max_steps: int = 5, *, allow_self: bool = True, strict: bool = False
+) -> dict:
     """JSON schema for constrained decoding of a plan object. `strict=True` keeps only the
     keywords OpenAI strict structured outputs accept (no minItems/maxItems/minLength)."""
     ids = list(range(pool_size)) + ([pool_size] if allow_self else [])
@@ -513,7 +521,12 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
     for i, s in enumerate(steps_raw):
         if not isinstance(s, Mapping):
             raise PlanError(f"steps[{i}] must be an object")
-        index, worker, instruction, access = s.get("index"), s.get("worker"), s.get("instruction"), s.get("access")
+        index, worker, instruction, access = (
+            s.get("index"),
+            s.get("worker"),
+            s.get("instruction"),
+            s.get("access"),
+        )
         if not _is_int(index) or not _is_int(worker):
             raise PlanError(f"steps[{i}]: index and worker must be integers")
         if not isinstance(instruction, str) or not instruction.strip():

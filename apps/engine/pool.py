@@ -26,7 +26,9 @@ class WorkerPool:
         if not self.workers:
             raise ValueError("a worker pool needs at least one worker")
         if not 0 <= self.default_index < len(self.workers):
-            raise ValueError(f"default_index {self.default_index} is outside the pool (size {len(self.workers)})")
+            raise ValueError(
+                f"default_index {self.default_index} is outside the pool (size {len(self.workers)})"
+            )
         for i, w in enumerate(self.workers):
             if w.info.key in self._by_key:
                 raise ValueError(f"duplicate worker key {w.info.key!r} in pool")

@@ -107,7 +107,13 @@ def run_request(
                 "preset": strategy.preset,
                 "question": question,
                 "workers": [
-                    {"index": i, "key": w.info.key, "name": w.info.name, "model": w.info.model, "tags": list(w.info.tags)}
+                    {
+                        "index": i,
+                        "key": w.info.key,
+                        "name": w.info.name,
+                        "model": w.info.model,
+                        "tags": list(w.info.tags),
+                    }
                     for i, w in enumerate(pool.workers)
                 ],
                 "conductor": (
@@ -123,7 +129,9 @@ def run_request(
         _emit_guardrail(session, "input", checked)
         if checked.blocked:
             raise RunAborted(
-                RunStatus.BLOCKED, "input_blocked", f"The request was blocked: {checked.block_reason or 'input guardrail'}"
+                RunStatus.BLOCKED,
+                "input_blocked",
+                f"The request was blocked: {checked.block_reason or 'input guardrail'}",
             )
         session.question = checked.text
         raw_answer = strategy.run(session)
@@ -132,7 +140,9 @@ def run_request(
         _emit_guardrail(session, "output", out)
         if out.blocked:
             raise RunAborted(
-                RunStatus.BLOCKED, "output_blocked", f"The answer was blocked: {out.block_reason or 'output guardrail'}"
+                RunStatus.BLOCKED,
+                "output_blocked",
+                f"The answer was blocked: {out.block_reason or 'output guardrail'}",
             )
         status, answer, reason = RunStatus.SUCCEEDED, out.text, "completed"
     except RunAborted as stop:
@@ -142,12 +152,22 @@ def run_request(
     except Exception:
         # Never leave a run without a terminal event; details go to the log, not to users.
         logger.exception("run %s failed unexpectedly", run_id)
-        status, error, reason = RunStatus.FAILED, "The engine hit an unexpected error; see the server log.", "internal_error"
+        status, error, reason = (
+            RunStatus.FAILED,
+            "The engine hit an unexpected error; see the server log.",
+            "internal_error",
+        )
     totals = session.totals()
     try:
         emitter.emit(
             EventType.RUN_FINISHED,
-            {"status": status.value, "answer": answer, "error": error, "reason": reason, "totals": totals.to_dict()},
+            {
+                "status": status.value,
+                "answer": answer,
+                "error": error,
+                "reason": reason,
+                "totals": totals.to_dict(),
+            },
         )
     except Exception:  # pragma: no cover — Emitter already swallows sink errors
         logger.exception("could not emit run.finished for run %s", run_id)

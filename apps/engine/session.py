@@ -231,7 +231,9 @@ class RunSession:
         timeout = max(0.001, min(self.limits.step_timeout_s, worker.info.timeout_s, self.remaining()))
         try:
             result = call_in_thread(
-                lambda: worker.complete(messages, max_tokens=max_tokens, timeout=timeout, json_schema=json_schema),
+                lambda: worker.complete(
+                    messages, max_tokens=max_tokens, timeout=timeout, json_schema=json_schema
+                ),
                 timeout=timeout,
                 cancelled=self.is_cancelled,
                 poll=self.limits.cancel_poll_s,
@@ -265,9 +267,13 @@ class RunSession:
                 "raw": raw,
                 "error": error,
                 "usage": (result.usage if result else Usage()).to_dict(),
-                "cost_usd": (str(result.cost_usd) if result.cost_usd is not None else None) if result else "0",
+                "cost_usd": (str(result.cost_usd) if result.cost_usd is not None else None)
+                if result
+                else "0",
                 "priced": result.priced if result else True,
-                "latency_ms": float(f"{result.latency_ms:.3f}") if result else 0.0,  # `round` is shadowed here
+                "latency_ms": float(f"{result.latency_ms:.3f}")
+                if result
+                else 0.0,  # `round` is shadowed here
             },
         )
 
@@ -281,7 +287,9 @@ class RunSession:
         governance so every strategy's plans obey the limits in force."""
         out: list[Violation] = []
         try:
-            validate_plan(plan, pool_size=len(self.pool), max_steps=self.limits.max_steps, allow_self=allow_self)
+            validate_plan(
+                plan, pool_size=len(self.pool), max_steps=self.limits.max_steps, allow_self=allow_self
+            )
         except PlanError as err:
             out.append(Violation("invalid_plan", err.message))
         allowed = set(self.pool.allowed_indices(self.limits.allowed_workers))
@@ -333,7 +341,9 @@ class RunSession:
             },
         )
         if final is None:
-            reason = verdict.reason or (verdict.violations[0].message if verdict.violations else "blocked by policy")
+            reason = verdict.reason or (
+                verdict.violations[0].message if verdict.violations else "blocked by policy"
+            )
             raise RunAborted(RunStatus.BLOCKED, "plan_blocked", f"The plan was blocked: {reason}")
         return final
 

@@ -125,7 +125,9 @@ class MixtureOfAgentsStrategy(_Base):
         "Critically combine them into one accurate, complete final answer. Reply with the answer only."
     )
 
-    def __init__(self, proposers: list[int] | None = None, aggregator: int | None = None, *, n: int | None = None) -> None:
+    def __init__(
+        self, proposers: list[int] | None = None, aggregator: int | None = None, *, n: int | None = None
+    ) -> None:
         self.proposers = proposers
         self.aggregator = aggregator
         self.n = n
@@ -151,7 +153,9 @@ class PlannerExecutorVerifierStrategy(_Base):
         "Reply with the final, corrected answer only."
     )
 
-    def __init__(self, planner: int | None = None, executor: int | None = None, verifier: int | None = None) -> None:
+    def __init__(
+        self, planner: int | None = None, executor: int | None = None, verifier: int | None = None
+    ) -> None:
         self.planner, self.executor, self.verifier = planner, executor, verifier
 
     def run(self, session: RunSession) -> str:
@@ -257,7 +261,9 @@ class ConductorStrategy(_Base):
         p = PRESETS.get(self.preset or "")
         if p is None:
             return limits
-        return replace(limits, max_steps=min(limits.max_steps, p.max_steps), max_depth=min(limits.max_depth, p.max_depth))
+        return replace(
+            limits, max_steps=min(limits.max_steps, p.max_steps), max_depth=min(limits.max_depth, p.max_depth)
+        )
 
     # ------------------------------------------------------------------ prompts
 
@@ -265,7 +271,11 @@ class ConductorStrategy(_Base):
         pool = session.pool
         allowed = _allowed(session)
         preset = PRESETS.get(self.preset or "")
-        order = sorted(allowed, key=lambda i: pool.workers[i].info.cost_rank) if preset and preset.cheap_first else allowed
+        order = (
+            sorted(allowed, key=lambda i: pool.workers[i].info.cost_rank)
+            if preset and preset.cheap_first
+            else allowed
+        )
         lines = []
         for i in order:
             info = pool.workers[i].info
@@ -273,7 +283,9 @@ class ConductorStrategy(_Base):
             lines.append(f"{i}: {info.name} - {strengths} - cost {info.cost_rank}")
         self_id = len(pool)
         if allow_self:
-            lines.append(f"{self_id}: yourself (the conductor) - review the results so far and plan more steps")
+            lines.append(
+                f"{self_id}: yourself (the conductor) - review the results so far and plan more steps"
+            )
             self_rule = (
                 f"You may use id {self_id} (yourself) only as the LAST step, to see the results and plan further; "
                 "use it only when the question is hard enough to need a second round."
@@ -310,12 +322,20 @@ class ConductorStrategy(_Base):
         allowed = set(_allowed(session))
         for i, step in enumerate(plan.steps):
             if not step.is_self and step.worker not in allowed:
-                raise PlanError(f"model_id[{i}]: worker {step.worker} is not allowed by the constraints in force")
+                raise PlanError(
+                    f"model_id[{i}]: worker {step.worker} is not allowed by the constraints in force"
+                )
 
-    def plan_round(self, session: RunSession, *, round: int, messages: list[Message], first: int, allow_self: bool) -> tuple[Plan, list[WorkerResult]]:
+    def plan_round(
+        self, session: RunSession, *, round: int, messages: list[Message], first: int, allow_self: bool
+    ) -> tuple[Plan, list[WorkerResult]]:
         """Conductor attempt, up to `repair_rounds` repairs, then the recorded fallback."""
         pool_size = len(session.pool)
-        schema = plan_json_schema(pool_size, session.limits.max_steps, allow_self=allow_self) if self.constrained else None
+        schema = (
+            plan_json_schema(pool_size, session.limits.max_steps, allow_self=allow_self)
+            if self.constrained
+            else None
+        )
         results: list[WorkerResult] = []
         last_error = "no conductor model is configured"
         attempts = 1 + max(0, session.limits.repair_rounds)
@@ -341,14 +361,24 @@ class ConductorStrategy(_Base):
                     self._check_allowed(session, plan)
                 except PlanError as err:
                     last_error = err.message
-                    session.propose(round=round, attempt=attempt, source=source, plan=None, raw=result.text, error=err.message, result=result)
+                    session.propose(
+                        round=round,
+                        attempt=attempt,
+                        source=source,
+                        plan=None,
+                        raw=result.text,
+                        error=err.message,
+                        result=result,
+                    )
                     messages = [
                         *messages,
                         {"role": "assistant", "content": result.text},
                         {"role": "user", "content": REPAIR_PROMPT.format(error=err.message)},
                     ]
                     continue
-                session.propose(round=round, attempt=attempt, source=source, plan=plan, raw=result.text, result=result)
+                session.propose(
+                    round=round, attempt=attempt, source=source, plan=plan, raw=result.text, result=result
+                )
                 return plan, results
         # Fallback: never hidden — it is emitted as its own plan.proposed with the reason.
         worker = _default_worker(session)
@@ -374,7 +404,9 @@ class ConductorStrategy(_Base):
         ]
         while True:
             allow_self = round_ < max_depth
-            plan, calls = self.plan_round(session, round=round_, messages=messages, first=first, allow_self=allow_self)
+            plan, calls = self.plan_round(
+                session, round=round_, messages=messages, first=first, allow_self=allow_self
+            )
             if self_step is not None:
                 self._finish_self_step(session, self_step, round_ - 1, plan, calls, messages)
             final = session.execute_round(plan, round=round_, allow_self=allow_self)
@@ -387,7 +419,10 @@ class ConductorStrategy(_Base):
             first = self_step.index + 1
             note = f"\n\nYour note for this review: {self_step.instruction}"
             messages = [
-                {"role": "system", "content": self.system_prompt(session, first=first, allow_self=round_ < max_depth)},
+                {
+                    "role": "system",
+                    "content": self.system_prompt(session, first=first, allow_self=round_ < max_depth),
+                },
                 {
                     "role": "user",
                     "content": REPLAN_PROMPT.format(
@@ -450,4 +485,3 @@ def build_strategy(name: str, *, preset: str | None = None, **kwargs: object) ->
     if name in ("pev", "planner_executor_verifier"):
         return PlannerExecutorVerifierStrategy(**kwargs)  # type: ignore[arg-type]
     raise ValueError(f"unknown strategy {name!r}")
-

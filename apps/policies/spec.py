@@ -39,6 +39,10 @@ loosen, a platform limit. Per field the merge rule (`merge` in the metadata) is 
                     null means "no restriction" and is the neutral element;
 - ``platform``      ``local_tag`` and the output ``json_schema.schema``: the platform's value when it
                     sets one, otherwise the team's (a team cannot swap a platform schema for a laxer one).
+
+A check (any section with ``enabled``) that is disabled on one side imposes nothing: the other
+side's check is taken whole, so a disabled platform check never hardens a team's ``warn`` into
+the default ``block``, and a team cannot switch off a platform check.
 """
 
 # `_f(...)` returns `dataclasses.field(...)` (with help text and merge rule); ruff cannot see that.
@@ -710,6 +714,13 @@ def _merge_value(rule: str, platform: Any, team: Any, tp: Any) -> Any:
 
 
 def _merge_dataclass(platform: Any, team: Any) -> Any:
+    # A disabled check imposes nothing: merging its default action ("block") with an enabled
+    # team check would silently turn the team's warn/require_review into a block.
+    if "enabled" in {f.name for f in dataclasses.fields(platform)}:
+        if not platform.enabled:
+            return team
+        if not team.enabled:
+            return platform
     kwargs = {}
     hints = _hints(type(platform))
     for f in dataclasses.fields(platform):

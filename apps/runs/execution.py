@@ -238,7 +238,8 @@ def sweep_stale_runs() -> int:
 
 
 def start_sweeper() -> None:
-    """Embedded mode: one timer thread per process runs the sweep every RUN_SWEEP_INTERVAL_S."""
+    """Embedded mode: one timer thread per process does what Celery beat does when distributed —
+    the stale-run sweep, audit retention and the periodic chain verification."""
     global _sweeper_started
     if settings.EXECUTION_BACKEND == "celery":
         return
@@ -247,15 +248,31 @@ def start_sweeper() -> None:
             return
         _sweeper_started = True
 
+    def periodic() -> list[tuple[str, float, Any]]:
+        from apps.audit.tasks import audit_retention_sweep, audit_verify
+
+        return [
+            ("run sweep", float(settings.RUN_SWEEP_INTERVAL_S), sweep_stale_runs),
+            ("audit retention", float(settings.AUDIT_RETENTION_INTERVAL_S), audit_retention_sweep),
+            ("audit verify", float(settings.AUDIT_VERIFY_INTERVAL_S), audit_verify),
+        ]
+
     def loop() -> None:
+        jobs = periodic()
+        last_run = {name: time.monotonic() for name, _, _ in jobs}
+        tick = max(1.0, min(interval for _, interval, _ in jobs))
         while True:
-            time.sleep(max(1, settings.RUN_SWEEP_INTERVAL_S))
-            try:
-                close_old_connections()
-                sweep_stale_runs()
-            except Exception:
-                logger.exception("run sweep failed")
-            finally:
-                connection.close()
+            time.sleep(tick)
+            for name, interval, job in jobs:
+                if time.monotonic() - last_run[name] < interval:
+                    continue
+                last_run[name] = time.monotonic()
+                try:
+                    close_old_connections()
+                    job()
+                except Exception:
+                    logger.exception("%s failed", name)
+                finally:
+                    connection.close()
 
     threading.Thread(target=loop, daemon=True, name="run-sweeper").start()

@@ -360,11 +360,10 @@ class RunSink:
         }
         if held:
             updates["answer_held"] = True
-            updates["review_status"] = "pending"
-        elif "require_review" in self.flags or "flag" in self.flags:
-            updates["review_status"] = "pending"
         # A sweep may already have ended the run (timed_out): keep that verdict.
-        Run.objects.filter(pk=self.run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(**updates)
+        ended = Run.objects.filter(pk=self.run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
+            **updates
+        )
         self._audit(
             AuditEventType.RUN_FINISHED,
             {
@@ -377,6 +376,23 @@ class RunSink:
                 "totals": totals,
             },
         )
+        if ended:
+            self._queue_for_review()
+
+    def _queue_for_review(self) -> None:
+        """warn / require_review guardrails put the run in the review queue; others may be sampled."""
+        from apps.audit.services import maybe_sample_for_review, review_request
+
+        run = Run.objects.get(pk=self.run_id)
+        review_flags = [flag for flag in self.flags if flag in REVIEW_FLAGS]
+        if review_flags:
+            review_request(run=run, reason="guardrail", details={"flags": review_flags})
+        else:
+            maybe_sample_for_review(run)
+
+
+# Guardrail actions that ask a person to look at the run.
+REVIEW_FLAGS = ("warn", "require_review")
 
 
 def _messages_text(messages: Any) -> str:

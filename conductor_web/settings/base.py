@@ -158,8 +158,14 @@ CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=RUN
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=RUN_TIMEOUT_S + 60)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ALWAYS_EAGER = False
+AUDIT_RETENTION_INTERVAL_S = env.int("AUDIT_RETENTION_INTERVAL_S", default=3600)
+AUDIT_VERIFY_INTERVAL_S = env.int("AUDIT_VERIFY_INTERVAL_S", default=86400)
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-runs": {"task": "apps.runs.tasks.sweep_stale_runs", "schedule": float(RUN_SWEEP_INTERVAL_S)},
+    "audit-retention-sweep": {
+        "task": "apps.audit.tasks.audit_retention_sweep", "schedule": float(AUDIT_RETENTION_INTERVAL_S),
+    },
+    "audit-verify": {"task": "apps.audit.tasks.audit_verify", "schedule": float(AUDIT_VERIFY_INTERVAL_S)},
 }
 
 # --- Secrets -----------------------------------------------------------------------------------

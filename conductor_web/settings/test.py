@@ -24,3 +24,6 @@ else:
 CELERY_TASK_DEFAULT_QUEUE = f"conductor{_suffix}"
 if "redis" in CHANNEL_LAYERS["default"]["BACKEND"]:
     CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{_suffix}:"
+
+# Subprocess servers outlive each test's flush: see conductor_web.apps._disable_contenttype_cache.
+CONTENTTYPE_CACHE_DISABLED = True

@@ -24,10 +24,16 @@ def test_admin_creates_a_key_and_sees_it_once(fake_pool: Any, team_admin: Any) -
     client = signed_in(team_admin)
     page = client.get("/teams/alpha/keys/")
     assert page.status_code == 200 and b"No keys yet" in page.content
-    response = client.post("/teams/alpha/keys/", {
-        "name": "nightly <script>", "role": "run", "allowed_pools": [fake_pool.pool.pk],
-        "requests_per_minute": 30, "tokens_per_minute": 5000,
-    })
+    response = client.post(
+        "/teams/alpha/keys/",
+        {
+            "name": "nightly <script>",
+            "role": "run",
+            "allowed_pools": [fake_pool.pool.pk],
+            "requests_per_minute": 30,
+            "tokens_per_minute": 5000,
+        },
+    )
     assert response.status_code == 200
     assert response["Cache-Control"].startswith("max-age=0") or "no-cache" in response["Cache-Control"]
     html = response.content.decode()
@@ -41,8 +47,9 @@ def test_admin_creates_a_key_and_sees_it_once(fake_pool: Any, team_admin: Any) -
 
 
 def test_form_errors_are_shown_per_field(fake_pool: Any, team_admin: Any) -> None:
-    response = signed_in(team_admin).post("/teams/alpha/keys/", {"name": "", "role": "root",
-                                                                  "requests_per_minute": 0, "tokens_per_minute": 1})
+    response = signed_in(team_admin).post(
+        "/teams/alpha/keys/", {"name": "", "role": "root", "requests_per_minute": 0, "tokens_per_minute": 1}
+    )
     assert response.status_code == 400
     form = response.context["form"]
     assert set(form.errors) >= {"name", "role", "requests_per_minute"}
@@ -61,10 +68,12 @@ def test_revoke_from_the_page(fake_pool: Any, team_admin: Any) -> None:
     assert AuditEvent.objects.filter(event_type="apikey.revoked", actor=team_admin).count() == 1
 
 
-@pytest.mark.parametrize(("user", "status"), [("owner", 403), ("reviewer", 403), ("policy_admin", 403),
-                                              ("outsider", 404)])
-def test_non_admins_cannot_reach_the_page(fake_pool: Any, named_users: dict[str, Any], user: str,
-                                          status: int) -> None:
+@pytest.mark.parametrize(
+    ("user", "status"), [("owner", 403), ("reviewer", 403), ("policy_admin", 403), ("outsider", 404)]
+)
+def test_non_admins_cannot_reach_the_page(
+    fake_pool: Any, named_users: dict[str, Any], user: str, status: int
+) -> None:
     client = signed_in(named_users[user])
     assert client.get("/teams/alpha/keys/").status_code == status
     assert client.post("/teams/alpha/keys/", {"name": "x", "role": "run"}).status_code == status

@@ -105,8 +105,16 @@ def test_validation_errors_name_the_field(fake_pool: Any, owner: Any) -> None:
 def test_steps_carry_the_exact_worker_messages(fake_pool: Any, alpha: Any, owner: Any, outsider: Any) -> None:
     run = run_create(actor=owner, team=alpha, pool=fake_pool.pool, question="q")
     messages = [{"role": "system", "content": "You are a solver."}, {"role": "user", "content": "<b>6*7</b>"}]
-    Step.objects.create(run=run, index=0, worker_key="fake-solver", instruction="solve", access=[],
-                        messages=messages, output="42", status="succeeded")
+    Step.objects.create(
+        run=run,
+        index=0,
+        worker_key="fake-solver",
+        instruction="solve",
+        access=[],
+        messages=messages,
+        output="42",
+        status="succeeded",
+    )
     response = session_client(owner).get(f"/api/runs/{run.pk}/steps/")
     assert response.status_code == 200
     step = response.json()["results"][0]
@@ -140,10 +148,15 @@ def test_audit_events_filter_by_type_and_cursor(fake_pool: Any, alpha: Any, team
     assert len(lines) == 2 and all('"digest"' in line for line in lines)
 
 
-def test_key_endpoints_show_the_key_once_and_list_by_prefix(fake_pool: Any, alpha: Any, team_admin: Any) -> None:
+def test_key_endpoints_show_the_key_once_and_list_by_prefix(
+    fake_pool: Any, alpha: Any, team_admin: Any
+) -> None:
     client = session_client(team_admin)
-    response = client.post("/api/teams/alpha/keys/", {"name": "deploy", "role": "read", "allowed_pools": ["fake"]},
-                           content_type="application/json")
+    response = client.post(
+        "/api/teams/alpha/keys/",
+        {"name": "deploy", "role": "read", "allowed_pools": ["fake"]},
+        content_type="application/json",
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert response["Cache-Control"] == "no-store"
@@ -178,13 +191,19 @@ def test_policy_versions_publish_and_diff(fake_pool: Any, alpha: Any, policy_adm
 
     policy = policy_get_or_create(actor=None, team=alpha)
     client = session_client(policy_admin)
-    bad = client.post(f"/api/policies/{policy.pk}/versions/",
-                      {"spec": {"constraints": {"max_steps": {"value": "many"}}}}, content_type="application/json")
+    bad = client.post(
+        f"/api/policies/{policy.pk}/versions/",
+        {"spec": {"constraints": {"max_steps": {"value": "many"}}}},
+        content_type="application/json",
+    )
     assert bad.status_code == 400
     assert any(k.startswith("spec.constraints.max_steps") for k in bad.json())
     for steps in (4, 3):
-        draft = client.post(f"/api/policies/{policy.pk}/versions/",
-                            {"spec": {"constraints": {"max_steps": {"value": steps}}}}, content_type="application/json")
+        draft = client.post(
+            f"/api/policies/{policy.pk}/versions/",
+            {"spec": {"constraints": {"max_steps": {"value": steps}}}},
+            content_type="application/json",
+        )
         assert draft.status_code == 201, draft.content
         number = draft.json()["number"]
         published = client.post(f"/api/policies/{policy.pk}/versions/{number}/publish/")

@@ -46,7 +46,12 @@ class PlanStrategy:
 
 
 def steps(*spec: tuple[int, str, object]) -> Plan:
-    return Plan(tuple(PlanStep(i, w, instr, acc if acc == "all" else tuple(acc)) for i, (w, instr, acc) in enumerate(spec)))  # type: ignore[arg-type]
+    return Plan(
+        tuple(
+            PlanStep(i, w, instr, acc if acc == "all" else tuple(acc))
+            for i, (w, instr, acc) in enumerate(spec)
+        )
+    )  # type: ignore[arg-type]
 
 
 def run(plan: Plan, workers: list[FnWorker], **kw: object) -> tuple[RunResult, ListSink]:
@@ -103,7 +108,9 @@ def test_worker_sees_only_its_access_list() -> None:
     blob = json.dumps(ws[3].calls)
     for foreign in ("OUTPUT-0", "OUTPUT-2", "instr-0", "instr-2"):
         assert foreign not in blob
-    assert ws[0].calls == [[{"role": "user", "content": "THE-QUESTION"}, {"role": "user", "content": "instr-0"}]]
+    assert ws[0].calls == [
+        [{"role": "user", "content": "THE-QUESTION"}, {"role": "user", "content": "instr-0"}]
+    ]
     started = {e.data["index"]: e.data for e in sink.of_type(EventType.STEP_STARTED)}
     assert started[3]["messages"] == expected
     assert started[3]["access"] == [1]
@@ -313,7 +320,11 @@ def test_seq_monotonic_with_parallel_steps_and_deltas() -> None:
     assert types[:2] == ["run.started", "guardrail.checked"]
     assert types[-2:] == ["guardrail.checked", "run.finished"]
     for i in range(4):  # per step: started → deltas → finished
-        idx = [n for n, e in enumerate(sink.events) if e.data.get("index") == i and e.type != EventType.PLAN_PROPOSED]
+        idx = [
+            n
+            for n, e in enumerate(sink.events)
+            if e.data.get("index") == i and e.type != EventType.PLAN_PROPOSED
+        ]
         kinds = [sink.events[n].type for n in idx]
         assert kinds[0] == EventType.STEP_STARTED and kinds[-1] == EventType.STEP_FINISHED
 
@@ -353,19 +364,29 @@ class Hooks(NoGovernance):
 
     def check_input(self, ctx: RunContext, text: str) -> GuardrailOutcome:
         if self.kw.get("block_input"):
-            return GuardrailOutcome([CheckResult("pii", "input", "failed", "block", "PII found")], text, True, "PII found")
-        return GuardrailOutcome([CheckResult("pii", "input", "passed")], text.replace("alice@example.com", "[email]"))
+            return GuardrailOutcome(
+                [CheckResult("pii", "input", "failed", "block", "PII found")], text, True, "PII found"
+            )
+        return GuardrailOutcome(
+            [CheckResult("pii", "input", "passed")], text.replace("alice@example.com", "[email]")
+        )
 
     def validate_plan(self, ctx: RunContext, plan: Plan, pool: WorkerPool) -> PlanValidation:
         mode = self.kw.get("plan")
         if mode == "block":
-            return PlanValidation("blocked", [Violation("too_many_steps", "at most 1 step", None)], None, "at most 1 step")
+            return PlanValidation(
+                "blocked", [Violation("too_many_steps", "at most 1 step", None)], None, "at most 1 step"
+            )
         if mode == "repair":
             repaired = Plan((PlanStep(0, 1, "repaired step", ()),))
-            return PlanValidation("repaired", [Violation("worker_not_allowed", "worker a not allowed", 0)], repaired)
+            return PlanValidation(
+                "repaired", [Violation("worker_not_allowed", "worker a not allowed", 0)], repaired
+            )
         return PlanValidation("accepted", [], plan)
 
-    def before_step(self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals) -> StepGate:
+    def before_step(
+        self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
+    ) -> StepGate:
         self.gates.append((step.index, worker_info.key))
         if self.kw.get("block_step") == step.index:
             return StepGate.block("the team's cost budget ($1.00) is spent", "max_cost_usd")
@@ -374,11 +395,17 @@ class Hooks(NoGovernance):
     def check_step_output(self, ctx: RunContext, step: PlanStep, text: str) -> GuardrailOutcome:
         redacted = text.replace("SECRET", "[redacted]")
         status = "intervened" if redacted != text else "passed"
-        return GuardrailOutcome([CheckResult("secrets", "step_output", status)], redacted, flags=["warn"] if redacted != text else [])
+        return GuardrailOutcome(
+            [CheckResult("secrets", "step_output", status)],
+            redacted,
+            flags=["warn"] if redacted != text else [],
+        )
 
     def check_output(self, ctx: RunContext, answer: str) -> GuardrailOutcome:
         if self.kw.get("block_output"):
-            return GuardrailOutcome([CheckResult("toxicity", "output", "failed", "block")], answer, True, "toxic")
+            return GuardrailOutcome(
+                [CheckResult("toxicity", "output", "failed", "block")], answer, True, "toxic"
+            )
         return GuardrailOutcome([CheckResult("toxicity", "output", "passed")], answer)
 
 
@@ -459,18 +486,40 @@ class BrokenSink:
 def test_broken_sink_does_not_break_the_run() -> None:
     sink = BrokenSink()
     result = run_request(
-        run_id="r", question="q", pool=WorkerPool([FnWorker("a", "ok")]), strategy=PlanStrategy(steps((0, "x", []))), sink=sink
+        run_id="r",
+        question="q",
+        pool=WorkerPool([FnWorker("a", "ok")]),
+        strategy=PlanStrategy(steps((0, "x", []))),
+        sink=sink,
     )
     assert result.status == RunStatus.SUCCEEDED and sink.n >= 6
 
 
 def test_engine_limits_block_disallowed_workers() -> None:
-    result, sink = run(steps((0, "x", [])), [FnWorker("a"), FnWorker("b")], limits=Limits(allowed_workers=("b",)))
+    result, sink = run(
+        steps((0, "x", [])), [FnWorker("a"), FnWorker("b")], limits=Limits(allowed_workers=("b",))
+    )
     assert result.status == RunStatus.BLOCKED
     v = sink.of_type(EventType.PLAN_VALIDATED)[0].data
     assert v["violations"][0]["code"] == "worker_not_allowed"
 
 
 def test_step_status_values_match_protocol() -> None:
-    assert {s.value for s in StepStatus} == {"pending", "running", "succeeded", "failed", "timed_out", "skipped", "blocked"}
-    assert {s.value for s in RunStatus} == {"queued", "running", "succeeded", "failed", "blocked", "cancelled", "timed_out"}
+    assert {s.value for s in StepStatus} == {
+        "pending",
+        "running",
+        "succeeded",
+        "failed",
+        "timed_out",
+        "skipped",
+        "blocked",
+    }
+    assert {s.value for s in RunStatus} == {
+        "queued",
+        "running",
+        "succeeded",
+        "failed",
+        "blocked",
+        "cancelled",
+        "timed_out",
+    }

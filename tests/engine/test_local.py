@@ -26,7 +26,14 @@ MSGS = [{"role": "user", "content": "Name one primary colour."}]
 
 
 def local(key: str = "smol", **kw: object) -> LocalWorker:
-    info = WorkerInfo(key=key, name="SmolLM2", model="smollm2-135m-instruct", provider="local", max_output_tokens=32, timeout_s=300)  # the CI box may be busy
+    info = WorkerInfo(
+        key=key,
+        name="SmolLM2",
+        model="smollm2-135m-instruct",
+        provider="local",
+        max_output_tokens=32,
+        timeout_s=300,
+    )  # the CI box may be busy
     worker = build_worker(info, temperature=0.0, seed=7, **kw)  # type: ignore[arg-type]
     assert isinstance(worker, LocalWorker)
     return worker
@@ -90,7 +97,11 @@ def test_timeout_stops_generation() -> None:
     w.complete(MSGS, max_tokens=2)  # warm up
     t0 = time.monotonic()
     with pytest.raises(ProviderTimeout):
-        w.complete([{"role": "user", "content": "Write a very long story about dragons."}], max_tokens=400, timeout=0.3)
+        w.complete(
+            [{"role": "user", "content": "Write a very long story about dragons."}],
+            max_tokens=400,
+            timeout=0.3,
+        )
     assert time.monotonic() - t0 < 2.0
     assert w.complete(MSGS, max_tokens=4).text  # the instance is still usable
 
@@ -118,7 +129,10 @@ def test_constrained_json_plan_from_the_real_model() -> None:
     assert all(isinstance(w, int) and w in (0, 1) for w in data["model_id"])
     assert 1 <= len(data["model_id"]) <= 3
     assert all(isinstance(s, str) for s in data["subtasks"])
-    assert all(a == "all" or (isinstance(a, list) and all(isinstance(i, int) for i in a)) for a in data["access_list"])
+    assert all(
+        a == "all" or (isinstance(a, list) and all(isinstance(i, int) for i in a))
+        for a in data["access_list"]
+    )
     try:  # semantic checks (equal lengths, earlier steps only) are the parser's job
         plan = parse_plan(r.text, pool_size=2, max_steps=3, allow_self=False)
         assert 1 <= len(plan) <= 3

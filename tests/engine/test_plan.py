@@ -43,7 +43,9 @@ def test_parses_python_lists_in_fence_with_prose() -> None:
 
 
 def test_parses_json_object_and_aliases() -> None:
-    text = 'Here is the plan: {"worker_ids": [0, 1], "instructions": ["a", "b"], "access_list": [[], [0]]} done.'
+    text = (
+        'Here is the plan: {"worker_ids": [0, 1], "instructions": ["a", "b"], "access_list": [[], [0]]} done.'
+    )
     plan = parse_plan(text, pool_size=2)
     assert [s.worker for s in plan] == [0, 1]
     fenced = "```json\n" + json.dumps({"workers": [1], "subtasks": ["x"], "access_list": ["all"]}) + "\n```"
@@ -51,7 +53,13 @@ def test_parses_json_object_and_aliases() -> None:
 
 
 def test_parses_steps_objects_and_nested_plan() -> None:
-    text = json.dumps({"plan": {"steps": [{"worker": 0, "instruction": "a"}, {"worker": 1, "instruction": "b", "access": [0]}]}})
+    text = json.dumps(
+        {
+            "plan": {
+                "steps": [{"worker": 0, "instruction": "a"}, {"worker": 1, "instruction": "b", "access": [0]}]
+            }
+        }
+    )
     plan = parse_plan(text, pool_size=2)
     assert [s.access for s in plan] == [(), (0,)]
 
@@ -77,7 +85,9 @@ def test_tolerates_json_literals_inside_python_assignment_and_raw_newlines() -> 
 
 def test_conductor_self_by_pool_size_or_minus_one() -> None:
     for self_id in (3, -1):
-        plan = parse_plan(f"model_id = [0, {self_id}]\nsubtasks = ['a', 'review']\naccess_list = [[], 'all']", pool_size=3)
+        plan = parse_plan(
+            f"model_id = [0, {self_id}]\nsubtasks = ['a', 'review']\naccess_list = [[], 'all']", pool_size=3
+        )
         assert plan.steps[-1].worker == CONDUCTOR_SELF
         assert plan.recurses
 
@@ -86,17 +96,44 @@ def test_conductor_self_by_pool_size_or_minus_one() -> None:
     ("text", "fragment"),
     [
         ("model_id = [0, 1]\nsubtasks = ['a']\naccess_list = [[], []]", "same length, got 2, 1 and 2"),
-        ("model_id = [0]\nsubtasks = ['a']\naccess_list = [[0]]", "access_list[0]: step 0 cannot read its own output"),
-        ("model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[1], []]", "access_list[0]: step 0 cannot read step 1, which runs later"),
+        (
+            "model_id = [0]\nsubtasks = ['a']\naccess_list = [[0]]",
+            "access_list[0]: step 0 cannot read its own output",
+        ),
+        (
+            "model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[1], []]",
+            "access_list[0]: step 0 cannot read step 1, which runs later",
+        ),
         ("model_id = [7]\nsubtasks = ['a']\naccess_list = [[]]", "model_id[0]: unknown worker id 7"),
-        ("model_id = [0, 1]\nsubtasks = ['a', '  ']\naccess_list = [[], []]", "subtasks[1]: the instruction is empty"),
-        ("model_id = [True]\nsubtasks = ['a']\naccess_list = [[]]", "model_id[0]: worker ids must be integers"),
-        ("model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [False]]", "access_list[1][0]: step indices must be integers"),
-        ("model_id = [1.0]\nsubtasks = ['a']\naccess_list = [[]]", "model_id[0]: worker ids must be integers"),
+        (
+            "model_id = [0, 1]\nsubtasks = ['a', '  ']\naccess_list = [[], []]",
+            "subtasks[1]: the instruction is empty",
+        ),
+        (
+            "model_id = [True]\nsubtasks = ['a']\naccess_list = [[]]",
+            "model_id[0]: worker ids must be integers",
+        ),
+        (
+            "model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [False]]",
+            "access_list[1][0]: step indices must be integers",
+        ),
+        (
+            "model_id = [1.0]\nsubtasks = ['a']\naccess_list = [[]]",
+            "model_id[0]: worker ids must be integers",
+        ),
         ("model_id = [0]\nsubtasks = [3]\naccess_list = [[]]", "subtasks[0]: instructions must be strings"),
-        ("model_id = [0]\nsubtasks = ['a']\naccess_list = ['some']", 'access_list[0]: expected [], a list of earlier step indices or "all"'),
-        ("model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [-1]]", "access_list[1][0]: step indices cannot be negative"),
-        ("model_id = [2, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], []]", "model_id[0]: the conductor itself may only be the last step"),
+        (
+            "model_id = [0]\nsubtasks = ['a']\naccess_list = ['some']",
+            'access_list[0]: expected [], a list of earlier step indices or "all"',
+        ),
+        (
+            "model_id = [0, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], [-1]]",
+            "access_list[1][0]: step indices cannot be negative",
+        ),
+        (
+            "model_id = [2, 0]\nsubtasks = ['a', 'b']\naccess_list = [[], []]",
+            "model_id[0]: the conductor itself may only be the last step",
+        ),
         ("model_id = []\nsubtasks = []\naccess_list = []", "the plan has no steps"),
         ("model_id = [0]\nsubtasks = ['a']", "missing access_list"),
         ("The answer is 42.", "no plan found"),
@@ -122,11 +159,17 @@ def test_too_many_steps_and_size_bound() -> None:
 
 def test_self_rejected_when_recursion_off() -> None:
     with pytest.raises(PlanError, match="recursion is off"):
-        parse_plan("model_id = [0, 1]\nsubtasks = ['a', 'b']\naccess_list = [[], 'all']", pool_size=1, allow_self=False)
+        parse_plan(
+            "model_id = [0, 1]\nsubtasks = ['a', 'b']\naccess_list = [[], 'all']",
+            pool_size=1,
+            allow_self=False,
+        )
 
 
 def test_index_offset_for_later_rounds() -> None:
-    plan = parse_plan("model_id = [0, 1]\nsubtasks = ['a', 'b']\naccess_list = [[1], [3, 4]]", pool_size=2, index_offset=4)
+    plan = parse_plan(
+        "model_id = [0, 1]\nsubtasks = ['a', 'b']\naccess_list = [[1], [3, 4]]", pool_size=2, index_offset=4
+    )
     assert [s.index for s in plan] == [4, 5]
     assert plan.steps[0].access == (1,)
     assert plan.steps[1].reads() == (3, 4)
@@ -204,7 +247,9 @@ def render(lists: tuple[list[object], list[object], list[object]], style: int) -
         return json.dumps({"model_id": w, "subtasks": i, "access_list": a})
     if style == 2:
         return f"Reasoning first.\n```python\nmodel_id = {w!r}\nsubtasks = {json.dumps(i)}\naccess_list = {json.dumps(a)}\n```\nDone."
-    return "```json\n" + json.dumps({"worker_ids": w, "instructions": i, "access_list": a}, indent=2) + "\n```"
+    return (
+        "```json\n" + json.dumps({"worker_ids": w, "instructions": i, "access_list": a}, indent=2) + "\n```"
+    )
 
 
 def check_valid(plan: Plan, max_steps: int = 5) -> None:
@@ -220,7 +265,9 @@ def check_valid(plan: Plan, max_steps: int = 5) -> None:
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(plans(), st.integers(0, 3))
-def test_generated_plans_roundtrip(lists: tuple[list[object], list[object], list[object]], style: int) -> None:
+def test_generated_plans_roundtrip(
+    lists: tuple[list[object], list[object], list[object]], style: int
+) -> None:
     plan = parse_plan(render(lists, style), pool_size=POOL)
     check_valid(plan)
     assert [CONDUCTOR_SELF if w == POOL else w for w in lists[0]] == [s.worker for s in plan]
@@ -229,9 +276,15 @@ def test_generated_plans_roundtrip(lists: tuple[list[object], list[object], list
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(plans(), st.integers(0, 3), st.data())
-def test_mutated_plans_parse_or_plan_error(lists: tuple[list[object], list[object], list[object]], style: int, data: st.DataObject) -> None:
+def test_mutated_plans_parse_or_plan_error(
+    lists: tuple[list[object], list[object], list[object]], style: int, data: st.DataObject
+) -> None:
     text = render(lists, style)
-    ops = data.draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, max(0, len(text))), st.text(max_size=4)), max_size=4))
+    ops = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, 2), st.integers(0, max(0, len(text))), st.text(max_size=4)), max_size=4
+        )
+    )
     for op, pos, s in ops:
         if op == 0:
             text = text[:pos] + text[pos + 1 :]
@@ -261,7 +314,9 @@ def test_arbitrary_text_parse_or_plan_error(text: str) -> None:
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=5),
-        lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+        ),
         max_leaves=20,
     ),
     st.sampled_from(["model_id", "subtasks", "access_list", "workers"]),

@@ -34,7 +34,9 @@ ANT_KEY = "sk-ant-api03-SuperSecretKey1234567890"
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
 
 
-def oa_worker(server: FakeOpenAIServer, *, kind: str = "openai_compatible", model: str = "gpt-4o-mini", **kw: object):
+def oa_worker(
+    server: FakeOpenAIServer, *, kind: str = "openai_compatible", model: str = "gpt-4o-mini", **kw: object
+):
     info = WorkerInfo(key="oa", name="OA", model=model, provider=kind, timeout_s=5.0)
     return build_worker(info, kind=kind, base_url=server.base_url, api_key=KEY, **kw)  # type: ignore[arg-type]
 
@@ -62,7 +64,9 @@ def test_openai_plain(openai_fake: FakeOpenAIServer) -> None:
 
 
 def test_openai_streaming_with_usage(openai_fake: FakeOpenAIServer) -> None:
-    openai_fake.responder = lambda req: FakeReply("one two three", chunks=["one ", "two ", "three"], input_tokens=7, output_tokens=3)
+    openai_fake.responder = lambda req: FakeReply(
+        "one two three", chunks=["one ", "two ", "three"], input_tokens=7, output_tokens=3
+    )
     deltas: list[str] = []
     r = oa_worker(openai_fake).complete(MSGS, on_delta=deltas.append)
     assert deltas == ["one ", "two ", "three"] and r.text == "one two three"
@@ -102,7 +106,9 @@ def test_openai_structured_output_request(openai_fake: FakeOpenAIServer) -> None
         ("unavailable", ProviderUnavailable, 503),
     ],
 )
-def test_openai_errors_are_typed_and_keyless(openai_fake: FakeOpenAIServer, kind: str, exc: type[ProviderError], status: int) -> None:
+def test_openai_errors_are_typed_and_keyless(
+    openai_fake: FakeOpenAIServer, kind: str, exc: type[ProviderError], status: int
+) -> None:
     openai_fake.responder = lambda req: openai_error(kind, key=KEY)
     w = oa_worker(openai_fake, max_retries=1)
     with pytest.raises(exc) as info:
@@ -203,7 +209,9 @@ def test_anthropic_plain_and_system_mapping(anthropic_fake: FakeAnthropicServer)
 
 
 def test_anthropic_streaming(anthropic_fake: FakeAnthropicServer) -> None:
-    anthropic_fake.responder = lambda req: FakeReply("a b c", chunks=["a ", "b ", "c"], input_tokens=5, output_tokens=3)
+    anthropic_fake.responder = lambda req: FakeReply(
+        "a b c", chunks=["a ", "b ", "c"], input_tokens=5, output_tokens=3
+    )
     deltas: list[str] = []
     r = an_worker(anthropic_fake).complete(MSGS, on_delta=deltas.append)
     assert deltas == ["a ", "b ", "c"] and r.text == "a b c" and r.usage == Usage(5, 3)
@@ -214,7 +222,9 @@ def test_anthropic_json_schema_is_a_forced_tool(anthropic_fake: FakeAnthropicSer
     plan = {"model_id": [0], "subtasks": ["x"], "access_list": [[]]}
     anthropic_fake.responder = lambda req: FakeReply(tool_input=plan)
     schema = {"type": "object", "properties": {"model_id": {"type": "array"}}}
-    r = an_worker(anthropic_fake).complete(MSGS, json_schema=schema, on_delta=(lambda s: None) if stream else None)
+    r = an_worker(anthropic_fake).complete(
+        MSGS, json_schema=schema, on_delta=(lambda s: None) if stream else None
+    )
     assert json.loads(r.text) == plan
     body = anthropic_fake.message_requests()[0].json
     assert body["tool_choice"] == {"type": "tool", "name": "respond"}
@@ -232,7 +242,11 @@ def test_anthropic_message_shaping() -> None:
         ]
     )
     assert system == "S"
-    assert turns == [{"role": "user", "content": "q\n\ni"}, {"role": "assistant", "content": "o"}, {"role": "user", "content": "next"}]
+    assert turns == [
+        {"role": "user", "content": "q\n\ni"},
+        {"role": "assistant", "content": "o"},
+        {"role": "user", "content": "next"},
+    ]
 
 
 @pytest.mark.parametrize(
@@ -249,7 +263,9 @@ def test_anthropic_message_shaping() -> None:
         ("rate_limited", ProviderRateLimited, 1),
     ],
 )
-def test_anthropic_errors(anthropic_fake: FakeAnthropicServer, kind: str, exc: type[ProviderError], retries: int) -> None:
+def test_anthropic_errors(
+    anthropic_fake: FakeAnthropicServer, kind: str, exc: type[ProviderError], retries: int
+) -> None:
     anthropic_fake.responder = lambda req: anthropic_error(kind)
     w = an_worker(anthropic_fake, max_retries=1)
     with pytest.raises(exc) as info:
@@ -312,10 +328,19 @@ def test_pricing_rules() -> None:
     assert priced and cost is not None and cost > 0
     unknown_paid = WorkerInfo("u", "U", "my-private-model", "openai_compatible")
     assert price_call(unknown_paid, usage, base_url="https://llm.example.com/v1") == (None, False)
-    configured = WorkerInfo("c", "C", "my-private-model", "openai_compatible", input_price_per_mtok=Decimal("1.5"), output_price_per_mtok=Decimal("2"))
+    configured = WorkerInfo(
+        "c",
+        "C",
+        "my-private-model",
+        "openai_compatible",
+        input_price_per_mtok=Decimal("1.5"),
+        output_price_per_mtok=Decimal("2"),
+    )
     assert price_call(configured, usage, base_url="http://localhost:8000/v1") == (Decimal("3.5"), True)
     # A self-hosted model sharing a public name is not priced from the public table.
-    assert price_call(WorkerInfo("s", "S", "gpt-4o-mini", "openai_compatible"), usage, base_url="http://127.0.0.1:8000/v1") == (None, False)
+    assert price_call(
+        WorkerInfo("s", "S", "gpt-4o-mini", "openai_compatible"), usage, base_url="http://127.0.0.1:8000/v1"
+    ) == (None, False)
 
 
 def test_factory_rejects_unknown_kind_and_missing_base_url() -> None:
@@ -326,3 +351,11 @@ def test_factory_rejects_unknown_kind_and_missing_base_url() -> None:
         build_worker(info, kind="nope")
     w = build_worker(info, kind="local", model="other")
     assert w.info.model == "other" and w.info.provider == "local"
+
+
+def test_anthropic_timeout(anthropic_fake: FakeAnthropicServer) -> None:
+    anthropic_fake.responder = lambda req: FakeReply("late", delay=2.0)
+    t0 = time.monotonic()
+    with pytest.raises(ProviderTimeout):
+        an_worker(anthropic_fake, max_retries=0).complete(MSGS, timeout=0.3)
+    assert time.monotonic() - t0 < 1.5

@@ -29,7 +29,9 @@ from tests.fakes.openai_server import FakeOpenAIServer, openai_error
 QUESTION = "What is 17 * 23?"
 
 
-def make_pool(server: FakeOpenAIServer, n: int = 2, *, structured: bool = False, conductor: Any = None) -> WorkerPool:
+def make_pool(
+    server: FakeOpenAIServer, n: int = 2, *, structured: bool = False, conductor: Any = None
+) -> WorkerPool:
     workers = [
         build_worker(
             WorkerInfo(
@@ -70,9 +72,13 @@ def router(plans: list[Any]) -> Callable[[dict[str, Any]], Any]:
     return respond
 
 
-def go(server: FakeOpenAIServer, strategy: Strategy, pool: WorkerPool | None = None, **kw: Any) -> tuple[RunResult, ListSink]:
+def go(
+    server: FakeOpenAIServer, strategy: Strategy, pool: WorkerPool | None = None, **kw: Any
+) -> tuple[RunResult, ListSink]:
     sink = ListSink()
-    result = run_request(run_id="run-1", question=QUESTION, pool=pool or make_pool(server), strategy=strategy, sink=sink, **kw)
+    result = run_request(
+        run_id="run-1", question=QUESTION, pool=pool or make_pool(server), strategy=strategy, sink=sink, **kw
+    )
     seqs = [e.seq for e in sink.events]
     assert seqs == list(range(1, len(seqs) + 1))
     assert sink.events[-1].type == EventType.RUN_FINISHED
@@ -92,7 +98,9 @@ def worker_requests(server: FakeOpenAIServer, model: str) -> list[Any]:
 
 def test_conductor_scripted_plan(openai_fake: FakeOpenAIServer) -> None:
     openai_fake.responder = router(
-        ["Thinking...\n```python\nmodel_id = [0, 1]\nsubtasks = ['Draft an answer', 'Refine it']\naccess_list = [[], [0]]\n```"]
+        [
+            "Thinking...\n```python\nmodel_id = [0, 1]\nsubtasks = ['Draft an answer', 'Refine it']\naccess_list = [[], [0]]\n```"
+        ]
     )
     result, sink = go(openai_fake, ConductorStrategy())
     assert result.status == RunStatus.SUCCEEDED
@@ -125,7 +133,9 @@ def test_conductor_scripted_plan(openai_fake: FakeOpenAIServer) -> None:
 
 
 def test_conductor_structured_output_schema(openai_fake: FakeOpenAIServer) -> None:
-    openai_fake.responder = router([json.dumps({"model_id": [1], "subtasks": ["Answer"], "access_list": [[]]})])
+    openai_fake.responder = router(
+        [json.dumps({"model_id": [1], "subtasks": ["Answer"], "access_list": [[]]})]
+    )
     result, _ = go(openai_fake, ConductorStrategy(), make_pool(openai_fake, structured=True))
     assert result.status == RunStatus.SUCCEEDED and result.answer == "worker-1 says: Answer"
     fmt = conductor_requests(openai_fake)[0].json["response_format"]
@@ -143,7 +153,10 @@ def test_conductor_repair_round(openai_fake: FakeOpenAIServer) -> None:
     result, sink = go(openai_fake, ConductorStrategy())
     assert result.status == RunStatus.SUCCEEDED
     proposed = [e.data for e in sink.of_type(EventType.PLAN_PROPOSED)]
-    assert [(p["source"], p["attempt"], p["plan"] is None) for p in proposed] == [("conductor", 1, True), ("repair", 2, False)]
+    assert [(p["source"], p["attempt"], p["plan"] is None) for p in proposed] == [
+        ("conductor", 1, True),
+        ("repair", 2, False),
+    ]
     assert "model_id[1]: unknown worker id 7" in proposed[0]["error"]
     repair_msgs = conductor_requests(openai_fake)[1].messages
     assert repair_msgs[-2]["role"] == "assistant" and "[0, 7]" in repair_msgs[-2]["content"]
@@ -186,7 +199,9 @@ def test_conductor_recursion_appends_a_round(openai_fake: FakeOpenAIServer) -> N
     result, sink = go(openai_fake, ConductorStrategy())
     assert result.status == RunStatus.SUCCEEDED
     assert result.answer == "worker-1 says: Polish the draft"
-    started = [(e.data["index"], e.data["round"], e.data["worker_key"]) for e in sink.of_type(EventType.STEP_STARTED)]
+    started = [
+        (e.data["index"], e.data["round"], e.data["worker_key"]) for e in sink.of_type(EventType.STEP_STARTED)
+    ]
     assert started == [(0, 1, "w0"), (1, 1, "cond"), (2, 2, "w1")]
     assert [s.step.index for s in result.steps] == [0, 1, 2]
     assert result.steps[1].step.worker == CONDUCTOR_SELF
@@ -223,11 +238,20 @@ def test_mini_preset_limits(openai_fake: FakeOpenAIServer) -> None:
     result, sink = go(openai_fake, ConductorStrategy("mini"), make_pool(openai_fake, structured=True))
     assert result.status == RunStatus.SUCCEEDED
     started = sink.events[0].data
-    assert started["preset"] == "mini" and started["limits"]["max_steps"] == 3 and started["limits"]["max_depth"] == 1
+    assert (
+        started["preset"] == "mini"
+        and started["limits"]["max_steps"] == 3
+        and started["limits"]["max_depth"] == 1
+    )
     first = conductor_requests(openai_fake)[0]
-    assert "at most 3 steps" in first.messages[0]["content"] and "yourself (the conductor)" not in first.messages[0]["content"]
+    assert (
+        "at most 3 steps" in first.messages[0]["content"]
+        and "yourself (the conductor)" not in first.messages[0]["content"]
+    )
     assert "cheapest" in first.messages[0]["content"]
-    assert first.json["response_format"]["json_schema"]["schema"]["properties"]["model_id"]["items"]["enum"] == [0, 1]
+    assert first.json["response_format"]["json_schema"]["schema"]["properties"]["model_id"]["items"][
+        "enum"
+    ] == [0, 1]
     assert "4 steps; at most 3" in sink.of_type(EventType.PLAN_PROPOSED)[0].data["error"]
 
 
@@ -239,18 +263,29 @@ def test_ultra_preset(openai_fake: FakeOpenAIServer) -> None:
 
 
 def test_conductor_respects_allowed_workers(openai_fake: FakeOpenAIServer) -> None:
-    openai_fake.responder = router(["model_id = [0]\nsubtasks = ['x']\naccess_list = [[]]", "model_id = [1]\nsubtasks = ['x']\naccess_list = [[]]"])
+    openai_fake.responder = router(
+        [
+            "model_id = [0]\nsubtasks = ['x']\naccess_list = [[]]",
+            "model_id = [1]\nsubtasks = ['x']\naccess_list = [[]]",
+        ]
+    )
     result, sink = go(openai_fake, ConductorStrategy(), limits=Limits(allowed_workers=("w1",)))
     assert result.status == RunStatus.SUCCEEDED and result.answer == "worker-1 says: x"
     assert "not allowed" in sink.of_type(EventType.PLAN_PROPOSED)[0].data["error"]
     assert "0: Worker 0" not in conductor_requests(openai_fake)[0].messages[0]["content"]
 
 
-def test_anthropic_conductor_uses_a_forced_tool(openai_fake: FakeOpenAIServer, anthropic_fake: FakeAnthropicServer) -> None:
-    anthropic_fake.responder = lambda req: FakeReply(tool_input={"model_id": [1], "subtasks": ["Compute it"], "access_list": [[]]})
+def test_anthropic_conductor_uses_a_forced_tool(
+    openai_fake: FakeOpenAIServer, anthropic_fake: FakeAnthropicServer
+) -> None:
+    anthropic_fake.responder = lambda req: FakeReply(
+        tool_input={"model_id": [1], "subtasks": ["Compute it"], "access_list": [[]]}
+    )
     openai_fake.responder = router([])
     conductor = build_worker(
-        WorkerInfo("claude", "Claude", "claude-haiku-4-5", "anthropic"), base_url=anthropic_fake.base_url, api_key="sk-ant-x"
+        WorkerInfo("claude", "Claude", "claude-haiku-4-5", "anthropic"),
+        base_url=anthropic_fake.base_url,
+        api_key="sk-ant-x",
     )
     result, _ = go(openai_fake, ConductorStrategy(), make_pool(openai_fake, conductor=conductor))
     assert result.answer == "worker-1 says: Compute it"
@@ -277,13 +312,26 @@ def test_moa_shape(openai_fake: FakeOpenAIServer) -> None:
     result, sink = go(openai_fake, MixtureOfAgentsStrategy(), make_pool(openai_fake, 3))
     plan = sink.of_type(EventType.PLAN_PROPOSED)[0].data["plan"]["steps"]
     assert [s["access"] for s in plan] == [[], [], [], "all"]
-    assert [s["worker_key"] for s in plan] == ["w0", "w1", "w2", "w2"]  # aggregator: strongest (highest cost rank)
+    assert [s["worker_key"] for s in plan] == [
+        "w0",
+        "w1",
+        "w2",
+        "w2",
+    ]  # aggregator: strongest (highest cost rank)
     agg = worker_requests(openai_fake, "worker-2")[-1].messages
     assert sum(1 for m in agg if m["role"] == "assistant") == 3
     assert result.status == RunStatus.SUCCEEDED
     # The proposers run concurrently: all three started before any finished.
-    types = [(e.type, e.data.get("index")) for e in sink.events if e.type in (EventType.STEP_STARTED, EventType.STEP_FINISHED)]
-    assert types[:3] == [(EventType.STEP_STARTED, 0), (EventType.STEP_STARTED, 1), (EventType.STEP_STARTED, 2)]
+    types = [
+        (e.type, e.data.get("index"))
+        for e in sink.events
+        if e.type in (EventType.STEP_STARTED, EventType.STEP_FINISHED)
+    ]
+    assert types[:3] == [
+        (EventType.STEP_STARTED, 0),
+        (EventType.STEP_STARTED, 1),
+        (EventType.STEP_STARTED, 2),
+    ]
 
 
 def test_pev_shape(openai_fake: FakeOpenAIServer) -> None:

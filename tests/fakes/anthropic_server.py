@@ -22,7 +22,9 @@ from tests.fakes.base import FakeError, FakeReply, FakeServerBase, count_prompt_
 _ids = itertools.count(1)
 
 
-def anthropic_error(kind: str, *, model: str = "claude-haiku-4-5", retry_after: float | None = None) -> FakeError:
+def anthropic_error(
+    kind: str, *, model: str = "claude-haiku-4-5", retry_after: float | None = None
+) -> FakeError:
     """Real Anthropic error bodies: auth, permission, model_not_found, context_length,
     bad_request, rate_limited, server_error (500), overloaded (529), unavailable (503)."""
 
@@ -32,11 +34,16 @@ def anthropic_error(kind: str, *, model: str = "claude-haiku-4-5", retry_after: 
     if kind == "auth":
         return FakeError(401, body("authentication_error", "invalid x-api-key"))
     if kind == "permission":
-        return FakeError(403, body("permission_error", "Your API key does not have permission to use the specified resource."))
+        return FakeError(
+            403,
+            body("permission_error", "Your API key does not have permission to use the specified resource."),
+        )
     if kind == "model_not_found":
         return FakeError(404, body("not_found_error", f"model: {model}"))
     if kind == "context_length":
-        return FakeError(400, body("invalid_request_error", "prompt is too long: 210432 tokens > 200000 maximum"))
+        return FakeError(
+            400, body("invalid_request_error", "prompt is too long: 210432 tokens > 200000 maximum")
+        )
     if kind == "bad_request":
         return FakeError(400, body("invalid_request_error", "max_tokens: Field required"))
     if kind == "rate_limited":
@@ -64,7 +71,9 @@ class FakeAnthropicServer(FakeServerBase):
     def message_requests(self) -> list[Any]:
         return self.posts("/v1/messages")
 
-    def handle(self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]) -> None:
+    def handle(
+        self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]
+    ) -> None:
         # Older SDKs send x-api-key, newer ones a bearer token; the real API accepts both.
         presented = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")
         if self.api_key is not None and presented != self.api_key:
@@ -76,7 +85,10 @@ class FakeAnthropicServer(FakeServerBase):
                 handler,
                 200,
                 {
-                    "data": [{"type": "model", "id": m, "display_name": m, "created_at": "2025-09-29T00:00:00Z"} for m in models],
+                    "data": [
+                        {"type": "model", "id": m, "display_name": m, "created_at": "2025-09-29T00:00:00Z"}
+                        for m in models
+                    ],
                     "has_more": False,
                     "first_id": models[0],
                     "last_id": models[-1],
@@ -86,7 +98,9 @@ class FakeAnthropicServer(FakeServerBase):
         if method == "POST" and path == "/v1/messages":
             self._messages(handler, body or {})
             return
-        self.send_json(handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": "Not found"}})
+        self.send_json(
+            handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": "Not found"}}
+        )
 
     def _messages(self, handler: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
         model = str(req.get("model", self.default_model))
@@ -115,11 +129,17 @@ class FakeAnthropicServer(FakeServerBase):
                 tool_input = {"text": reply.text}
         chunks = reply.chunks if reply.chunks is not None else split_chunks(reply.text)
         text = "".join(chunks) if reply.chunks is not None else reply.text
-        input_tokens = reply.input_tokens if reply.input_tokens is not None else count_prompt_tokens(req.get("messages", []), req.get("system"))
+        input_tokens = (
+            reply.input_tokens
+            if reply.input_tokens is not None
+            else count_prompt_tokens(req.get("messages", []), req.get("system"))
+        )
         output_tokens = reply.output_tokens if reply.output_tokens is not None else max(len(chunks), 1)
         mid = f"msg_fake{next(_ids)}"
         if forced:
-            content: list[dict[str, Any]] = [{"type": "tool_use", "id": f"toolu_fake{next(_ids)}", "name": forced, "input": tool_input}]
+            content: list[dict[str, Any]] = [
+                {"type": "tool_use", "id": f"toolu_fake{next(_ids)}", "name": forced, "input": tool_input}
+            ]
             stop_reason = "tool_use"
         else:
             content = [{"type": "text", "text": text}]
@@ -165,7 +185,10 @@ class FakeAnthropicServer(FakeServerBase):
             send("content_block_start", {"index": 0, "content_block": {**content[0], "input": {}}})
             raw = json.dumps(tool_input)
             for i in range(0, len(raw), 16):
-                send("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta", "partial_json": raw[i : i + 16]}})
+                send(
+                    "content_block_delta",
+                    {"index": 0, "delta": {"type": "input_json_delta", "partial_json": raw[i : i + 16]}},
+                )
         else:
             send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             self.write_sse(handler, json.dumps({"type": "ping"}), event="ping")
@@ -174,5 +197,11 @@ class FakeAnthropicServer(FakeServerBase):
                     time.sleep(reply.chunk_delay)
                 send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
         send("content_block_stop", {"index": 0})
-        send("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": None}, "usage": {"output_tokens": output_tokens}})
+        send(
+            "message_delta",
+            {
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+        )
         send("message_stop", {})

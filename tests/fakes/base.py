@@ -142,7 +142,10 @@ class FakeServerBase:
         self._httpd = ThreadingHTTPServer((self._host, 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=type(self).__name__, daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=type(self).__name__,
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -191,7 +194,12 @@ class FakeServerBase:
     # ------------------------------------------------------------------ writing
 
     @staticmethod
-    def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def send_json(
+        handler: BaseHTTPRequestHandler,
+        status: int,
+        payload: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> None:
         data = json.dumps(payload).encode()
         handler.send_response(status)
         handler.send_header("content-type", "application/json")
@@ -221,5 +229,7 @@ class FakeServerBase:
             time.sleep(err.delay)
         self.send_json(handler, err.status, err.body, err.headers)
 
-    def handle(self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]) -> None:
+    def handle(
+        self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]
+    ) -> None:
         raise NotImplementedError

@@ -24,7 +24,9 @@ from tests.fakes.base import FakeError, FakeReply, FakeServerBase, count_prompt_
 _ids = itertools.count(1)
 
 
-def openai_error(kind: str, *, model: str = "gpt-4o-mini", retry_after: float | None = None, key: str = "sk-wrong-key-0000") -> FakeError:
+def openai_error(
+    kind: str, *, model: str = "gpt-4o-mini", retry_after: float | None = None, key: str = "sk-wrong-key-0000"
+) -> FakeError:
     """Real OpenAI error bodies: auth, model_not_found, context_length, bad_request,
     rate_limited, quota, server_error (500), unavailable (503)."""
 
@@ -44,7 +46,11 @@ def openai_error(kind: str, *, model: str = "gpt-4o-mini", retry_after: float | 
     if kind == "model_not_found":
         return FakeError(
             404,
-            body(f"The model `{model}` does not exist or you do not have access to it.", "invalid_request_error", "model_not_found"),
+            body(
+                f"The model `{model}` does not exist or you do not have access to it.",
+                "invalid_request_error",
+                "model_not_found",
+            ),
         )
     if kind == "context_length":
         return FakeError(
@@ -58,23 +64,43 @@ def openai_error(kind: str, *, model: str = "gpt-4o-mini", retry_after: float | 
             ),
         )
     if kind == "bad_request":
-        return FakeError(400, body("Invalid value for 'temperature'.", "invalid_request_error", "invalid_value", "temperature"))
+        return FakeError(
+            400,
+            body("Invalid value for 'temperature'.", "invalid_request_error", "invalid_value", "temperature"),
+        )
     if kind == "rate_limited":
         headers = {"retry-after": str(retry_after if retry_after is not None else 0)}
         return FakeError(
             429,
-            body(f"Rate limit reached for {model} on requests per min (RPM): Limit 3, Used 3, Requested 1.", "requests", "rate_limit_exceeded"),
+            body(
+                f"Rate limit reached for {model} on requests per min (RPM): Limit 3, Used 3, Requested 1.",
+                "requests",
+                "rate_limit_exceeded",
+            ),
             headers,
         )
     if kind == "quota":
         return FakeError(
             429,
-            body("You exceeded your current quota, please check your plan and billing details.", "insufficient_quota", "insufficient_quota"),
+            body(
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                "insufficient_quota",
+            ),
         )
     if kind == "server_error":
-        return FakeError(500, body("The server had an error while processing your request. Sorry about that!", "server_error", None))
+        return FakeError(
+            500,
+            body(
+                "The server had an error while processing your request. Sorry about that!",
+                "server_error",
+                None,
+            ),
+        )
     if kind == "unavailable":
-        return FakeError(503, body("The engine is currently overloaded, please try again later.", "server_error", None))
+        return FakeError(
+            503, body("The engine is currently overloaded, please try again later.", "server_error", None)
+        )
     raise ValueError(f"unknown error kind {kind!r}")
 
 
@@ -88,7 +114,9 @@ class FakeOpenAIServer(FakeServerBase):
     def chat_requests(self) -> list[Any]:
         return self.posts("/chat/completions")
 
-    def handle(self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]) -> None:
+    def handle(
+        self, handler: BaseHTTPRequestHandler, method: str, path: str, body: Any, headers: dict[str, str]
+    ) -> None:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             presented = headers.get("authorization", "").removeprefix("Bearer ")
             self.send_error_reply(handler, openai_error("auth", key=presented or "(none)"))
@@ -98,13 +126,30 @@ class FakeOpenAIServer(FakeServerBase):
             self.send_json(
                 handler,
                 200,
-                {"object": "list", "data": [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in models]},
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"}
+                        for m in models
+                    ],
+                },
             )
             return
         if method == "POST" and path == "/v1/chat/completions":
             self._chat(handler, body or {})
             return
-        self.send_json(handler, 404, {"error": {"message": f"Unknown request URL: {method} {path}", "type": "invalid_request_error", "param": None, "code": "unknown_url"}})
+        self.send_json(
+            handler,
+            404,
+            {
+                "error": {
+                    "message": f"Unknown request URL: {method} {path}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "unknown_url",
+                }
+            },
+        )
 
     def _chat(self, handler: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
         model = str(req.get("model", self.default_model))
@@ -122,9 +167,19 @@ class FakeOpenAIServer(FakeServerBase):
         model = reply.model or model
         chunks = reply.chunks if reply.chunks is not None else split_chunks(reply.text)
         text = "".join(chunks) if reply.chunks is not None else reply.text
-        prompt = reply.input_tokens if reply.input_tokens is not None else count_prompt_tokens(req.get("messages", []))
-        completion = reply.output_tokens if reply.output_tokens is not None else max(len(chunks), 1 if text else 0)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        prompt = (
+            reply.input_tokens
+            if reply.input_tokens is not None
+            else count_prompt_tokens(req.get("messages", []))
+        )
+        completion = (
+            reply.output_tokens if reply.output_tokens is not None else max(len(chunks), 1 if text else 0)
+        )
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
         cid = f"chatcmpl-fake{next(_ids)}"
         created = int(time.time())
         if not req.get("stream"):
@@ -134,7 +189,12 @@ class FakeOpenAIServer(FakeServerBase):
                 "created": created,
                 "model": model,
                 "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None, "finish_reason": "stop"}
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "logprobs": None,
+                        "finish_reason": "stop",
+                    }
                 ],
                 "system_fingerprint": "fp_fake",
             }
@@ -166,7 +226,16 @@ class FakeOpenAIServer(FakeServerBase):
         if include:
             self.write_sse(
                 handler,
-                json.dumps({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": usage}),
+                json.dumps(
+                    {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage,
+                    }
+                ),
             )
         self.write_sse(handler, "[DONE]")
 

@@ -1,6 +1,6 @@
 """Selector and grant benchmarks (not collected by default: run this file explicitly).
 
-    CONDUCTOR_TEST_ID=bench .venv/bin/python -m pytest tests/governance/bench_selectors.py -q -s
+CONDUCTOR_TEST_ID=bench .venv/bin/python -m pytest tests/governance/bench_selectors.py -q -s
 """
 
 from __future__ import annotations
@@ -65,9 +65,11 @@ def test_bench_selectors() -> None:
         "can_view_run(member, run)": _time(lambda: sel.can_view_run(member, run)),
         "can_use_pool(member, pool)": _time(lambda: sel.can_use_pool(member, teams[1].owned_pools.first())),
     }
-    print(f"\n{TEAMS} teams × {MEMBERS} members, {TEAMS * RUNS_PER_TEAM} runs; setup {setup_s:.1f}s")
-    print(f"membership_set (grant sync + audit): p50 {statistics.median(grant_times):.2f} ms, "
-          f"max {max(grant_times):.2f} ms")
+    print(f"\n{TEAMS} teams x {MEMBERS} members, {TEAMS * RUNS_PER_TEAM} runs; setup {setup_s:.1f}s")
+    print(
+        f"membership_set (grant sync + audit): p50 {statistics.median(grant_times):.2f} ms, "
+        f"max {max(grant_times):.2f} ms"
+    )
     print("| selector | p50 ms | p99 ms |\n|---|---|---|")
     for name, (p50, p99) in rows.items():
         print(f"| {name} | {p50:.2f} | {p99:.2f} |")

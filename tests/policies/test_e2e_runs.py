@@ -105,3 +105,32 @@ def test_run_over_a_hard_budget_is_refused_before_any_model_call(
     assert exc.value.retry_after_s and exc.value.retry_after_s > 0
     assert fake_pool.server.chat_requests() == []
     assert AuditEvent.objects.filter(event_type="run.refused").exists()
+
+
+def test_warn_guardrail_queues_the_run_for_review(
+    runtime_workers: Any, fake_pool: Any, owner: Any, alpha: Any, reviewer: Any
+) -> None:
+    from apps.audit.selectors import runs_awaiting_review
+
+    scripted_plan(fake_pool.server)
+    publish_policy(
+        alpha,
+        {
+            "guardrails": {
+                "input": {
+                    "blocked_terms": {
+                        "enabled": True,
+                        "action": "warn",
+                        "terms": [{"pattern": "merger", "kind": "keyword", "message": "M&A topics are reviewed"}],
+                    }
+                }
+            }
+        },
+    )
+    run = run_create(actor=owner, team=alpha, pool=fake_pool.pool, question="Summarise the merger", source="playground")
+    run = run_wait(run.id, 60)
+    assert run.status == RunStatus.SUCCEEDED, (run.status, run.error)
+    assert run.review_status == "pending" and not run.answer_held
+    assert run in list(runs_awaiting_review(reviewer))
+    requested = AuditEvent.objects.get(run_id=run.id, event_type="run.review_requested")
+    assert requested.payload["reason"] == "guardrail" and requested.payload["flags"] == ["warn"]

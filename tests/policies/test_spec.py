@@ -133,7 +133,8 @@ def test_overlay_tightens_and_never_loosens() -> None:
     assert m.guardrails.on_check_error == "fail_closed"
     assert m.guardrails.input.pii.enabled is True
     assert m.guardrails.input.pii.action == "redact"
-    assert set(m.guardrails.input.pii.types) == {"email", "card"}
+    # The team's check is disabled, so its settings are inert: the platform's check stands as is.
+    assert set(m.guardrails.input.pii.types) == {"email"}
 
 
 def test_null_limit_is_no_limit_in_the_overlay() -> None:
@@ -177,3 +178,21 @@ def test_diff_dicts_reports_leaf_paths() -> None:
     a = spec_to_dict(PolicySpec())
     b = spec_to_dict(parse_spec({"constraints": {"max_steps": {"value": 3}}}))
     assert diff_dicts(a, b) == [{"path": "constraints.max_steps.value", "old": 5, "new": 3}]
+
+
+def test_disabled_platform_check_does_not_harden_the_team_action() -> None:
+    from apps.policies.spec import merge_specs, parse_spec
+
+    platform = parse_spec({})
+    team = parse_spec(
+        {"guardrails": {"input": {"blocked_terms": {"enabled": True, "action": "warn", "terms": [{"pattern": "x"}]}}}}
+    )
+    merged = merge_specs(platform, team)
+    assert merged.guardrails.input.blocked_terms.action == "warn"
+    # An enabled platform check still wins over a looser team action.
+    strict = parse_spec(
+        {"guardrails": {"input": {"blocked_terms": {"enabled": True, "action": "block", "terms": [{"pattern": "y"}]}}}}
+    )
+    merged = merge_specs(strict, team)
+    assert merged.guardrails.input.blocked_terms.action == "block"
+    assert {t.pattern for t in merged.guardrails.input.blocked_terms.terms} == {"x", "y"}

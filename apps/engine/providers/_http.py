@@ -76,7 +76,9 @@ def map_status_error(
     if status in (401, 403):
         # Deliberately no provider text: OpenAI's 401 body quotes (part of) the key.
         word = "rejected the API key" if status == 401 else "refused access with this API key"
-        return ProviderAuthError(f"The {provider} provider {word} (HTTP {status}). Check the configured key.", **kw)
+        return ProviderAuthError(
+            f"The {provider} provider {word} (HTTP {status}). Check the configured key.", **kw
+        )
     if status == 404:
         return ProviderModelNotFound(
             f"The model {model!r} was not found at the {provider} provider (HTTP 404){suffix}", **kw

@@ -89,7 +89,9 @@ class AnthropicWorker:
         if isinstance(exc, anthropic.APITimeoutError):
             return ProviderTimeout("The Anthropic provider did not answer in time.", provider="Anthropic")
         if isinstance(exc, anthropic.APIConnectionError):
-            return ProviderUnavailable(f"Could not connect to the Anthropic provider at {self._host}.", provider="Anthropic")
+            return ProviderUnavailable(
+                f"Could not connect to the Anthropic provider at {self._host}.", provider="Anthropic"
+            )
         if isinstance(exc, anthropic.APIStatusError):
             return map_status_error(
                 provider="Anthropic",
@@ -101,8 +103,12 @@ class AnthropicWorker:
             )
         text = redact(str(exc), (self._secret,))
         if "api_key" in text or "auth" in text.lower():
-            return ProviderAuthError("No usable API key is configured for this Anthropic worker.", provider="Anthropic")
-        return ProviderError(f"The Anthropic call failed ({type(exc).__name__}): {text}", provider="Anthropic")
+            return ProviderAuthError(
+                "No usable API key is configured for this Anthropic worker.", provider="Anthropic"
+            )
+        return ProviderError(
+            f"The Anthropic call failed ({type(exc).__name__}): {text}", provider="Anthropic"
+        )
 
     def complete(
         self,
@@ -128,7 +134,11 @@ class AnthropicWorker:
             params["system"] = system
         if json_schema is not None:
             params["tools"] = [
-                {"name": TOOL_NAME, "description": "Return the response as structured data.", "input_schema": json_schema}
+                {
+                    "name": TOOL_NAME,
+                    "description": "Return the response as structured data.",
+                    "input_schema": json_schema,
+                }
             ]
             params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
 
@@ -153,12 +163,18 @@ class AnthropicWorker:
         parts: list[str] = []
         for block in resp.content:
             if block.type == "tool_use" and block.name == TOOL_NAME:
-                return json.dumps(block.input), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model
+                return (
+                    json.dumps(block.input),
+                    Usage(resp.usage.input_tokens, resp.usage.output_tokens),
+                    resp.model,
+                )
             if block.type == "text":
                 parts.append(block.text)
         return "".join(parts), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model
 
-    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> tuple[str, Usage, str]:
+    def _stream(
+        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
+    ) -> tuple[str, Usage, str]:
         assert self._client is not None
         parts: list[str] = []
         tool_json: list[str] = []

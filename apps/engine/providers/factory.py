@@ -54,7 +54,9 @@ def build_worker(
     if kind == "anthropic":
         from apps.engine.providers.anthropic_provider import AnthropicWorker
 
-        return AnthropicWorker(info, base_url=base_url, api_key=api_key, max_retries=max_retries, default_headers=default_headers)
+        return AnthropicWorker(
+            info, base_url=base_url, api_key=api_key, max_retries=max_retries, default_headers=default_headers
+        )
     if kind == "local":
         from apps.engine.providers.local import LocalWorker
 

@@ -74,11 +74,15 @@ def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAUL
         if loaded is not None:
             return loaded
         if not os.path.isfile(key[0]):
-            raise ProviderModelNotFound(f"The local model file {os.path.basename(path)!r} does not exist.", provider="local")
+            raise ProviderModelNotFound(
+                f"The local model file {os.path.basename(path)!r} does not exist.", provider="local"
+            )
         from llama_cpp import Llama
 
         t0 = time.perf_counter()
-        llm = Llama(model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False)
+        llm = Llama(
+            model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
+        )
         logger.info("loaded local model %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
         loaded = _Loaded(llm, threading.Lock(), key[0], _prompt_counter(llm))
         _MODELS[key] = loaded
@@ -202,7 +206,9 @@ class LocalWorker:
                     f"The conversation is too long for the local model's context window ({self.n_ctx} tokens).",
                     provider="local",
                 ) from None
-            raise ProviderBadRequest(f"The local model rejected the request: {msg[:200]}", provider="local") from None
+            raise ProviderBadRequest(
+                f"The local model rejected the request: {msg[:200]}", provider="local"
+            ) from None
         finally:
             loaded.lock.release()
         text = "".join(parts)

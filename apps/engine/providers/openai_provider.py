@@ -85,7 +85,9 @@ class OpenAIWorker:
         if isinstance(exc, openai.APITimeoutError):
             return ProviderTimeout(f"The {provider} provider did not answer in time.", provider=provider)
         if isinstance(exc, openai.APIConnectionError):
-            return ProviderUnavailable(f"Could not connect to the {provider} provider at {self._host}.", provider=provider)
+            return ProviderUnavailable(
+                f"Could not connect to the {provider} provider at {self._host}.", provider=provider
+            )
         if isinstance(exc, openai.APIStatusError):
             return map_status_error(
                 provider=provider,
@@ -96,7 +98,8 @@ class OpenAIWorker:
                 secrets=(self._secret,),
             )
         return ProviderError(
-            f"The {provider} call failed ({type(exc).__name__}): {redact(str(exc), (self._secret,))}", provider=provider
+            f"The {provider} call failed ({type(exc).__name__}): {redact(str(exc), (self._secret,))}",
+            provider=provider,
         )
 
     # ------------------------------------------------------------------ calls
@@ -145,10 +148,16 @@ class OpenAIWorker:
         except openai.OpenAIError as exc:
             raise self._map(exc) from None
         text = (resp.choices[0].message.content or "") if resp.choices else ""
-        usage = Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens) if resp.usage else _estimate(params, text)
+        usage = (
+            Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens)
+            if resp.usage
+            else _estimate(params, text)
+        )
         return text, usage, resp.model or self.info.model
 
-    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> tuple[str, Usage, str]:
+    def _stream(
+        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
+    ) -> tuple[str, Usage, str]:
         assert self._client is not None
         parts: list[str] = []
         usage: Usage | None = None

@@ -26,7 +26,9 @@ _GENAI_PROVIDER = {"openai": "openai", "anthropic": "anthropic"}
 
 
 @lru_cache(maxsize=512)
-def _genai_unit_prices(model: str, provider_id: str | None, api_url: str | None) -> tuple[Decimal, Decimal] | None:
+def _genai_unit_prices(
+    model: str, provider_id: str | None, api_url: str | None
+) -> tuple[Decimal, Decimal] | None:
     """Per-token (input, output) USD prices from genai-prices, cached: its lookup is a scan.
     Derived from two probe calculations so tiered/cached-token pricing does not leak in."""
     try:
@@ -34,6 +36,7 @@ def _genai_unit_prices(model: str, provider_id: str | None, api_url: str | None)
         from genai_prices import calc_price
     except ImportError:  # pragma: no cover — declared dependency
         return None
+
     def price(usage: GUsage) -> Decimal:
         if api_url is not None:
             return Decimal(calc_price(usage, model, provider_api_url=api_url).total_price)
@@ -50,7 +53,9 @@ def _genai_unit_prices(model: str, provider_id: str | None, api_url: str | None)
     return inp / MTOK, out / MTOK
 
 
-def price_call(info: WorkerInfo, usage: Usage, *, model: str | None = None, base_url: str | None = None) -> tuple[Decimal | None, bool]:
+def price_call(
+    info: WorkerInfo, usage: Usage, *, model: str | None = None, base_url: str | None = None
+) -> tuple[Decimal | None, bool]:
     """(cost_usd, priced) for one call by this worker."""
     if info.provider == "local":
         return Decimal(0), True
