@@ -70,6 +70,16 @@ def main() -> None:
     print(
         f"SmolLM2-135M Q4_1, n_ctx=2048, n_threads={args.threads}, {n} max tokens, {args.rounds} rounds (medians)"
     )
+    # The wrapper's deterministic extra work, timed on its own: prompt-token counting per call.
+    loaded = worker.load()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        loaded.count_prompt(PROMPT)
+    count_us = (time.perf_counter() - t0) / 200 * 1e6
+    gen_s = n / statistics.median(wall["direct"])
+    print(
+        f"prompt-token counting: {count_us:.0f} µs per call = {100 * count_us / 1e6 / gen_s:.3f}% of one generation"
+    )
     print("              path  tok/wall-s  tok/CPU-s  tokens  overhead vs direct (wall, CPU)")
     base_w, base_c = statistics.median(wall["direct"]), statistics.median(cpu["direct"])
     for name in names:

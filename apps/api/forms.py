@@ -27,7 +27,7 @@ class ApiKeyCreateForm(forms.Form):
         input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d"],
         help_text="Optional (UTC). The key stops working at this time.",
     )
-    allowed_pools = forms.ModelMultipleChoiceField(
+    allowed_pools: forms.ModelMultipleChoiceField = forms.ModelMultipleChoiceField(
         queryset=None,  # set per team in __init__
         required=False,
         widget=forms.CheckboxSelectMultiple,
@@ -38,4 +38,6 @@ class ApiKeyCreateForm(forms.Form):
 
     def __init__(self, *args: Any, pools: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["allowed_pools"].queryset = pools
+        field = self.fields["allowed_pools"]
+        assert isinstance(field, forms.ModelMultipleChoiceField)
+        field.queryset = pools

@@ -27,7 +27,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -43,6 +43,8 @@ PRESETS = {"conductor-mini": "mini", "conductor-ultra": "ultra"}
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # How long a follower sleeps between database reads when no channel message wakes it.
 FOLLOW_POLL_S = 0.25
+# A quiet stream sends a comment this often so proxies do not close it.
+KEEPALIVE_S = 15.0
 
 
 class OpenAIError(Exception):
@@ -437,9 +439,8 @@ class RunFollower:
 def _events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
     from apps.runs.models import RunEvent
 
-    return list(
-        RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data")
-    )
+    rows = RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data")
+    return [dict(row) for row in rows]
 
 
 def _load_run(run_id: Any) -> Any:
@@ -632,6 +633,7 @@ async def stream_run(
     yield _sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
     last_seq = 0
     deadline = _deadline()
+    last_sent = time.monotonic()
     async with RunFollower(run.id) as follower:
         finished = False
         while not finished and time.monotonic() < deadline:
@@ -640,10 +642,15 @@ async def stream_run(
                 info = progress(event)
                 if info is not None:
                     yield _sse(_chunk(env, {}, conductor=info))
+                    last_sent = time.monotonic()
                 if event["type"] == "run.finished":
                     finished = True
                     break
             if not finished:
+                if time.monotonic() - last_sent > KEEPALIVE_S:
+                    # An SSE comment: clients ignore it, proxies see a live connection.
+                    yield b": keep-alive\n\n"
+                    last_sent = time.monotonic()
                 await follower.wait(deadline - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
         final = await sync_to_async(_load_run)(run.id)
@@ -717,7 +724,7 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
 
 
 @csrf_exempt
-async def chat_completions_view(request: HttpRequest) -> HttpResponse:
+async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return _method_not_allowed("POST")
     try:
@@ -732,7 +739,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponse:
     )
     headers = {"X-Conductor-Run": str(run.id), "X-Conductor-Run-Url": env.conductor["url"]}
     if chat.stream:
-        response: HttpResponse = StreamingHttpResponse(
+        response: HttpResponseBase = StreamingHttpResponse(
             stream_run(request, key, chat, target, run, env), content_type="text/event-stream"
         )
         response["Cache-Control"] = "no-cache"

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import Q
@@ -81,7 +80,7 @@ def _pools_team_may_use(team: Any) -> Any:
     return pools_granted_to(team)
 
 
-def _assert_manages(actor: AbstractBaseUser | None, team: Any) -> None:
+def _assert_manages(actor: Any, team: Any) -> None:
     if actor is None:  # management command / system
         return
     from apps.governance import selectors
@@ -90,7 +89,7 @@ def _assert_manages(actor: AbstractBaseUser | None, team: Any) -> None:
         raise PermissionDenied("Only the team's admins manage its API keys.")
 
 
-def _default_principal(team: Any) -> AbstractBaseUser | None:
+def _default_principal(team: Any) -> Any:
     from apps.governance.models import Membership, Role
 
     membership = (
@@ -118,7 +117,7 @@ def _snapshot(key: ApiKey) -> dict[str, Any]:
 
 def apikey_create(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Any,
     team: Any,
     name: str,
     role: str = ApiKeyRole.RUN,
@@ -126,7 +125,7 @@ def apikey_create(
     allowed_pools: Iterable[Any] = (),
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
-    principal: AbstractBaseUser | None = None,
+    principal: Any = None,
 ) -> CreatedApiKey:
     """Create a key for ``team``. The plaintext is in the result and nowhere else, ever.
 
@@ -202,7 +201,7 @@ def apikey_create(
     return CreatedApiKey(api_key=key, plaintext=plaintext)
 
 
-def apikey_revoke(*, actor: AbstractBaseUser | None, api_key: ApiKey) -> ApiKey:
+def apikey_revoke(*, actor: Any, api_key: ApiKey) -> ApiKey:
     """Revoke ``api_key`` (idempotent: revoking a revoked key changes and records nothing)."""
     _assert_manages(actor, api_key.team)
     with transaction.atomic():

@@ -451,10 +451,17 @@ def parse_plan(
 
 
 def plan_json_schema(
-    pool_size: int, max_steps: int = 5, *, allow_self: bool = True, strict: bool = False
+    pool_size: int,
+    max_steps: int = 5,
+    *,
+    allow_self: bool = True,
+    strict: bool = False,
+    max_instruction_chars: int | None = None,
 ) -> dict:
     """JSON schema for constrained decoding of a plan object. `strict=True` keeps only the
-    keywords OpenAI strict structured outputs accept (no minItems/maxItems/minLength)."""
+    keywords OpenAI strict structured outputs accept (no minItems/maxItems/minLength).
+    `max_instruction_chars` bounds each subtask string, so a grammar-constrained small model
+    cannot ramble until max_tokens cuts the JSON off unterminated."""
     ids = list(range(pool_size)) + ([pool_size] if allow_self else [])
     ints: dict[str, Any] = {"type": "integer", "enum": ids}
     text: dict[str, Any] = {"type": "string"}
@@ -462,6 +469,8 @@ def plan_json_schema(
     if not strict:
         text["minLength"] = 1
         index["minimum"] = 0
+        if max_instruction_chars is not None:
+            text["maxLength"] = max_instruction_chars
 
     def arr(items: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "array", "items": items}

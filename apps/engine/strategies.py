@@ -250,12 +250,14 @@ class ConductorStrategy(_Base):
         *,
         constrained: bool = True,
         max_tokens: int = 768,
+        max_instruction_chars: int | None = 400,
     ) -> None:
         if preset is not None and preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
         self.preset = preset
         self.constrained = constrained  # pass a JSON schema; providers that cannot honour it ignore it
         self.max_tokens = max_tokens
+        self.max_instruction_chars = max_instruction_chars  # keeps constrained JSON short and complete
 
     def narrow_limits(self, limits: Limits) -> Limits:
         p = PRESETS.get(self.preset or "")
@@ -332,7 +334,12 @@ class ConductorStrategy(_Base):
         """Conductor attempt, up to `repair_rounds` repairs, then the recorded fallback."""
         pool_size = len(session.pool)
         schema = (
-            plan_json_schema(pool_size, session.limits.max_steps, allow_self=allow_self)
+            plan_json_schema(
+                pool_size,
+                session.limits.max_steps,
+                allow_self=allow_self,
+                max_instruction_chars=self.max_instruction_chars,
+            )
             if self.constrained
             else None
         )

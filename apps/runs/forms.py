@@ -7,6 +7,7 @@ from django import forms
 from apps.governance import selectors as gov
 from apps.runs.models import RunStatus, Strategy
 from apps.runs.services import MAX_QUESTION_CHARS
+from apps.workers.engine_adapter import pool_unavailable_reason
 from apps.workers.models import Worker
 
 # What the playground offers, mapped to (strategy, preset).
@@ -71,7 +72,20 @@ class PlaygroundForm(forms.Form):
         super().__init__(*args, **kwargs)
         pools = gov.pools_usable_by(user).filter(enabled=True).order_by("slug")
         self.fields["pool"].queryset = pools
-        self.fields["team"].queryset = gov.teams_runnable_by(user).order_by("slug")
+        teams = gov.teams_runnable_by(user).order_by("slug")
+        self.fields["team"].queryset = teams
+        # Say up front which pools cannot run (e.g. a provider key not set) and preselect one that
+        # can — the team's default first — so a first run does not fail on a keyless pool.
+        unavailable = {pool.pk: pool_unavailable_reason(pool) for pool in pools}
+        self.fields["pool"].label_from_instance = lambda pool: (  # type: ignore[attr-defined]
+            f"{pool.name} — unavailable: {unavailable[pool.pk]}" if unavailable.get(pool.pk) else pool.name
+        )
+        if not self.is_bound:
+            defaults = [team.default_pool_id for team in teams if team.default_pool_id]
+            ready = [pool.pk for pool in pools if not unavailable.get(pool.pk)]
+            preferred = [pk for pk in defaults if pk in ready] + ready
+            if preferred and "pool" not in self.initial:
+                self.initial["pool"] = preferred[0]
         self.fields["worker"].queryset = (
             Worker.objects.filter(pool_entries__pool__in=pools).distinct().order_by("slug")
         )

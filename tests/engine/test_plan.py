@@ -208,6 +208,9 @@ def test_json_schema_shape() -> None:
     assert schema["properties"]["model_id"]["items"]["enum"] == [0, 1, 2, 3]
     assert schema["properties"]["model_id"]["maxItems"] == 4
     assert plan_json_schema(3, 4, allow_self=False)["properties"]["model_id"]["items"]["enum"] == [0, 1, 2]
+    assert (
+        plan_json_schema(2, 3, max_instruction_chars=99)["properties"]["subtasks"]["items"]["maxLength"] == 99
+    )
     strict = plan_json_schema(2, 3, strict=True)
     assert "maxItems" not in json.dumps(strict) and "minLength" not in json.dumps(strict)
 

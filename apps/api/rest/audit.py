@@ -24,8 +24,12 @@ from apps.audit.models import AuditEvent
 
 
 class AuditEventOutput(serializers.ModelSerializer):
-    actor = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    actor: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     payload = serializers.JSONField()
 
     class Meta:

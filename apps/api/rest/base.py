@@ -7,7 +7,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, generics, permissions
-from rest_framework.pagination import CursorPagination, LimitOffsetPagination
+from rest_framework.pagination import BasePagination, CursorPagination, LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -90,7 +90,7 @@ def paginate(view: ApiView, queryset: Any, serializer_class: Any, paginator_clas
 class ApiListView(generics.ListAPIView, ApiView):
     """A paginated, filterable list (pagination and filters appear in the OpenAPI schema)."""
 
-    pagination_class = Pagination
+    pagination_class: type[BasePagination] | None = Pagination
 
 
 class ApiRetrieveView(generics.RetrieveAPIView, ApiView):

@@ -17,8 +17,10 @@ from apps.api.services import MAX_RPM, MAX_TPM, apikey_create, apikey_revoke
 
 
 class ApiKeyOutput(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    allowed_pools = serializers.SlugRelatedField(slug_field="slug", many=True, read_only=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    allowed_pools: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", many=True, read_only=True
+    )
     acts_as = serializers.SerializerMethodField()
     active = serializers.SerializerMethodField()
 

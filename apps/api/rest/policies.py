@@ -17,8 +17,12 @@ from apps.policies.models import Policy, PolicyVersion
 
 
 class PolicyVersionSummaryOutput(serializers.ModelSerializer):
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    published_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = PolicyVersion
@@ -42,7 +46,9 @@ class PolicyVersionOutput(PolicyVersionSummaryOutput):
 
 
 class PolicyOutput(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     current_version = PolicyVersionSummaryOutput(read_only=True, allow_null=True)
 
     class Meta:

@@ -20,7 +20,9 @@ from apps.workers.models import Pool, Provider, ProviderKind, Worker
 
 
 class ProviderOutput(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     api_key_set = serializers.SerializerMethodField(help_text="Whether a key is stored (never the key).")
     api_key_hint = serializers.SerializerMethodField(help_text="'•••• last 4' of a stored key.")
 
@@ -132,8 +134,12 @@ class ProviderDetail(ApiView):
 
 
 class WorkerOutput(serializers.ModelSerializer):
-    provider = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    fallback = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    provider: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    fallback: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     tags = serializers.ListField(child=serializers.CharField())
 
     class Meta:
@@ -277,10 +283,16 @@ class WorkerHealthCheck(ApiView):
 
 
 class PoolOutput(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     workers = serializers.SerializerMethodField(help_text="Worker slugs in plan order (index = position).")
-    default_worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
-    conductor_worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    default_worker: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
+    conductor_worker: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     usable = serializers.SerializerMethodField(help_text="Whether the caller may run on this pool.")
 
     class Meta:

@@ -34,11 +34,17 @@ def run_absolute_url(request: Request, run: Run) -> str:
 
 class RunOutput(serializers.ModelSerializer):
     url = serializers.SerializerMethodField(help_text="The run page with its live step graph.")
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    pool = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
-    api_key = serializers.SlugRelatedField(slug_field="prefix", read_only=True, allow_null=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    pool: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    worker: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
+    created_by: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
+    api_key: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="prefix", read_only=True, allow_null=True
+    )
     answer = serializers.SerializerMethodField(help_text="Null while held for review.")
 
     class Meta:
@@ -97,7 +103,9 @@ class MessageOutput(serializers.Serializer):
 
 
 class StepOutput(serializers.ModelSerializer):
-    worker = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    worker: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     access = serializers.JSONField(help_text="Indices of earlier steps this worker saw.")
     messages = serializers.JSONField(help_text="The exact messages sent to the worker: [{role, content}].")
 
@@ -127,8 +135,6 @@ class StepOutput(serializers.ModelSerializer):
 
 
 class RunEventOutput(serializers.ModelSerializer):
-    data = serializers.JSONField()
-
     class Meta:
         model = RunEvent
         fields = ["seq", "type", "data", "created_at"]

@@ -19,7 +19,9 @@ from apps.governance.models import Membership, Role, Team
 
 
 class TeamOutput(serializers.ModelSerializer):
-    default_pool = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    default_pool: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     role = serializers.SerializerMethodField(help_text="The caller's role in the team (null for superusers).")
 
     class Meta:
@@ -46,8 +48,10 @@ class TeamUpdateInput(serializers.Serializer):
 
 
 class MembershipOutput(serializers.ModelSerializer):
-    team = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    user = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    user: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
 
     class Meta:
         model = Membership

@@ -14,6 +14,7 @@ callback that builds a vocabulary-sized array per token, and it cannot raise.)
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
@@ -64,6 +65,21 @@ class _Loaded:
 
 _MODELS: dict[tuple[str, int, int], _Loaded] = {}
 _MODELS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_models() -> None:
+    # Free models while llama_cpp's module globals still exist; left to garbage collection at
+    # interpreter teardown, Llama.__del__ fails noisily. A model still busy on an abandoned daemon
+    # thread is left alone: closing it under a running generation could crash the process.
+    with _MODELS_LOCK:
+        for key, loaded in list(_MODELS.items()):
+            if loaded.lock.acquire(blocking=False):
+                try:
+                    loaded.llm.close()
+                finally:
+                    loaded.lock.release()
+                del _MODELS[key]
 
 
 def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
