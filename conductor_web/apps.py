@@ -16,5 +16,10 @@ def _disable_contenttype_cache() -> None:
     new ids, while a long-lived daphne/Celery process would keep the old ids cached and guardian
     would then deny every object permission. Never enabled outside the test settings."""
     from django.contrib.contenttypes.models import ContentTypeManager
+    from guardian import shortcuts
 
     ContentTypeManager._add_to_cache = lambda self, using, ct: None  # type: ignore[method-assign]
+    # guardian memoises content types per permission codename in an lru_cache of its own.
+    uncached = shortcuts._get_ct_cached.__wrapped__  # type: ignore[attr-defined]
+    uncached.cache_clear = lambda: None  # guardian clears it on post_migrate
+    shortcuts._get_ct_cached = uncached

@@ -35,6 +35,10 @@ step.finished
     {index, round, status, output, error, worker_key, fallback_from: str|None,
      usage: {input_tokens, output_tokens}, cost_usd: str|None, priced: bool, latency_ms}
     Steps that never started (skipped/blocked) get a step.finished without a step.started.
+    A conductor-itself step (worker_key = the conductor's key) gets step.started when the
+    re-plan begins and step.finished after the next round's plan.proposed events; its output is
+    the new plan in text form and its usage is zero — the planning calls' usage and cost are on
+    those plan.proposed events (summing both would double count).
 run.finished
     {status, answer, error, reason, totals: {input_tokens, output_tokens, cost_usd, priced,
      latency_ms, steps}}

@@ -51,6 +51,16 @@ def build_pool(pool: Pool) -> WorkerPool:
         raise PoolUnavailableError(str(exc)) from None
 
 
+def check_pool_available(pool: Pool) -> None:
+    """Refuse a pool that cannot run (disabled, a worker without a key...) without building SDK
+    clients: that costs tens of milliseconds per client and execution builds them anyway."""
+    from apps.workers.engine_adapter import pool_unavailable_reason
+
+    reason = pool_unavailable_reason(pool)
+    if reason:
+        raise PoolUnavailableError(reason)
+
+
 def policy_in_force(team: Team) -> PolicyInForce:
     try:
         from apps.policies.services import effective_policy

@@ -120,7 +120,7 @@ def run_create(
     if strategy == Strategy.SINGLE and worker is None:
         worker = pool.default_worker
     try:
-        integration.build_pool(pool)  # cheap: builds clients, calls no model
+        integration.check_pool_available(pool)
     except integration.PoolUnavailableError as exc:
         raise _refuse(
             actor=actor, team=team, code="pool_unavailable", message=str(exc), pool=pool.slug

@@ -5,52 +5,14 @@ when posting the form anyway; an outsider sees nothing of the team."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from apps.workers.models import Worker
 from tests.fakes.openai_server import openai_error
-from tests.fixtures.core import ROOT, LiveServer, _stop, _wait_for_port, free_port, subprocess_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def daphne_server(transactional_db: Any, tmp_path: Any) -> Iterator[LiveServer]:
-    """A daphne process per test (overrides the session one for this module, and so for ``login``).
-
-    Each transactional test's flush re-creates content types and permissions with new ids; a
-    long-lived server keeps the old ids in ``ContentType.objects``' cache and guardian then
-    answers "no permission" from the second test on.
-    """
-    port = free_port()
-    log = tmp_path / "daphne.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "conductor_web.asgi:application",
-            ],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_for_port(port, proc, 60, log)
-        yield LiveServer(f"http://127.0.0.1:{port}", proc, log)
-    finally:
-        _stop(proc)
 
 
 def _csrf(page: Any) -> str:
