@@ -457,8 +457,10 @@ def plan_json_schema(
     allow_self: bool = True,
     strict: bool = False,
     max_instruction_chars: int | None = None,
+    shape: Literal["lists", "steps"] = "lists",
 ) -> dict:
-    """JSON schema for constrained decoding of a plan object. `strict=True` keeps only the
+    """JSON schema for constrained decoding of a plan object: the three lists (``lists``), or
+    ``{"steps": [{"worker", "subtask", "access"}]}`` (``steps``). `strict=True` keeps only the
     keywords OpenAI strict structured outputs accept (no minItems/maxItems/minLength).
     `max_instruction_chars` bounds each subtask string, so a grammar-constrained small model
     cannot ramble until max_tokens cuts the JSON off unterminated."""
@@ -480,6 +482,21 @@ def plan_json_schema(
         return out
 
     access_item = {"anyOf": [{"type": "string", "enum": ["all"]}, {"type": "array", "items": index}]}
+    if shape == "steps":
+        # One object per step: equal list lengths hold by construction, which three parallel
+        # arrays cannot express in JSON schema (small grammar-constrained models get it wrong).
+        step = {
+            "type": "object",
+            "properties": {"worker": ints, "subtask": text, "access": access_item},
+            "required": ["worker", "subtask", "access"],
+            "additionalProperties": False,
+        }
+        return {
+            "type": "object",
+            "properties": {"steps": arr(step)},
+            "required": ["steps"],
+            "additionalProperties": False,
+        }
     return {
         "type": "object",
         "properties": {

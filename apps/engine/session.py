@@ -282,13 +282,18 @@ class RunSession:
 
     # ------------------------------------------------------------------ validation & execution
 
-    def engine_violations(self, plan: Plan, *, allow_self: bool) -> list[Violation]:
+    def engine_violations(
+        self, plan: Plan, *, allow_self: bool, max_steps: int | None = None
+    ) -> list[Violation]:
         """The engine's own constraints (structure, max steps, allowed workers), checked before
-        governance so every strategy's plans obey the limits in force."""
+        governance (with the accept bound) and on the plan that will run (with max_steps)."""
         out: list[Violation] = []
         try:
             validate_plan(
-                plan, pool_size=len(self.pool), max_steps=self.limits.max_steps, allow_self=allow_self
+                plan,
+                pool_size=len(self.pool),
+                max_steps=self.limits.plan_bound if max_steps is None else max_steps,
+                allow_self=allow_self,
             )
         except PlanError as err:
             out.append(Violation("invalid_plan", err.message))
@@ -328,6 +333,15 @@ class RunSession:
                     )
             elif verdict.action == "accepted":
                 verdict.plan = plan
+            # Whatever governance let through must fit the limits the run was given.
+            if verdict.action != "blocked" and verdict.plan is not None:
+                over = self.engine_violations(
+                    verdict.plan, allow_self=allow_self, max_steps=self.limits.max_steps
+                )
+                if over:
+                    verdict = PlanValidation(
+                        "blocked", list(verdict.violations) + over, None, over[0].message
+                    )
         final = verdict.plan if verdict.action != "blocked" else None
         self.emitter.emit(
             EventType.PLAN_VALIDATED,

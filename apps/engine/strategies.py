@@ -222,14 +222,21 @@ the last step is the final answer, so the last step must produce it.
 Constraints in force: {constraints}
 {guidance}
 
-Reply with the three lists, like:
-model_id = [{example_worker}, {example_worker}]
+{reply_format}"""
+
+LISTS_REPLY = """Reply with the three lists, like:
+model_id = [{w}, {w}]
 subtasks = ["Solve the problem step by step.", "Check the solution above and give the final answer."]
 access_list = [[], "all"]
 (A JSON object with the keys model_id, subtasks and access_list is also accepted.)"""
 
+# Under constrained decoding the reply is one object per step (see plan_json_schema's "steps").
+STEPS_REPLY = """Reply with a JSON object listing the steps in order, like:
+{{"steps": [{{"worker": {w}, "subtask": "Solve the problem step by step.", "access": []}},
+ {{"worker": {w}, "subtask": "Check the solution above and give the final answer.", "access": "all"}}]}}"""
+
 REPAIR_PROMPT = """That workflow is invalid: {error}
-Reply with a corrected workflow: the three lists model_id, subtasks and access_list only."""
+Reply with the corrected workflow only, in the same format."""
 
 REPLAN_PROMPT = """Question: {question}
 
@@ -306,7 +313,7 @@ class ConductorStrategy(_Base):
             self_rule=self_rule,
             constraints="; ".join(constraints) + ".",
             guidance=preset.guidance if preset else "",
-            example_worker=order[0],
+            reply_format=(STEPS_REPLY if self.constrained else LISTS_REPLY).format(w=order[0]),
         )
 
     def _results_text(self, session: RunSession, self_step: PlanStep) -> str:
@@ -339,6 +346,7 @@ class ConductorStrategy(_Base):
                 session.limits.max_steps,
                 allow_self=allow_self,
                 max_instruction_chars=self.max_instruction_chars,
+                shape="steps",
             )
             if self.constrained
             else None
@@ -361,7 +369,7 @@ class ConductorStrategy(_Base):
                     plan = parse_plan(
                         result.text,
                         pool_size=pool_size,
-                        max_steps=session.limits.max_steps,
+                        max_steps=session.limits.plan_bound,
                         allow_self=allow_self,
                         index_offset=first,
                     )

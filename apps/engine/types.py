@@ -81,6 +81,15 @@ class Limits:
     stream: bool = True  # emit step.delta events when the provider streams
     repair_rounds: int = 1  # invalid conductor plans get this many chances to fix themselves
     cancel_poll_s: float = 0.25  # how often a waiting run re-checks its CancelToken
+    # Plans up to this many steps are parsed and handed to governance, which must repair or
+    # block those over `max_steps` (a policy wants to see, and record, the over-long plan);
+    # None means `max_steps`. `max_steps` stays what the conductor is told and what runs.
+    accept_steps: int | None = None
+
+    @property
+    def plan_bound(self) -> int:
+        """The longest plan the parser accepts."""
+        return max(self.max_steps, self.accept_steps or 0)
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:
@@ -95,6 +104,7 @@ class Limits:
     def to_dict(self) -> dict[str, object]:
         return {
             "max_steps": self.max_steps,
+            "accept_steps": self.plan_bound,
             "max_depth": self.max_depth,
             "max_parallel": self.max_parallel,
             "step_timeout_s": self.step_timeout_s,

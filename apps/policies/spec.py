@@ -850,17 +850,19 @@ class EffectivePolicy:
     def engine_limits(self) -> Any:
         """`apps.engine.types.Limits` narrowed by the policy.
 
-        The engine's own step bound (what the parser accepts) is kept at least
-        PLAN_ENVELOPE_STEPS so an over-long conductor plan reaches `validate_plan`, where the
-        policy repairs or blocks it with a precise violation; presets may narrow it further.
-        Depth, parallelism and the time caps are enforced by the engine directly."""
+        The conductor is told the policy's step limit (``max_steps``), while the parser accepts
+        plans up to PLAN_ENVELOPE_STEPS (``accept_steps``) so an over-long conductor plan reaches
+        `validate_plan`, where the policy repairs or blocks it with a precise violation; presets
+        may narrow ``max_steps`` further. Depth, parallelism and the time caps are enforced by
+        the engine directly."""
         from apps.engine.types import Limits
 
         base = Limits()
         c = self.spec.constraints
         kwargs: dict[str, Any] = {}
         if c.max_steps.value is not None:
-            kwargs["max_steps"] = max(c.max_steps.value, PLAN_ENVELOPE_STEPS)
+            kwargs["max_steps"] = min(base.max_steps, c.max_steps.value)
+            kwargs["accept_steps"] = max(c.max_steps.value, PLAN_ENVELOPE_STEPS)
         if c.max_depth.value is not None:
             kwargs["max_depth"] = min(base.max_depth, c.max_depth.value)
         if c.max_parallel.value is not None:

@@ -359,3 +359,23 @@ def test_anthropic_timeout(anthropic_fake: FakeAnthropicServer) -> None:
     with pytest.raises(ProviderTimeout):
         an_worker(anthropic_fake, max_retries=0).complete(MSGS, timeout=0.3)
     assert time.monotonic() - t0 < 1.5
+
+
+def test_workers_share_one_http_client_per_sdk(openai_fake: FakeOpenAIServer) -> None:
+    # Building a worker must not build a fresh SSL context each time (see shared_http_client).
+    from apps.engine.providers._http import shared_http_client
+
+    a = build_worker(
+        WorkerInfo(key="a", name="A", model="m", provider="openai_compatible"),
+        kind="openai_compatible",
+        base_url=openai_fake.base_url,
+        api_key="k",
+    )
+    b = build_worker(
+        WorkerInfo(key="b", name="B", model="m", provider="openai_compatible"),
+        kind="openai_compatible",
+        base_url=openai_fake.base_url,
+        api_key="k",
+    )
+    assert a._client._client is b._client._client is shared_http_client("openai")  # type: ignore[attr-defined]
+    assert a.complete([{"role": "user", "content": "hi"}]).text

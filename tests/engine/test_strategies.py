@@ -133,14 +133,17 @@ def test_conductor_scripted_plan(openai_fake: FakeOpenAIServer) -> None:
 
 
 def test_conductor_structured_output_schema(openai_fake: FakeOpenAIServer) -> None:
+    # Constrained output is one object per step, so list lengths cannot disagree.
     openai_fake.responder = router(
-        [json.dumps({"model_id": [1], "subtasks": ["Answer"], "access_list": [[]]})]
+        [json.dumps({"steps": [{"worker": 1, "subtask": "Answer", "access": []}]})]
     )
     result, _ = go(openai_fake, ConductorStrategy(), make_pool(openai_fake, structured=True))
     assert result.status == RunStatus.SUCCEEDED and result.answer == "worker-1 says: Answer"
     fmt = conductor_requests(openai_fake)[0].json["response_format"]
     assert fmt["type"] == "json_schema"
-    assert fmt["json_schema"]["schema"]["properties"]["model_id"]["items"]["enum"] == [0, 1, 2]
+    step = fmt["json_schema"]["schema"]["properties"]["steps"]["items"]
+    assert step["properties"]["worker"]["enum"] == [0, 1, 2]
+    assert step["required"] == ["worker", "subtask", "access"]
 
 
 def test_conductor_repair_round(openai_fake: FakeOpenAIServer) -> None:
@@ -249,9 +252,8 @@ def test_mini_preset_limits(openai_fake: FakeOpenAIServer) -> None:
         and "yourself (the conductor)" not in first.messages[0]["content"]
     )
     assert "cheapest" in first.messages[0]["content"]
-    assert first.json["response_format"]["json_schema"]["schema"]["properties"]["model_id"]["items"][
-        "enum"
-    ] == [0, 1]
+    step_schema = first.json["response_format"]["json_schema"]["schema"]["properties"]["steps"]["items"]
+    assert step_schema["properties"]["worker"]["enum"] == [0, 1]
     assert "4 steps; at most 3" in sink.of_type(EventType.PLAN_PROPOSED)[0].data["error"]
 
 

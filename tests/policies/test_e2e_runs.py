@@ -61,10 +61,9 @@ def test_card_number_is_redacted_before_any_worker_sees_it(
 def test_over_long_plan_under_a_four_step_limit(
     runtime_workers: Any, fake_pool: Any, owner: Any, alpha: Any, action: str, status: str
 ) -> None:
-    # run_create only offers the mini (≤3 steps) and ultra (≤5) presets and the engine parses a
-    # plan within the preset's bound, so through a real run the longest plan that reaches the
-    # policy is 5 steps. The 6-step case runs through the engine directly in test_hooks.py.
-    scripted_plan(fake_pool.server, plan=plan_of(5))
+    # The conductor is told "at most 4 steps" but proposes 6: the plan still reaches the policy
+    # (Limits.accept_steps), which repairs or blocks it, and both plans are recorded.
+    scripted_plan(fake_pool.server, plan=plan_of(6))
     publish_policy(alpha, {"constraints": {"max_steps": {"value": 4, "action": action}}})
     run = run_create(
         actor=owner, team=alpha, pool=fake_pool.pool, question="Plan big", preset="ultra", source="playground"
@@ -72,7 +71,11 @@ def test_over_long_plan_under_a_four_step_limit(
     run = run_wait(run.id, 60)
     assert run.status == status, (run.status, run.error)
     validated = RunEvent.objects.get(run=run, type="plan.validated").data
-    assert len(validated["original"]["steps"]) == 5
+    assert len(validated["original"]["steps"]) == 6
+    conductor_prompt = next(
+        r for r in fake_pool.server.chat_requests() if r.json.get("model") == "fake-conductor-1"
+    )
+    assert "at most 4 steps" in conductor_prompt.messages[0]["content"]
     assert [v["code"] for v in validated["violations"]] == ["too_many_steps"]
     worker_calls = [r for r in fake_pool.server.chat_requests() if r.json.get("model") != "fake-conductor-1"]
     if action == "repair":
@@ -121,13 +124,17 @@ def test_warn_guardrail_queues_the_run_for_review(
                     "blocked_terms": {
                         "enabled": True,
                         "action": "warn",
-                        "terms": [{"pattern": "merger", "kind": "keyword", "message": "M&A topics are reviewed"}],
+                        "terms": [
+                            {"pattern": "merger", "kind": "keyword", "message": "M&A topics are reviewed"}
+                        ],
                     }
                 }
             }
         },
     )
-    run = run_create(actor=owner, team=alpha, pool=fake_pool.pool, question="Summarise the merger", source="playground")
+    run = run_create(
+        actor=owner, team=alpha, pool=fake_pool.pool, question="Summarise the merger", source="playground"
+    )
     run = run_wait(run.id, 60)
     assert run.status == RunStatus.SUCCEEDED, (run.status, run.error)
     assert run.review_status == "pending" and not run.answer_held

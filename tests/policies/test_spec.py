@@ -168,7 +168,9 @@ def test_engine_limits_keep_an_envelope_for_plan_repair() -> None:
         )
     )
     limits = eff.engine_limits()
-    assert limits.max_steps == PLAN_ENVELOPE_STEPS
+    # The conductor is told 4; the parser still accepts longer plans so the policy can repair them.
+    assert limits.max_steps == 4
+    assert limits.accept_steps == limits.plan_bound == PLAN_ENVELOPE_STEPS
     assert limits.max_depth == 1
     assert limits.step_timeout_s == 30
     assert limits.run_timeout_s == 90
@@ -185,13 +187,21 @@ def test_disabled_platform_check_does_not_harden_the_team_action() -> None:
 
     platform = parse_spec({})
     team = parse_spec(
-        {"guardrails": {"input": {"blocked_terms": {"enabled": True, "action": "warn", "terms": [{"pattern": "x"}]}}}}
+        {
+            "guardrails": {
+                "input": {"blocked_terms": {"enabled": True, "action": "warn", "terms": [{"pattern": "x"}]}}
+            }
+        }
     )
     merged = merge_specs(platform, team)
     assert merged.guardrails.input.blocked_terms.action == "warn"
     # An enabled platform check still wins over a looser team action.
     strict = parse_spec(
-        {"guardrails": {"input": {"blocked_terms": {"enabled": True, "action": "block", "terms": [{"pattern": "y"}]}}}}
+        {
+            "guardrails": {
+                "input": {"blocked_terms": {"enabled": True, "action": "block", "terms": [{"pattern": "y"}]}}
+            }
+        }
     )
     merged = merge_specs(strict, team)
     assert merged.guardrails.input.blocked_terms.action == "block"

@@ -7,6 +7,8 @@ of the key).
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -108,3 +110,34 @@ def map_status_error(
             **kw,
         )
     return ProviderBadRequest(f"The {provider} provider rejected the request (HTTP {status}){suffix}", **kw)
+
+
+_shared_clients: dict[tuple[str, int], Any] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_http_client(sdk: str) -> Any:
+    """One HTTP client per SDK per process for every worker.
+
+    Each SDK client otherwise builds its own SSL context (loading the CA bundle: ~60 ms of CPU
+    under the GIL) for every worker of every run, and keeps no connections between runs. httpx
+    clients are thread-safe and the SDKs pass each request's timeout themselves. Keyed by pid so a
+    forked process never reuses its parent's sockets; the SDK's DefaultHttpxClient (unlike its
+    internal wrapper) is not closed when one SDK client is garbage-collected.
+    """
+    key = (sdk, os.getpid())
+    with _shared_lock:
+        client = _shared_clients.get(key)
+        if client is None or client.is_closed:
+            if sdk == "openai":
+                import openai
+
+                client = openai.DefaultHttpxClient()
+            elif sdk == "anthropic":
+                import anthropic
+
+                client = anthropic.DefaultHttpxClient()
+            else:
+                raise ValueError(f"unknown SDK {sdk!r}")
+            _shared_clients[key] = client
+        return client

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from apps.engine.providers._http import map_status_error
+from apps.engine.providers._http import map_status_error, shared_http_client
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderError,
@@ -77,6 +77,7 @@ class AnthropicWorker:
                     max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
+                    http_client=shared_http_client("anthropic"),
                 )
             except anthropic.AnthropicError:
                 self._client = None

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from apps.engine.providers._http import map_status_error
+from apps.engine.providers._http import map_status_error, shared_http_client
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderError,
@@ -69,6 +69,7 @@ class OpenAIWorker:
                     max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
+                    http_client=shared_http_client("openai"),
                 )
                 self._client_error = None
             except openai.OpenAIError:
