@@ -18,8 +18,9 @@ def _disable_contenttype_cache() -> None:
     from django.contrib.contenttypes.models import ContentTypeManager
     from guardian import shortcuts
 
-    ContentTypeManager._add_to_cache = lambda self, using, ct: None  # type: ignore[method-assign]
+    # Deliberate monkeypatches of private, unstubbed attributes (test servers only).
+    ContentTypeManager._add_to_cache = lambda self, using, ct: None  # type: ignore[attr-defined]
     # guardian memoises content types per permission codename in an lru_cache of its own.
     uncached = shortcuts._get_ct_cached.__wrapped__  # type: ignore[attr-defined]
-    uncached.cache_clear = lambda: None  # guardian clears it on post_migrate
-    shortcuts._get_ct_cached = uncached
+    uncached.cache_clear = lambda: None  # type: ignore[attr-defined]  # guardian clears it on post_migrate
+    shortcuts._get_ct_cached = uncached  # type: ignore[assignment]  # no longer an lru_cache, on purpose

@@ -19,7 +19,11 @@ class RequestMeta:
     api_key_id: int | None = None
 
 
-_current: contextvars.ContextVar[RequestMeta] = contextvars.ContextVar("conductor_request_meta", default=RequestMeta())
+# RequestMeta is frozen, so sharing one default instance is safe.
+_current: contextvars.ContextVar[RequestMeta] = contextvars.ContextVar(
+    "conductor_request_meta",
+    default=RequestMeta(),  # noqa: B039
+)
 
 
 def current_request_meta() -> RequestMeta:

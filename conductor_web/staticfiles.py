@@ -24,7 +24,10 @@ class PlotlyFinder(BaseFinder):
     def check(self, **kwargs: Any) -> list[Any]:
         return []
 
-    def find(self, path: str, find_all: bool = False, **kwargs: Any) -> str | list[str]:
+    # The stubs' overloads omit the deprecated ``all=`` keyword this still honours.
+    def find(  # type: ignore[override]
+        self, path: str, find_all: bool = False, **kwargs: Any
+    ) -> str | list[str]:
         if path == PLOTLY_STATIC_NAME and _PLOTLY_JS.is_file():
             return [str(_PLOTLY_JS)] if find_all or kwargs.get("all") else str(_PLOTLY_JS)
         return [] if find_all or kwargs.get("all") else ""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole suite in the distributed mode (PostgreSQL, channels-redis, a real Celery worker)
-# and the runtime-touching tests again on the embedded defaults (SQLite, in-memory, threads).
+# Runs the whole suite twice: in the distributed mode (PostgreSQL, channels-redis, a real Celery
+# worker over RabbitMQ) and on the embedded defaults (SQLite, in-memory layer, in-process threads).
+# CONDUCTOR_ONLY_RUNTIME=1 narrows the embedded phase to the runtime and browser tests.
 set -uo pipefail
 BIN=.venv/bin
 PYTEST=("$BIN/python" -m pytest)
@@ -37,8 +38,8 @@ else
     "${PYTEST[@]}" "$@" || status=$?
 fi
 
-echo "=== make test: phase 2/2 — embedded mode (SQLite, in-memory channel layer, in-process threads): runtime and browser tests ==="
-env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL CONDUCTOR_ONLY_RUNTIME=1 \
+echo "=== make test: phase 2/2 — embedded mode (SQLite, in-memory channel layer, in-process threads) ==="
+env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL \
   "${PYTEST[@]}" "$@" || { rc=$?; [ $status -eq 0 ] && status=$rc; }
 
 if [ $status -ne 0 ]; then echo "make test: FAILED (exit $status)"; else echo "make test: both modes passed"; fi

@@ -32,7 +32,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     only_runtime = os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1"
-    skip_distributed = pytest.mark.skip(reason="needs the distributed mode (PostgreSQL, Redis, Celery); runs in make test's distributed phase")
+    skip_distributed = pytest.mark.skip(
+        reason="needs the distributed mode (PostgreSQL, Redis, Celery); runs in make test's distributed phase"
+    )
     deselected = []
     kept = []
     for item in items:

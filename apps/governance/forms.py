@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from apps.governance.models import Role
+
+if TYPE_CHECKING:
+    from apps.workers.models import Pool
 
 
 def apply_service_errors(form: forms.Form, exc: ValidationError) -> None:
@@ -65,7 +68,7 @@ class MemberRoleForm(forms.Form):
 
 
 class DefaultPoolForm(forms.Form):
-    pool = forms.ModelChoiceField(
+    pool: forms.ModelChoiceField[Pool] = forms.ModelChoiceField(
         queryset=None,  # set per team
         required=False,
         empty_label="— none —",
@@ -74,4 +77,4 @@ class DefaultPoolForm(forms.Form):
 
     def __init__(self, *args: Any, pools: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["pool"].queryset = pools
+        cast("forms.ModelChoiceField[Pool]", self.fields["pool"]).queryset = pools

@@ -9,7 +9,7 @@ given in the Django admin must not open every team's rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.models import Q, QuerySet
 from guardian.shortcuts import get_objects_for_user
@@ -17,6 +17,8 @@ from guardian.shortcuts import get_objects_for_user
 from apps.governance.models import Membership, Role, Team
 
 if TYPE_CHECKING:
+    from django.contrib.auth.models import Group
+
     from apps.audit.models import AuditEvent
     from apps.policies.models import Policy
     from apps.runs.models import Run
@@ -166,7 +168,9 @@ def teams_granted_pool(pool: Pool) -> QuerySet[Team]:
     """Teams a pool is granted to (whose group may view it)."""
     from guardian.shortcuts import get_groups_with_perms
 
-    groups = [g for g, p in get_groups_with_perms(pool, attach_perms=True).items() if "view_pool" in p]
+    # attach_perms=True always returns {group: [codename, ...]}.
+    perms = cast("dict[Group, list[str]]", get_groups_with_perms(pool, attach_perms=True))
+    groups = [g for g, p in perms.items() if "view_pool" in p]
     return Team.objects.filter(group__in=groups)
 
 
@@ -259,7 +263,7 @@ def can_view_policy(user: Any, policy: Policy) -> bool:
         return False
     if policy.team_id is None:
         return True  # the platform default is readable by every signed-in user
-    return _super(user) or can_view_team(user, policy.team)
+    return _super(user) or can_view_team(user, cast(Team, policy.team))  # team_id is set
 
 
 def can_change_policy(user: Any, policy: Policy) -> bool:

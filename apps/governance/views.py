@@ -136,7 +136,7 @@ def member_role(request: HttpRequest, slug: str, user_id: int) -> HttpResponse:
                 f"{membership.user.get_username()} is now {Role(form.cleaned_data['role']).label.lower()}.",
             )
     else:
-        messages.error(request, " ".join(e for errs in form.errors.values() for e in errs))
+        messages.error(request, " ".join(str(e) for errs in form.errors.values() for e in errs))
     return redirect("governance:team_detail", slug=team.slug)
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 
@@ -9,6 +9,10 @@ from apps.runs.models import RunStatus, Strategy
 from apps.runs.services import MAX_QUESTION_CHARS
 from apps.workers.engine_adapter import pool_unavailable_reason
 from apps.workers.models import Worker
+
+if TYPE_CHECKING:
+    from apps.governance.models import Team
+    from apps.workers.models import Pool
 
 # What the playground offers, mapped to (strategy, preset).
 STRATEGY_CHOICES = [
@@ -42,19 +46,19 @@ class PlaygroundForm(forms.Form):
         initial="conductor-mini",
         widget=forms.Select(attrs={"data-testid": "strategy-select"}),
     )
-    pool = forms.ModelChoiceField(
+    pool: forms.ModelChoiceField[Pool] = forms.ModelChoiceField(
         queryset=None,
         empty_label=None,
         error_messages={"required": "Choose a pool.", "invalid_choice": "You may not run on that pool."},
         widget=forms.Select(attrs={"data-testid": "pool-select"}),
     )
-    team = forms.ModelChoiceField(
+    team: forms.ModelChoiceField[Team] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="(pool's team / my team)",
         error_messages={"invalid_choice": "You may not start runs for that team."},
     )
-    worker = forms.ModelChoiceField(
+    worker: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=Worker.objects.none(),
         required=False,
         empty_label="(pool default)",
@@ -71,9 +75,9 @@ class PlaygroundForm(forms.Form):
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         pools = gov.pools_usable_by(user).filter(enabled=True).order_by("slug")
-        self.fields["pool"].queryset = pools
+        cast("forms.ModelChoiceField[Pool]", self.fields["pool"]).queryset = pools
         teams = gov.teams_runnable_by(user).order_by("slug")
-        self.fields["team"].queryset = teams
+        cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
         # Say up front which pools cannot run (e.g. a provider key not set) and preselect one that
         # can — the team's default first — so a first run does not fail on a keyless pool.
         unavailable = {pool.pk: pool_unavailable_reason(pool) for pool in pools}
@@ -86,12 +90,12 @@ class PlaygroundForm(forms.Form):
             preferred = [pk for pk in defaults if pk in ready] + ready
             if preferred and "pool" not in self.initial:
                 self.initial["pool"] = preferred[0]
-        self.fields["worker"].queryset = (
+        cast("forms.ModelChoiceField[Worker]", self.fields["worker"]).queryset = (
             Worker.objects.filter(pool_entries__pool__in=pools).distinct().order_by("slug")
         )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         worker, pool = data.get("worker"), data.get("pool")
         if worker is not None and data.get("strategy") != "single":
             self.add_error("worker", "A worker is only chosen for the single-worker strategy.")
@@ -130,7 +134,7 @@ class RunFilterForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         if data.get("date_from") and data.get("date_to") and data["date_from"] > data["date_to"]:
             self.add_error("date_to", "The end date is before the start date.")
         return data

@@ -1,24 +1,23 @@
-"""The seams to apps that may land after this one (policies, the engine pool adapter).
+"""The seams between runs and the apps it depends on (policies, the engine pool adapter).
 
-Each function here is the one place the runs app calls another app's contract, so when a
-dependency lands or changes only this module moves. Policy functions fall back to "no
-governance" only while ``apps.policies`` does not provide them yet (ImportError), never on a
-runtime error: a broken policy must refuse the run, not silently run it ungoverned.
+Each function here is the one place the runs app calls another app's contract, so when one
+changes only this module moves. There is no ungoverned fallback: a broken policy refuses the
+run rather than letting it run without its guardrails.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from apps.engine.types import Limits
 
 if TYPE_CHECKING:
     from apps.engine.hooks import GovernanceHooks
     from apps.engine.pool import WorkerPool
     from apps.governance.models import Team
+    from apps.policies.spec import EffectivePolicy
     from apps.workers.models import Pool
-
-logger = logging.getLogger(__name__)
 
 
 class PoolUnavailableError(Exception):
@@ -35,7 +34,7 @@ class BudgetRefusal(Exception):
 
 @dataclass(frozen=True, slots=True)
 class PolicyInForce:
-    effective: Any  # apps.policies EffectivePolicy, or None before the policies app exists
+    effective: EffectivePolicy
     version_id: int | None
 
 
@@ -62,10 +61,8 @@ def check_pool_available(pool: Pool) -> None:
 
 
 def policy_in_force(team: Team) -> PolicyInForce:
-    try:
-        from apps.policies.services import effective_policy
-    except ImportError:
-        return PolicyInForce(None, None)
+    from apps.policies.services import effective_policy
+
     effective = effective_policy(team)
     version = getattr(effective, "version", None)
     return PolicyInForce(effective, getattr(version, "pk", None))
@@ -73,45 +70,22 @@ def policy_in_force(team: Team) -> PolicyInForce:
 
 def check_budget(team: Team, policy: PolicyInForce) -> None:
     """Raise BudgetRefusal when a hard budget of the team is spent (before any model call)."""
-    if policy.effective is None:
-        return
-    try:
-        from apps.policies.budgets import BudgetExceeded, budget_check
-    except ImportError:
-        return
+    from apps.policies.budgets import BudgetExceeded, budget_check
+
     try:
         budget_check(team=team, effective=policy.effective)
     except BudgetExceeded as exc:
-        name = getattr(exc, "budget_name", "budget")
-        retry = getattr(exc, "retry_after_s", None)
-        message = str(exc) or f"The team's {name} budget is exhausted."
-        raise BudgetRefusal(name, message, retry) from None
+        message = str(exc) or f"The team's {exc.budget_name} budget is exhausted."
+        raise BudgetRefusal(exc.budget_name, message, exc.retry_after_s) from None
 
 
 def governance_hooks(team: Team, policy: PolicyInForce, run_id: str) -> GovernanceHooks:
-    if policy.effective is not None:
-        try:
-            from apps.policies.hooks import PolicyHooks
-        except ImportError:
-            pass
-        else:
-            return PolicyHooks(effective=policy.effective, team=team, run_id=run_id)
-    from apps.engine.hooks import NoGovernance
+    from apps.policies.hooks import PolicyHooks
 
-    return NoGovernance()
+    return PolicyHooks(effective=policy.effective, team=team, run_id=run_id)
 
 
-def engine_limits(policy: PolicyInForce, *, run_timeout_s: float) -> Any:
-    """Engine limits narrowed by the policy where it says so (``effective.limits()`` if offered)."""
-    from apps.engine.runner import Limits
-
-    base = None
-    if policy.effective is not None:
-        to_limits = getattr(policy.effective, "engine_limits", None)
-        if callable(to_limits):
-            base = to_limits()
-    if base is None:
-        return Limits(run_timeout_s=run_timeout_s)
-    from dataclasses import replace
-
+def engine_limits(policy: PolicyInForce, *, run_timeout_s: float) -> Limits:
+    """Engine limits narrowed by the policy, and never past the run's own deadline."""
+    base = policy.effective.engine_limits()
     return replace(base, run_timeout_s=min(float(base.run_timeout_s), run_timeout_s))

@@ -191,10 +191,11 @@ class RunSink:
             if flag not in self.flags:
                 self.flags.append(flag)
         stage = data.get("stage")
-        event_type = {
+        stage_events: dict[str | None, AuditEventType] = {
             "input": AuditEventType.RUN_INPUT_CHECKED,
             "step_output": AuditEventType.RUN_STEP_OUTPUT_CHECKED,
-        }.get(stage, AuditEventType.RUN_OUTPUT_CHECKED)
+        }
+        event_type = stage_events.get(stage, AuditEventType.RUN_OUTPUT_CHECKED)
         checks = [
             {k: c.get(k) for k in ("name", "stage", "status", "action", "detail")}
             for c in data.get("checks") or []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -18,6 +19,11 @@ from apps.runs import selectors, services
 from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
 from apps.runs.models import RunSource, Strategy
 from apps.workers.models import Worker
+
+if TYPE_CHECKING:
+    from django.forms import ModelChoiceField
+
+    from apps.workers.models import Pool
 
 PAGE_SIZE = 50
 
@@ -87,10 +93,10 @@ def playground(request: HttpRequest) -> HttpResponse:
                 },
                 user=request.user,
             )
+    pools = cast("ModelChoiceField[Pool]", form.fields["pool"]).queryset
+    assert pools is not None  # PlaygroundForm.__init__ always sets it
     return render(
-        request,
-        "runs/playground.html",
-        {"form": form, "run_ids": shown, "has_pools": form.fields["pool"].queryset.exists()},
+        request, "runs/playground.html", {"form": form, "run_ids": shown, "has_pools": pools.exists()}
     )
 
 
@@ -165,10 +171,9 @@ def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from None
     messages.success(request, "Cancellation requested: the run stops at the next step boundary.")
+    next_url = request.POST.get("next", "")
     return HttpResponseRedirect(
-        request.POST.get("next")
-        if request.POST.get("next", "").startswith("/")
-        else reverse("runs:detail", args=[run.id])
+        next_url if next_url.startswith("/") else reverse("runs:detail", args=[run.id])
     )
 
 

@@ -3,18 +3,22 @@ whose ``ValidationError``s land on the same fields (``apply_service_errors``).""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 
 from apps.governance.forms import apply_service_errors  # noqa: F401  (re-exported for the views)
 from apps.workers.models import ProviderKind
 
+if TYPE_CHECKING:
+    from apps.governance.models import Team
+    from apps.workers.models import Provider, Worker
+
 SLUG_ERRORS = {"required": "Enter a slug.", "invalid": "Use lowercase letters, digits and hyphens only."}
 
 
 class ProviderForm(forms.Form):
-    team = forms.ModelChoiceField(
+    team: forms.ModelChoiceField[Team] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— platform (all teams, superusers only) —",
@@ -61,11 +65,11 @@ class ProviderForm(forms.Form):
                 del self.fields[name]
         else:
             del self.fields["clear_api_key"]
-            self.fields["team"].queryset = teams
+            cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
 
 
 class WorkerForm(forms.Form):
-    provider = forms.ModelChoiceField(
+    provider: forms.ModelChoiceField[Provider] = forms.ModelChoiceField(
         queryset=None,
         error_messages={"required": "Choose a provider.", "invalid_choice": "Choose one of your providers."},
     )
@@ -145,7 +149,7 @@ class WorkerForm(forms.Form):
             "invalid": "Enter a whole number of seconds.",
         },
     )
-    fallback = forms.ModelChoiceField(
+    fallback: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— none —",
@@ -162,8 +166,8 @@ class WorkerForm(forms.Form):
             del self.fields["provider"]
             del self.fields["slug"]
         else:
-            self.fields["provider"].queryset = providers
-        self.fields["fallback"].queryset = fallbacks
+            cast("forms.ModelChoiceField[Provider]", self.fields["provider"]).queryset = providers
+        cast("forms.ModelChoiceField[Worker]", self.fields["fallback"]).queryset = fallbacks
 
     def service_kwargs(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
@@ -172,18 +176,18 @@ class WorkerForm(forms.Form):
 
 
 class ExistingWorkerForm(forms.Form):
-    worker = forms.ModelChoiceField(
+    worker: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=None,
         error_messages={"required": "Choose a worker.", "invalid_choice": "Choose a worker from the list."},
     )
 
     def __init__(self, *args: Any, workers: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["worker"].queryset = workers
+        cast("forms.ModelChoiceField[Worker]", self.fields["worker"]).queryset = workers
 
 
 class PoolForm(forms.Form):
-    team = forms.ModelChoiceField(
+    team: forms.ModelChoiceField[Team] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— platform (superusers only) —",
@@ -195,13 +199,13 @@ class PoolForm(forms.Form):
     )
     name = forms.CharField(max_length=100, error_messages={"required": "Give the pool a name."})
     description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
-    default_worker = forms.ModelChoiceField(
+    default_worker: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— first worker —",
         error_messages={"invalid_choice": "Choose one of the pool's workers."},
     )
-    conductor_worker = forms.ModelChoiceField(
+    conductor_worker: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=None,
         required=False,
         empty_label="— none —",
@@ -224,8 +228,8 @@ class PoolForm(forms.Form):
             del self.fields["team"]
             del self.fields["slug"]
         else:
-            self.fields["team"].queryset = teams
+            cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
             del self.fields["default_worker"]
         if "default_worker" in self.fields:
-            self.fields["default_worker"].queryset = members
-        self.fields["conductor_worker"].queryset = conductors
+            cast("forms.ModelChoiceField[Worker]", self.fields["default_worker"]).queryset = members
+        cast("forms.ModelChoiceField[Worker]", self.fields["conductor_worker"]).queryset = conductors

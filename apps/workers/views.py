@@ -116,7 +116,9 @@ def pool_edit(request: HttpRequest, slug: str) -> HttpResponse:
         "enabled": pool.enabled,
     }
     conductors = (
-        selectors.workers_editable_by(request.user) | Worker.objects.filter(pk=pool.conductor_worker_id)
+        selectors.workers_editable_by(request.user)
+        # pk=None is valid (an IS NULL lookup that matches nothing); the stubs only allow str | int.
+        | Worker.objects.filter(pk=pool.conductor_worker_id)  # type: ignore[misc]
     ).distinct()
     form = PoolForm(
         request.POST or None, initial=initial, members=pool.workers.all(), conductors=conductors, editing=True

@@ -1,6 +1,8 @@
 """Test settings. The mode follows the environment exactly like production would:
 DATABASE_URL / REDIS_URL / CELERY_BROKER_URL set → distributed, unset → embedded."""
 
+from typing import Any, cast
+
 from .base import *  # noqa: F403
 from .base import CHANNEL_LAYERS, DATABASES, VAR_DIR, env
 
@@ -23,7 +25,7 @@ else:
 
 CELERY_TASK_DEFAULT_QUEUE = f"conductor{_suffix}"
 if "redis" in CHANNEL_LAYERS["default"]["BACKEND"]:
-    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi{_suffix}:"
+    cast(dict[str, Any], CHANNEL_LAYERS["default"]["CONFIG"])["prefix"] = f"asgi{_suffix}:"
 
 # Subprocess servers outlive each test's flush: see conductor_web.apps._disable_contenttype_cache.
 CONTENTTYPE_CACHE_DISABLED = True

@@ -7,7 +7,9 @@ from django.urls import reverse
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/", "/playground/", "/runs/", "/pools/", "/policies/", "/audit/", "/teams/"])
+@pytest.mark.parametrize(
+    "path", ["/", "/playground/", "/runs/", "/pools/", "/policies/", "/audit/", "/teams/"]
+)
 def test_anonymous_redirected_to_login(client, path: str) -> None:  # type: ignore[no-untyped-def]
     response = client.get(path)
     assert response.status_code == 302

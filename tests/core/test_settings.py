@@ -22,9 +22,16 @@ GOOD = {
 def _load(settings_module: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if k not in {*GOOD, "DEBUG"}}
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)"],
-        cwd=ROOT, env={**clean, "DJANGO_SETTINGS_MODULE": settings_module, **env},
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; print(settings.DEBUG)",
+        ],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": settings_module, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -54,7 +54,9 @@ class Command(BaseCommand):
         with transaction.atomic():
             users = {}
             for username in DEMO_USERS:
-                user, created = User.objects.get_or_create(username=username, defaults={"email": f"{username}@example.com"})
+                user, created = User.objects.get_or_create(
+                    username=username, defaults={"email": f"{username}@example.com"}
+                )
                 if created or settings.DEMO_PASSWORD:
                     user.set_password(password)
                 if username == "admin":
