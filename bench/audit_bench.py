@@ -44,6 +44,7 @@ from apps.audit.chain import GENESIS_DIGEST, compute_digest  # noqa: E402
 from apps.audit.events import AuditEventType  # noqa: E402
 from apps.audit.models import AuditChainHead, AuditEvent  # noqa: E402
 from apps.audit.services import audit_record, hmac_key  # noqa: E402
+from apps.audit.verify import ROW_FIELDS  # noqa: E402
 
 EVENT_TYPES = [t for t in AuditEventType]
 BENCH_TEAM_SLUG = "bench-a"
@@ -132,26 +133,7 @@ def generate(n: int) -> None:
     start_time = timezone.now() - timedelta(days=90)
     step = timedelta(days=90) / n
     run_ids = [str(uuid.uuid4()) for _ in range(max(1, n // 12))]
-    cols = [
-        "seq",
-        "created_at",
-        "event_type",
-        "kind",
-        "actor_id",
-        "actor_label",
-        "api_key_id",
-        "ip",
-        "user_agent",
-        "team_id",
-        "object_type",
-        "object_id",
-        "object_repr",
-        "run_id",
-        "policy_version_id",
-        "payload",
-        "prev_digest",
-        "digest",
-    ]
+    cols = list(ROW_FIELDS)
     table = AuditEvent._meta.db_table
     prev = GENESIS_DIGEST
     started = time.perf_counter()

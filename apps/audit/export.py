@@ -18,27 +18,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
-from apps.audit.chain import canonical_json
+from apps.audit.chain import DIGEST_FIELDS, canonical_json
 from apps.audit.verify import ROW_FIELDS, row_content
 
-CONTENT_COLUMNS = (
-    "seq",
-    "created_at",
-    "event_type",
-    "kind",
-    "actor_id",
-    "actor_label",
-    "api_key_id",
-    "ip",
-    "user_agent",
-    "team_id",
-    "object_type",
-    "object_id",
-    "object_repr",
-    "run_id",
-    "policy_version_id",
-    "payload",
-)
+CONTENT_COLUMNS = DIGEST_FIELDS
 CSV_COLUMNS = (*CONTENT_COLUMNS, "prev_digest", "digest", "canonical")
 EXPORT_CHUNK_ROWS = 2000
 BATCH_ROWS = 500  # rows per yielded chunk: large enough for throughput, small enough to stream

@@ -29,30 +29,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.audit.chain import GENESIS_DIGEST, compute_digest
+from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, compute_digest
 from apps.audit.models import AuditChainHead, AuditEvent
 
 # The columns a walk needs, in a fixed order (values_list is far cheaper than model instances).
-ROW_FIELDS = (
-    "seq",
-    "created_at",
-    "event_type",
-    "kind",
-    "actor_id",
-    "actor_label",
-    "api_key_id",
-    "ip",
-    "user_agent",
-    "team_id",
-    "object_type",
-    "object_id",
-    "object_repr",
-    "run_id",
-    "policy_version_id",
-    "payload",
-    "prev_digest",
-    "digest",
-)
+ROW_FIELDS = (*DIGEST_FIELDS, "prev_digest", "digest")
 CHUNK_SIZE = 5000
 
 EDITED, DELETED, REORDERED, INSERTED, REWRITTEN = "edited", "deleted", "reordered", "inserted", "rewritten"

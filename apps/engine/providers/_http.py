@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from apps.engine.providers.base import (
@@ -21,9 +22,12 @@ from apps.engine.providers.base import (
     ProviderRateLimited,
     ProviderTimeout,
     ProviderUnavailable,
+    call_with_retries,
     parse_retry_after,
     redact,
 )
+from apps.engine.providers.pricing import price_call
+from apps.engine.types import Usage, WorkerInfo, WorkerResult
 
 _CONTEXT_MARKERS = (
     "context_length_exceeded",
@@ -141,3 +145,41 @@ def shared_http_client(sdk: str) -> Any:
                 raise ValueError(f"unknown SDK {sdk!r}")
             _shared_clients[key] = client
         return client
+
+
+class SdkWorker:
+    """What the OpenAI and Anthropic workers share: one call, retried within the deadline, timed
+    and priced. Subclasses provide ``_plain`` and ``_stream`` (each returning text, usage, model)."""
+
+    info: WorkerInfo
+    max_retries: int
+    base_url: str | None
+    timeout_message = "The provider did not answer in time."
+
+    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+        raise NotImplementedError
+
+    def _stream(
+        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
+    ) -> tuple[str, Usage, str]:
+        raise NotImplementedError
+
+    def _call(
+        self,
+        params: dict[str, Any],
+        *,
+        t0: float,
+        deadline: float,
+        on_delta: Callable[[str], None] | None,
+    ) -> WorkerResult:
+        def once() -> tuple[str, Usage, str]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProviderTimeout(self.timeout_message)
+            if on_delta is None:
+                return self._plain(params, left)
+            return self._stream(params, left, on_delta)
+
+        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
+        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)

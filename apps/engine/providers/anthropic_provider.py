@@ -16,16 +16,14 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from apps.engine.providers._http import map_status_error, shared_http_client
+from apps.engine.providers._http import SdkWorker, map_status_error, shared_http_client
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderError,
     ProviderTimeout,
     ProviderUnavailable,
-    call_with_retries,
     redact,
 )
-from apps.engine.providers.pricing import price_call
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 TOOL_NAME = "respond"
@@ -50,7 +48,9 @@ def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, st
     return ("\n\n".join(system_parts) or None), turns
 
 
-class AnthropicWorker:
+class AnthropicWorker(SdkWorker):
+    timeout_message = "The Anthropic provider did not answer in time."
+
     def __init__(
         self,
         info: WorkerInfo,
@@ -143,17 +143,7 @@ class AnthropicWorker:
             ]
             params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
 
-        def once() -> tuple[str, Usage, str]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ProviderTimeout("The Anthropic provider did not answer in time.")
-            if on_delta is None:
-                return self._plain(params, left)
-            return self._stream(params, left, on_delta)
-
-        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
-        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
-        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)
+        return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
 
     def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
         assert self._client is not None

@@ -17,16 +17,14 @@ from urllib.parse import urlsplit
 
 import openai
 
-from apps.engine.providers._http import map_status_error, shared_http_client
+from apps.engine.providers._http import SdkWorker, map_status_error, shared_http_client
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderError,
     ProviderTimeout,
     ProviderUnavailable,
-    call_with_retries,
     redact,
 )
-from apps.engine.providers.pricing import price_call
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -34,7 +32,7 @@ logger = logging.getLogger(__name__)
 OPENAI_HOSTS = ("api.openai.com",)
 
 
-class OpenAIWorker:
+class OpenAIWorker(SdkWorker):
     def __init__(
         self,
         info: WorkerInfo,
@@ -130,17 +128,7 @@ class OpenAIWorker:
                 "json_schema": {"name": "response", "schema": json_schema, "strict": False},
             }
 
-        def once() -> tuple[str, Usage, str]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ProviderTimeout("The provider did not answer in time.")
-            if on_delta is None:
-                return self._plain(params, left)
-            return self._stream(params, left, on_delta)
-
-        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
-        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
-        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)
+        return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
 
     def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
         assert self._client is not None
