@@ -110,9 +110,9 @@ TEMPLATES = [
 ]
 
 # --- Database -------------------------------------------------------------------------------
-DATABASES = {
-    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'conductor.sqlite3'}"),
-}
+# An empty value (as in a copied .env.example) means "not set", like every switch here.
+DATABASE_URL = env.str("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'conductor.sqlite3'}"
+DATABASES = {"default": env.db_url_config(DATABASE_URL)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web process read while the run thread writes; IMMEDIATE takes the writer lock
     # at BEGIN so two writers queue on `timeout` instead of failing with "database is locked".

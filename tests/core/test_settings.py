@@ -77,3 +77,33 @@ def test_plotly_served_from_package(client) -> None:  # type: ignore[no-untyped-
     body = b"".join(response.streaming_content) if response.streaming else response.content
     assert b"plotly" in body[:2000].lower()
     assert len(body) > 1_000_000
+
+
+def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
+    # Copying .env.example verbatim must give the embedded defaults: its empty switches mean "unset".
+    values = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            name, value = line.split("=", 1)
+            values[name] = value
+    assert {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY"} <= values.keys()
+    values["CONDUCTOR_VAR_DIR"] = str(tmp_path)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings as s;"
+            "print(s.DATABASES['default']['ENGINE'], s.EXECUTION_BACKEND, s.CHANNEL_LAYERS['default']['BACKEND'])",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **values, "DJANGO_SETTINGS_MODULE": "conductor_web.settings.local"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.split() == [
+        "django.db.backends.sqlite3",
+        "thread",
+        "channels.layers.InMemoryChannelLayer",
+    ]
