@@ -102,6 +102,33 @@ def audit_record(
     return event
 
 
+def audit_run_event(
+    *,
+    event_type: AuditEventType,
+    run: Any,
+    actor: Any = None,
+    actor_label: str = "",
+    payload: dict[str, Any] | None = None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """An audit event about a run: team, object, run id and policy version come from the run."""
+    return audit_record(
+        event_type=event_type,
+        actor=actor,
+        actor_label=actor_label,
+        team=run.team_id,
+        object_type="runs.run",
+        object_id=str(run.pk),
+        object_repr=str(run),
+        run_id=run.pk,
+        policy_version_id=run.policy_version_id,
+        payload=payload,
+        before=before,
+        after=after,
+    )
+
+
 def event_content(event: AuditEvent) -> dict[str, Any]:
     """The digest-covered content of an event (see apps.audit.chain.DIGEST_FIELDS)."""
     return {
@@ -215,15 +242,10 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
             released_answer=release,
         )
         # Review text is the reviewer's own judgement (not run content), so it is kept as evidence.
-        event = audit_record(
+        event = audit_run_event(
             event_type=AuditEventType.RUN_REVIEWED,
+            run=locked,
             actor=actor,
-            team=locked.team_id,
-            object_type="runs.run",
-            object_id=str(locked.pk),
-            object_repr=str(locked),
-            run_id=locked.pk,
-            policy_version_id=locked.policy_version_id,
             payload={"review_id": review.pk, "status": status, "reason": reason, "comment": comment},
             before=before,
             after={"review_status": locked.review_status, "answer_held": locked.answer_held},
@@ -231,15 +253,10 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
         RunReview.objects.filter(pk=review.pk).update(audit_seq=event.seq)
         review.audit_seq = event.seq
         if release:
-            audit_record(
+            audit_run_event(
                 event_type=AuditEventType.RUN_RELEASED,
+                run=locked,
                 actor=actor,
-                team=locked.team_id,
-                object_type="runs.run",
-                object_id=str(locked.pk),
-                object_repr=str(locked),
-                run_id=locked.pk,
-                policy_version_id=locked.policy_version_id,
                 payload={"review_id": review.pk, "answer": content_sha256(locked.answer)},
             )
     run.review_status, run.answer_held = locked.review_status, locked.answer_held
@@ -260,15 +277,10 @@ def review_request(
             review_status=ReviewStatus.PENDING
         )
         if queued:
-            audit_record(
+            audit_run_event(
                 event_type=AuditEventType.RUN_REVIEW_REQUESTED,
+                run=run,
                 actor=actor,
-                team=run.team_id,
-                object_type="runs.run",
-                object_id=str(run.pk),
-                object_repr=str(run),
-                run_id=run.pk,
-                policy_version_id=run.policy_version_id,
                 payload={"reason": reason, **(details or {})},
             )
     if queued:
@@ -380,16 +392,11 @@ def run_payload_erase(
         locked.replay_messages = None
         locked.payload_erased_at = now
         locked.save(update_fields=["question", "answer", "error", "replay_messages", "payload_erased_at"])
-        audit_record(
+        audit_run_event(
             event_type=AuditEventType.RUN_PAYLOAD_ERASED,
+            run=locked,
             actor=actor,
             actor_label="" if actor else "retention",
-            team=locked.team_id,
-            object_type="runs.run",
-            object_id=str(locked.pk),
-            object_repr=str(locked),
-            run_id=locked.pk,
-            policy_version_id=locked.policy_version_id,
             payload={
                 "reason": reason,
                 "retention_days": retention_days,
