@@ -102,9 +102,10 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from apps.api.services import apikey_create  # noqa: E402
-from apps.governance.services import membership_set, team_create, team_set_default_pool  # noqa: E402
-from apps.workers.services import pool_create, provider_create, worker_create  # noqa: E402
+from apps.governance.services import membership_set, team_create  # noqa: E402
+from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from tests.fixtures.core import free_port  # noqa: E402
 
 PLAN = 'model_id = [0, 1]\nsubtasks = ["Solve.", "Check and answer."]\naccess_list = [[], [0]]'
 
@@ -113,55 +114,21 @@ def responder(request: dict[str, Any]) -> str:
     return PLAN if request.get("model") == "conductor" else "42"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
     call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user("apibench", password=uuid.uuid4().hex)
     team = team_create(actor=None, slug="apibench", name="API bench")
     membership_set(actor=None, team=team, user=user, role="admin")
-    provider = provider_create(
-        actor=None,
+    pool, _, _, _ = build_openai_compatible_pool(
         team=team,
-        slug="apibench",
-        name="Instant fake",
-        kind="openai_compatible",
         base_url=server.base_url,
         api_key="sk-bench-0000",
-    )
-    workers = [
-        worker_create(
-            actor=None,
-            provider=provider,
-            slug=f"apibench-{i}",
-            display_name=f"W{i}",
-            model_name=f"w{i}",
-            timeout_s=30,
-        )
-        for i in range(2)
-    ]
-    conductor = worker_create(
-        actor=None,
-        provider=provider,
-        slug="apibench-c",
-        display_name="C",
-        model_name="conductor",
-        timeout_s=30,
-    )
-    pool = pool_create(
-        actor=None,
-        team=team,
         slug="apibench",
-        name="Bench pool",
-        workers=workers,
-        default_worker=workers[0],
-        conductor_worker=conductor,
+        workers=[{"slug": f"apibench-{i}", "display_name": f"W{i}", "model_name": f"w{i}"} for i in range(2)],
+        conductor={"slug": "apibench-c", "display_name": "C", "model_name": "conductor"},
+        pool_name="Bench pool",
+        provider_name="Instant fake",
     )
-    team_set_default_pool(actor=None, team=team, pool=pool)
     key = apikey_create(
         actor=None,
         team=team,

@@ -70,10 +70,11 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.sessions.backends.db import SessionStore  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
-from apps.governance.services import membership_set, team_create, team_set_default_pool  # noqa: E402
-from apps.workers.services import pool_create, provider_create, worker_create  # noqa: E402
+from apps.governance.services import membership_set, team_create  # noqa: E402
+from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
 from tests.fakes.base import FakeReply  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from tests.fixtures.core import free_port  # noqa: E402
 
 PLAN = {
     "model_id": [0, 1, 2],
@@ -82,56 +83,24 @@ PLAN = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def setup_data(server: FakeOpenAIServer) -> tuple[Any, Any]:
     call_command("migrate", verbosity=0)
     tag = str(int(time.time()))
     user = get_user_model().objects.create_user(f"wsbench{tag}", password="x")
     team = team_create(actor=None, slug=f"wsbench-{tag}", name=f"WS bench {tag}")
     membership_set(actor=None, team=team, user=user, role="member")
-    provider = provider_create(
-        actor=None,
+    pool, _, _, _ = build_openai_compatible_pool(
         team=team,
-        slug=f"wsb-{tag}",
-        name="Bench fake",
-        kind="openai_compatible",
         base_url=server.base_url,
         api_key="sk-bench-0000",
-    )
-    workers = [
-        worker_create(
-            actor=None,
-            provider=provider,
-            slug=f"wsb-{tag}-{i}",
-            display_name=f"W{i}",
-            model_name=f"w{i}",
-            timeout_s=30,
-        )
-        for i in range(3)
-    ]
-    conductor = worker_create(
-        actor=None,
-        provider=provider,
-        slug=f"wsb-{tag}-c",
-        display_name="C",
-        model_name="conductor",
-        timeout_s=30,
-    )
-    pool = pool_create(
-        actor=None,
-        team=team,
         slug=f"wsb-{tag}",
-        name="Bench pool",
-        workers=workers,
-        default_worker=workers[0],
-        conductor_worker=conductor,
+        workers=[
+            {"slug": f"wsb-{tag}-{i}", "display_name": f"W{i}", "model_name": f"w{i}"} for i in range(3)
+        ],
+        conductor={"slug": f"wsb-{tag}-c", "display_name": "C", "model_name": "conductor"},
+        pool_name="Bench pool",
+        provider_name="Bench fake",
     )
-    team_set_default_pool(actor=None, team=team, pool=pool)
     return user, pool
 
 

@@ -64,3 +64,48 @@ class PoolFactory(_ServiceFactory):
     @classmethod
     def _create(cls, model_class: type[Pool], *args: Any, **kwargs: Any) -> Pool:
         return pool_create(actor=None, **kwargs)
+
+
+def build_openai_compatible_pool(
+    *,
+    team: Any,
+    base_url: str,
+    api_key: str,
+    slug: str,
+    provider_slug: str | None = None,
+    workers: list[dict[str, Any]],
+    conductor: dict[str, Any],
+    pool_name: str = "Fake pool",
+    provider_name: str = "Fake OpenAI",
+    description: str = "",
+    default_index: int = 0,
+    timeout_s: int = 30,
+) -> tuple[Pool, Provider, list[Worker], Worker]:
+    """A pool on an ``openai_compatible`` provider at ``base_url`` (the loopback fake OpenAI
+    server in tests and benchmarks), made the team's default pool. ``workers`` and ``conductor``
+    are ``worker_create`` keyword arguments (slug, display_name, model_name, ...)."""
+    from apps.governance.services import team_set_default_pool
+
+    provider = provider_create(
+        actor=None,
+        team=team,
+        slug=provider_slug or slug,
+        name=provider_name,
+        kind="openai_compatible",
+        base_url=base_url,
+        api_key=api_key,
+    )
+    rows = [worker_create(actor=None, provider=provider, timeout_s=timeout_s, **spec) for spec in workers]
+    conductor_row = worker_create(actor=None, provider=provider, timeout_s=timeout_s, **conductor)
+    pool = pool_create(
+        actor=None,
+        team=team,
+        slug=slug,
+        name=pool_name,
+        description=description,
+        workers=rows,
+        default_worker=rows[default_index],
+        conductor_worker=conductor_row,
+    )
+    team_set_default_pool(actor=None, team=team, pool=pool)
+    return pool, provider, rows, conductor_row
