@@ -6,13 +6,14 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 HOST ?= 127.0.0.1
 
-.PHONY: demo test lint format install install-dev chromium migrate seed serve clean bench
+.PHONY: demo test lint format install install-dev install-local chromium migrate seed serve clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
 
-# Re-install only when pyproject.toml changes; llama-cpp-python compiles once, then pip's cache serves it.
+# Re-install only when pyproject.toml changes. The local model's llama-cpp-python is installed
+# separately (install-local): it compiles once into a wheelhouse that survives interruption.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
@@ -21,8 +22,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.installed-local: | $(VENV)/.installed
+	bash scripts/build_local_model.sh
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+install-local: $(VENV)/.installed-local
 
 # Debian's Chromium for the browser tests; never a browser downloaded by a test tool.
 chromium:
@@ -38,11 +43,14 @@ migrate: install
 seed: migrate
 	$(BIN)/python manage.py seed_demo
 
-# Sets everything up and starts daphne (plus a Celery worker when CELERY_BROKER_URL is set).
+# Sets everything up and starts daphne (plus a Celery worker when CELERY_BROKER_URL is set). On a
+# fresh machine the local model builds in the background: every page works at once, and the local
+# pool says "building" until it is ready.
 demo: seed
+	@[ -f $(VENV)/.installed-local ] || bash scripts/build_local_model.sh --background
 	@bash scripts/demo.sh "$(HOST)" "$(PORT)"
 
-test: install-dev chromium
+test: install-dev install-local chromium
 	@bash scripts/test.sh
 
 lint: install-dev

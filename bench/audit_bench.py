@@ -40,7 +40,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from apps.audit.chain import GENESIS_DIGEST, compute_digest  # noqa: E402
+from apps.audit import merkle  # noqa: E402
+from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest  # noqa: E402
 from apps.audit.events import AuditEventType  # noqa: E402
 from apps.audit.models import AuditChainHead, AuditEvent  # noqa: E402
 from apps.audit.services import audit_record, hmac_key  # noqa: E402
@@ -55,16 +56,79 @@ def say(msg: str) -> None:
 
 
 def reset_audit_table() -> None:
+    from apps.audit.apps import GUARD
+    from apps.audit.models import SignedTreeHead
+
     table = AuditEvent._meta.db_table
     with connection.cursor() as cur:
         if connection.vendor == "postgresql":
             cur.execute(f"TRUNCATE {table}")
         else:
-            cur.execute(f"DELETE FROM {table}")
+            GUARD["active"] = 0  # the SQLite append-only trigger: as manage.py flush does
+            try:
+                cur.execute(f"DELETE FROM {table}")
+            finally:
+                GUARD["active"] = 1
     AuditChainHead.objects.all().delete()
+    SignedTreeHead.objects.all().delete()
 
 
-def bench_appends(n: int, threads: int) -> None:
+WRITER_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, os.getcwd())
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
+import django
+django.setup()
+from django.db import transaction
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_record
+n, start_at = int(sys.argv[1]), float(sys.argv[2])
+ready = time.time()
+while time.time() < start_at:
+    time.sleep(0.005)
+began = time.time()
+for i in range(n):
+    with transaction.atomic():
+        audit_record(event_type=AuditEventType.POOL_UPDATED, payload={"i": i}, before={"a": 1}, after={"a": 2})
+print(ready, began, time.time(), flush=True)
+"""
+
+
+def bench_append_processes(n: int, processes: int) -> None:
+    """``processes`` writer processes, one transaction per append; then sequence everything."""
+    import subprocess
+
+    from apps.audit.sequencer import audit_flush
+
+    per = n // processes
+    start_at = time.time() + 30.0  # every process imports Django and connects before the start
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_SCRIPT, str(per), str(start_at)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    times = [[float(x) for x in p.communicate()[0].split()] for p in procs]
+    late = sum(1 for ready, _, _ in times if ready > start_at)
+    elapsed = max(t[2] for t in times) - min(t[1] for t in times)
+    if late:
+        say(f"  ({late} writer(s) were not ready at the start signal)")
+    say(
+        f"appends[{connection.vendor}] {processes} writer processes: {per * processes} events in "
+        f"{elapsed:.2f}s = {per * processes / elapsed:,.0f}/s"
+    )
+    started = time.perf_counter()
+    sequenced = audit_flush()
+    took = time.perf_counter() - started
+    say(
+        f"sequencer[{connection.vendor}]: {sequenced} pending events numbered in {took:.2f}s = {sequenced / took:,.0f}/s"
+    )
+
+
+def bench_appends(n: int, threads: int, processes: int = 8) -> None:
     reset_audit_table()
     AuditChainHead.objects.get_or_create(pk=1)
     # Baseline: the cheapest durable write (one row UPDATE + COMMIT) — the disk's commit latency.
@@ -82,6 +146,11 @@ def bench_appends(n: int, threads: int) -> None:
             )
     elapsed = time.perf_counter() - start
     say(f"appends[{connection.vendor}] 1 writer: {n} events in {elapsed:.2f}s = {n / elapsed:,.0f}/s")
+    from apps.audit.sequencer import audit_flush
+
+    audit_flush()
+    if processes > 1:
+        bench_append_processes(n, processes)
     if threads > 1:
         per = n // threads
         barrier = threading.Barrier(threads)
@@ -133,13 +202,14 @@ def generate(n: int) -> None:
     start_time = timezone.now() - timedelta(days=90)
     step = timedelta(days=90) / n
     run_ids = [str(uuid.uuid4()) for _ in range(max(1, n // 12))]
-    cols = list(ROW_FIELDS)
+    cols = [*ROW_FIELDS, "leaf_hash"]
     table = AuditEvent._meta.db_table
     prev = GENESIS_DIGEST
+    frontier: list[list[object]] = []
     started = time.perf_counter()
 
     def rows() -> Any:
-        nonlocal prev
+        nonlocal prev, frontier
         for seq in range(1, n + 1):
             et = rng.choice(EVENT_TYPES)
             run_id = rng.choice(run_ids) if et.value.startswith("run.") else None
@@ -168,7 +238,9 @@ def generate(n: int) -> None:
                 },
             }
             digest = compute_digest(key, content, prev)
-            row = [content[c] for c in cols[:-2]] + [prev, digest]
+            leaf = merkle.leaf_hash(canonical_json(content).encode())
+            frontier = merkle.frontier_append(frontier, leaf)
+            row = [content[c] for c in cols[:-3]] + [prev, digest, leaf.hex()]
             row[15] = json.dumps(row[15])
             prev = digest
             if seq % 250_000 == 0:
@@ -194,27 +266,46 @@ def generate(n: int) -> None:
             if batch:
                 cur.executemany(sql, batch)
         AuditChainHead.objects.update_or_create(
-            pk=1, defaults={"seq": n, "digest": prev, "created_at": start_time + step * n}
+            pk=1,
+            defaults={"seq": n, "digest": prev, "created_at": start_time + step * n, "frontier": frontier},
         )
+    from apps.audit.sequencer import sth_create
+
+    sth_create()  # a signed tree head over the whole generated log, as the timer would leave
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(f"ANALYZE {table}")
     say(f"generate[{connection.vendor}]: {n:,} chained events in {time.perf_counter() - started:.1f}s")
 
 
-def bench_verify() -> None:
+def bench_verify(workers: int) -> None:
     import resource
 
-    from apps.audit.verify import verify_chain
+    from apps.audit.verify import verify_and_record, verify_chain
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
-    result = verify_chain(key=hmac_key())
-    elapsed = time.perf_counter() - started
+    for w in sorted({1, workers}):
+        started = time.perf_counter()
+        result = verify_chain(key=hmac_key(), workers=w)
+        elapsed = time.perf_counter() - started
+        say(
+            f"verify[{connection.vendor}] {w} process(es): {result.summary()} in {elapsed:.1f}s = "
+            f"{result.checked / elapsed:,.0f} events/s"
+        )
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    say(f"  max RSS {rss_before / 1024:.0f} → {rss_after / 1024:.0f} MB")
+    # Incremental: record a full verification, append 1000 events, verify only those.
+    assert verify_and_record(key=hmac_key(), incremental=False).ok
+    with transaction.atomic():
+        for i in range(1000):
+            audit_record(event_type=AuditEventType.POOL_UPDATED, payload={"i": i})
+    from apps.audit.sequencer import audit_flush
+
+    audit_flush()
+    started = time.perf_counter()
+    result = verify_and_record(key=hmac_key(), incremental=True)
     say(
-        f"verify[{connection.vendor}]: {result.summary()} in {elapsed:.1f}s = {result.checked / elapsed:,.0f} events/s; "
-        f"max RSS {rss_before / 1024:.0f} → {rss_after / 1024:.0f} MB"
+        f"verify[{connection.vendor}] incremental (+1000 events): {result.summary()} in {time.perf_counter() - started:.2f}s"
     )
 
 
@@ -304,18 +395,21 @@ def main() -> None:
     parser.add_argument("step", choices=["all", "appends", "generate", "verify", "export", "search"])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--appends", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0, help="also N writer threads in one process")
+    parser.add_argument("--processes", type=int, default=8, help="writer processes (PostgreSQL)")
+    parser.add_argument("--workers", type=int, default=2, help="verify processes")
     parser.add_argument("--export-limit", type=int, default=None)
     parser.add_argument("--explain", action="store_true")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     say(f"database: {connection.vendor} {connection.settings_dict['NAME']}")
     if args.step in ("all", "appends"):
-        bench_appends(args.appends, args.threads if connection.vendor == "postgresql" else 1)
+        pg = connection.vendor == "postgresql"
+        bench_appends(args.appends, args.threads if pg else 1, args.processes if pg else 1)
     if args.step in ("all", "generate"):
         generate(args.events)
     if args.step in ("all", "verify"):
-        bench_verify()
+        bench_verify(args.workers)
     if args.step in ("all", "export"):
         bench_export(args.export_limit)
     if args.step in ("all", "search"):

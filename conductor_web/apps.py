@@ -7,6 +7,9 @@ class ConductorWebConfig(AppConfig):
     verbose_name = "Conductor Web"
 
     def ready(self) -> None:
+        from conductor_web import auth  # registers the login-failure audit receiver
+
+        auth.connect_signals()
         if getattr(settings, "CONTENTTYPE_CACHE_DISABLED", False):
             _disable_contenttype_cache()
 

@@ -1,4 +1,11 @@
-"""``GET /healthz``: each runtime part names its backend and proves it answers."""
+"""``GET /healthz``: each runtime part names its backend and proves it answers.
+
+503 only when a run can neither be recorded nor executed: the database or the execution backend
+(thread pool / Celery broker) fails. Parts the service degrades around answer 200 with
+``"status": "degraded"`` and a ``degraded`` list naming them: the channel layer (``/v1`` clients
+fall back to polling the database; browsers lose live updates until it is back) and the rate
+limiter (falls back to per-process memory limits while Redis is unreachable).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from django.http import HttpRequest, JsonResponse
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 3.0
+# Without these no run can be recorded or executed: they make /healthz answer 503.
+CRITICAL = ("database", "execution")
 
 
 def _database_check() -> dict[str, Any]:
@@ -51,6 +60,22 @@ def _execution_check() -> dict[str, Any]:
     return {"backend": f"celery ({broker})", "ok": True}
 
 
+def _audit_sequencer_check() -> dict[str, Any]:
+    """Sequencer lag: pending (unnumbered) audit events and the oldest one's age.
+
+    Lag is reported, never a failure by itself: a crashed sequencer loses nothing (the next one
+    numbers the pending rows), but the growing age shows the gap.
+    """
+    from django.db import DatabaseError
+
+    from apps.audit.sequencer import sequencer_lag
+
+    try:
+        return {"ok": True, **sequencer_lag().as_dict()}
+    except DatabaseError as exc:  # the database check names an outage; this only says lag is unknown
+        return {"ok": True, "degraded": f"audit sequencer lag unknown: {type(exc).__name__}"}
+
+
 async def _guard(name: str, coro: Any) -> dict[str, Any]:
     try:
         return await asyncio.wait_for(coro, timeout=CHECK_TIMEOUT_S)
@@ -60,15 +85,30 @@ async def _guard(name: str, coro: Any) -> dict[str, Any]:
         return {"ok": False, "error": reason}
 
 
+def _rate_limiter_check() -> dict[str, Any]:
+    from apps.api import ratelimit
+
+    return ratelimit.status(probe=True)
+
+
 async def healthz(request: HttpRequest) -> JsonResponse:
-    db, layer, execution = await asyncio.gather(
+    db, layer, execution, limiter = await asyncio.gather(
         _guard("database", sync_to_async(_database_check)()),
         _guard("channel_layer", _channel_layer_check()),
         _guard("execution", sync_to_async(_execution_check, thread_sensitive=False)()),
+        _guard("rate_limiter", sync_to_async(_rate_limiter_check, thread_sensitive=False)()),
     )
-    parts = {"database": db, "channel_layer": layer, "execution": execution}
+    parts = {"database": db, "channel_layer": layer, "execution": execution, "rate_limiter": limiter}
+    parts["audit_sequencer"] = await _guard("audit_sequencer", sync_to_async(_audit_sequencer_check)())
     failing = [name for name, part in parts.items() if not part["ok"]]
-    body: dict[str, Any] = {"status": "ok" if not failing else "error", **parts}
+    critical = [name for name in failing if name in CRITICAL]
+    degraded = [name for name, part in parts.items() if not part["ok"] or part.get("degraded")]
+    if layer["ok"] is False:
+        layer["degraded"] = "run progress is followed by polling the database; no live browser updates"
+    status = "error" if critical else "degraded" if degraded else "ok"
+    body: dict[str, Any] = {"status": status, **parts}
     if failing:
         body["failing"] = failing
-    return JsonResponse(body, status=200 if not failing else 503)
+    if degraded:
+        body["degraded"] = degraded
+    return JsonResponse(body, status=503 if critical else 200)

@@ -22,3 +22,4 @@ urlpatterns = [
 
 handler403 = "conductor_web.views.permission_denied"
 handler404 = "conductor_web.views.page_not_found"
+handler500 = "conductor_web.views.server_error"

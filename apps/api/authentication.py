@@ -48,8 +48,12 @@ class ApiKeyAuthentication(BaseAuthentication):
             if header and header.partition(" ")[0].lower() == "bearer":
                 raise AuthenticationFailed("Empty bearer token.")
             return None  # not a key request: let session authentication try
+        from apps.api import keyguard  # imports this module
+
         try:
-            key = authenticate_key(raw)
+            key = keyguard.authenticate(request._request, raw)
+        except keyguard.KeyThrottled as exc:
+            raise Throttled(wait=exc.retry_after_s, detail=exc.message) from None
         except ApiKeyInvalid as exc:
             raise AuthenticationFailed(exc.reason) from exc
         decision = ratelimit.hit_requests(key_prefix=key.prefix, limit=key.requests_per_minute)

@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from apps.api.models import ApiKeyRole
+from apps.api.models import DEFAULT_SCOPES, ApiScope
 from apps.api.services import MAX_RPM, MAX_TPM
 
 
@@ -16,10 +16,13 @@ class ApiKeyCreateForm(forms.Form):
         help_text="What uses this key, e.g. “nightly report job”.",
         error_messages={"required": "Give the key a name so you can recognise it later."},
     )
-    role = forms.ChoiceField(
-        choices=ApiKeyRole.choices,
-        initial=ApiKeyRole.RUN,
-        help_text="Read: list and read. Run: also start and cancel runs. Admin: also change configuration.",
+    scopes = forms.MultipleChoiceField(
+        choices=[(s.value, f"{s.value} — {s.label}") for s in ApiScope],
+        initial=list(DEFAULT_SCOPES),
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={"required": "Choose at least one scope."},
+        help_text="Grant only what the client needs. A key acts within this team only, never on "
+        "platform objects, and never beyond the role its creator holds in the team.",
     )
     expires_at = forms.DateTimeField(
         required=False,

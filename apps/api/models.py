@@ -1,4 +1,4 @@
-"""Per-team API keys: shown once, stored as a SHA-256 hash, listed by prefix."""
+"""Per-team API keys: shown once, stored as a SHA-256 hash, listed by prefix, limited by scopes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,24 @@ from django.conf import settings
 from django.db import models
 
 
-class ApiKeyRole(models.TextChoices):
-    RUN = "run", "Run requests"
-    READ = "read", "Read only"
-    ADMIN = "admin", "Admin"
+class ApiScope(models.TextChoices):
+    """What a key may do inside its team. A key never reaches platform objects or other teams."""
+
+    RUNS_WRITE = "runs:write", "Start and cancel runs"
+    RUNS_READ = "runs:read", "Read the team's runs (steps, events)"
+    RUNS_REVIEW = "runs:review", "Sign off or flag the team's runs"
+    POLICIES_WRITE = "policies:write", "Draft, publish and roll back the team's policy"
+    POOLS_WRITE = "pools:write", "Manage the team's pools, workers and providers"
+    AUDIT_READ = "audit:read", "Read and export the team's audit trail"
+    TEAM_ADMIN = "team:admin", "Manage the team's settings, members and API keys"
+
+
+# Least privilege: what a key gets when its creator names no scopes.
+DEFAULT_SCOPES: tuple[str, ...] = (ApiScope.RUNS_WRITE.value, ApiScope.RUNS_READ.value)
+
+
+def default_scopes() -> list[str]:
+    return list(DEFAULT_SCOPES)
 
 
 class ApiKey(models.Model):
@@ -17,7 +31,8 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
-    role = models.CharField(max_length=8, choices=ApiKeyRole.choices, default=ApiKeyRole.RUN)
+    # A sorted list of ApiScope values; validated by apps.api.services.apikey_create.
+    scopes = models.JSONField(default=default_scopes)
     allowed_pools = models.ManyToManyField("workers.Pool", blank=True, related_name="+")
     expires_at = models.DateTimeField(null=True, blank=True)
     requests_per_minute = models.PositiveIntegerField(default=60)
@@ -34,3 +49,8 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def scope_items(self) -> list[tuple[str, str]]:
+        """``(scope, label)`` pairs, for lists."""
+        return [(s, str(ApiScope(s).label) if s in ApiScope.values else s) for s in self.scopes or []]

@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +31,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api import ratelimit
+from apps.api import keyguard, ratelimit
 from apps.api import selectors as api_sel
-from apps.api.authentication import authenticate_key, presented_key
-from apps.api.models import ApiKey, ApiKeyRole
+from apps.api.authentication import presented_key
+from apps.api.models import ApiKey, ApiScope
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,13 @@ PRESETS = {"conductor-mini": "mini", "conductor-ultra": "ultra"}
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 # How long a follower sleeps between database reads when no channel message wakes it.
 FOLLOW_POLL_S = 0.25
+# Joining or leaving the run's channel group may not stall a client longer than this.
+LAYER_OP_TIMEOUT_S = 2.0
+# A streaming client re-reads the Run row this often, besides its events.
+STATUS_CHECK_S = 2.0
+# A client waits this long past the run's own deadline for its final event (the engine stops at
+# the deadline, then records the verdict) before it is told to follow the run at its URL.
+FOLLOW_GRACE_S = 30.0
 # A quiet stream sends a comment this often so proxies do not close it.
 KEEPALIVE_S = 15.0
 
@@ -104,7 +111,15 @@ def _authenticate(request: HttpRequest) -> ApiKey:
             code="missing_api_key",
         )
     try:
-        key = authenticate_key(raw)
+        key = keyguard.authenticate(request, raw)
+    except keyguard.KeyThrottled as exc:
+        raise OpenAIError(
+            429,
+            exc.message,
+            type_="requests",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from None
     except ApiKeyInvalid as exc:
         raise OpenAIError(401, exc.reason, code=exc.code) from None
     decision = ratelimit.hit_requests(key_prefix=key.prefix, limit=key.requests_per_minute)
@@ -279,7 +294,9 @@ class ChatRequest:
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
     try:
-        body = json.loads(raw or b"null")
+        from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
+
+        body = safe_json_loads(raw or b"null")
     except (ValueError, UnicodeDecodeError):
         raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -347,8 +364,9 @@ def start_run(request: HttpRequest) -> tuple[ApiKey, ChatRequest, Target, Any]:
 
     key = _authenticate(request)
     chat = parse_chat_request(request.body)
-    if not api_sel.key_allows(key, ApiKeyRole.RUN):
-        raise _deny(key, 403, "insufficient_role", "This API key is read-only: it cannot start runs.")
+    refusal = api_sel.scope_refusal(key, ApiScope.RUNS_WRITE)
+    if refusal is not None:
+        raise _deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_WRITE)
     target = resolve_model(key, chat.model)
     tokens = ratelimit.check_tokens(key_prefix=key.prefix, limit=key.tokens_per_minute)
     if not tokens.allowed:
@@ -395,8 +413,37 @@ def _refusal_error(refused: Any) -> OpenAIError:
 # --- following a run -------------------------------------------------------------------------------
 
 
+class _LayerState:
+    """Whether channel-layer wake-ups work in this process; logs once per transition, not per client."""
+
+    def __init__(self) -> None:
+        self.failing_since: float | None = None
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        if self.failing_since is None:
+            self.failing_since = time.time()
+            logger.warning(
+                "channel layer failed on %s (%s); /v1 clients follow runs by polling the database",
+                where,
+                type(exc).__name__,
+            )
+
+    def ok(self) -> None:
+        if self.failing_since is not None:
+            self.failing_since = None
+            logger.warning("channel layer answers again; /v1 clients are woken by run events")
+
+
+_layer_state = _LayerState()
+
+
 class RunFollower:
-    """Joins ``run.<id>`` to be woken when the run emits; readers then go to the database."""
+    """Joins ``run.<id>`` to be woken when the run emits; readers then go to the database.
+
+    The channel layer is only a wake-up: any failure of it (join, receive, discard — e.g. Redis
+    timing out or going away) switches this follower to polling the database, which holds every
+    event, so a client always reaches the run's ending.
+    """
 
     def __init__(self, run_id: Any) -> None:
         self.group = f"run.{run_id}"
@@ -404,26 +451,27 @@ class RunFollower:
         self.channel: str | None = None
 
     async def __aenter__(self) -> RunFollower:
-        from channels.layers import get_channel_layer
+        try:
+            from channels.layers import get_channel_layer
 
-        from apps.runs.sink import register_server_loop
+            from apps.runs.sink import register_server_loop
 
-        self.layer = get_channel_layer()
-        if self.layer is not None:
-            try:
+            self.layer = get_channel_layer()
+            if self.layer is not None:
                 register_server_loop(asyncio.get_running_loop())
-                self.channel = await self.layer.new_channel()
-                await self.layer.group_add(self.group, self.channel)
-            except Exception:  # the database poll still finds every event
-                logger.warning("could not join %s; following by polling", self.group, exc_info=True)
-                self.channel = None
+                self.channel = await asyncio.wait_for(self.layer.new_channel(), LAYER_OP_TIMEOUT_S)
+                await asyncio.wait_for(self.layer.group_add(self.group, self.channel), LAYER_OP_TIMEOUT_S)
+                _layer_state.ok()
+        except Exception as exc:  # the database poll still finds every event
+            _layer_state.failed("join", exc)
+            self.channel = None
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self.layer is not None and self.channel is not None:
             try:
-                await self.layer.group_discard(self.group, self.channel)
-            except Exception:
+                await asyncio.wait_for(self.layer.group_discard(self.group, self.channel), LAYER_OP_TIMEOUT_S)
+            except Exception:  # the group entry expires on its own
                 logger.debug("group_discard failed for %s", self.group, exc_info=True)
 
     async def wait(self, timeout: float) -> None:
@@ -432,8 +480,14 @@ class RunFollower:
         if self.channel is None:
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
             return
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S))
+        except TimeoutError:
+            pass  # no wake-up this interval: the caller reads the database anyway
+        except Exception as exc:  # e.g. redis TimeoutError/ConnectionError: poll from now on
+            _layer_state.failed("receive", exc)
+            self.channel = None
+            await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
 
 
 def _events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
@@ -469,18 +523,80 @@ def _blocked_rules(run_id: Any) -> list[str]:
     return names
 
 
-def _deadline() -> float:
-    return time.monotonic() + settings.RUN_TIMEOUT_S + getattr(settings, "RUN_SWEEP_GRACE_S", 60) + 30
+def _deadline(run: Any) -> float:
+    """The ``time.monotonic()`` instant a /v1 client stops waiting for ``run``: the run's own
+    deadline (``RUN_TIMEOUT_S`` after it was created) plus ``FOLLOW_GRACE_S`` for its verdict."""
+    from django.utils import timezone
+
+    left = float(settings.RUN_TIMEOUT_S)
+    deadline_at = getattr(run, "deadline_at", None)
+    if deadline_at is not None:
+        left = min(left, (deadline_at - timezone.now()).total_seconds())
+    return time.monotonic() + max(0.0, left) + FOLLOW_GRACE_S
 
 
-async def wait_for_run(run_id: Any) -> Any:
-    deadline = _deadline()
-    async with RunFollower(run_id) as follower:
+async def wait_for_run(run: Any) -> Any:
+    """The run once it is terminal, or as it is at the client's deadline."""
+    deadline = _deadline(run)
+    async with RunFollower(run.id) as follower:
         while True:
-            run = await sync_to_async(_load_run)(run_id)
-            if run.is_terminal or time.monotonic() >= deadline:
-                return run
+            current = await sync_to_async(_load_run)(run.id)
+            if current.is_terminal or time.monotonic() >= deadline:
+                return current
             await follower.wait(deadline - time.monotonic())
+
+
+def _failure_cause(exc: BaseException) -> str:
+    """Which part failed, in words safe for a client (never the exception text: it may quote data)."""
+    module = type(exc).__module__
+    if module.startswith(("redis", "channels_redis")):
+        part = "Redis (the channel layer)"
+    elif module.startswith(("django.db", "psycopg", "sqlite3")):
+        part = "the database"
+    else:
+        part = "the server"
+    return f"{part} failed ({type(exc).__name__})"
+
+
+def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> OpenAIError:
+    """The answer for a client whose wait broke after its run was created: it names the cause and
+    the run (header, ``conductor`` field and message), so the client can look it up later."""
+    from django.core.exceptions import ObjectDoesNotExist
+
+    conductor = _conductor_info(request, run, target)
+    conductor["status"] = "unknown"
+    if isinstance(exc, ObjectDoesNotExist):
+        logger.warning("run %s was deleted while a /v1 client waited for it", run.id)
+        return OpenAIError(
+            410,
+            f"Run {run.id} was deleted while this request waited for it.",
+            type_="server_error",
+            code="run_deleted",
+            headers=_no_retry(),
+            conductor=conductor,
+        )
+    logger.error(
+        "lost track of run %s while a /v1 client waited: %s", run.id, type(exc).__name__, exc_info=exc
+    )
+    return OpenAIError(
+        503,
+        f"Waiting for run {run.id} failed: {_failure_cause(exc)}. The run itself goes on; "
+        f"follow it at {conductor['url']}.",
+        type_="server_error",
+        code="run_follow_failed",
+        headers=_no_retry(),  # a retry would start a second run
+        conductor=conductor,
+    )
+
+
+async def _count_tokens(key: ApiKey, run: Any) -> None:
+    # Accounting must never turn a finished run into an error for its client.
+    try:
+        await sync_to_async(ratelimit.add_tokens)(
+            key_prefix=key.prefix, tokens=run.input_tokens + run.output_tokens
+        )
+    except Exception:
+        logger.warning("could not count the tokens of run %s", run.id, exc_info=True)
 
 
 # --- responses ---------------------------------------------------------------------------------------
@@ -506,6 +622,14 @@ def _conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str,
         "policy_version_id": run.policy_version_id,
         "answer_held": bool(run.answer_held),
     }
+
+
+def _held_info(run_id: Any) -> dict[str, Any]:
+    """Which rules hold the answer and why (names only, never the findings or the answer)."""
+    from apps.runs.selectors import held_reason, run_hold_rules
+
+    rules = run_hold_rules(run_id)
+    return {"rules": rules, "reason": held_reason(rules)}
 
 
 def _usage(run: Any) -> dict[str, int]:
@@ -607,6 +731,12 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     """The ``conductor`` progress field for one run event (None for events not worth a chunk)."""
     kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
     base = {"event": kind, "seq": seq}
+    if data.get("holdable"):
+        # The run's policy can hold its answer (require_review): a /v1 stream shows no model
+        # output before the verdict — the final answer only arrives if it is not held.
+        from apps.runs.selectors import withhold_event_data
+
+        data = withhold_event_data(kind, data)
     if kind == "step.started":
         return {
             **base,
@@ -616,6 +746,8 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
             "instruction": data.get("instruction"),
         }
     if kind == "step.delta":
+        if data.get("withheld"):
+            return None
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
         return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
@@ -629,11 +761,13 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
 
 async def stream_run(
     request: HttpRequest, key: ApiKey, chat: ChatRequest, target: Target, run: Any, env: Envelope
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     yield _sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
     last_seq = 0
-    deadline = _deadline()
+    deadline = _deadline(run)
     last_sent = time.monotonic()
+    next_check = time.monotonic() + STATUS_CHECK_S
+    terminal_seen = False
     async with RunFollower(run.id) as follower:
         finished = False
         while not finished and time.monotonic() < deadline:
@@ -646,6 +780,13 @@ async def stream_run(
                 if event["type"] == "run.finished":
                     finished = True
                     break
+            if not finished and time.monotonic() >= next_check:
+                # The events are the truth, but a run that vanished (deleted: DoesNotExist) or
+                # ended without its run.finished row showing up must end the stream too.
+                next_check = time.monotonic() + STATUS_CHECK_S
+                if (await sync_to_async(_load_run)(run.id)).is_terminal:
+                    finished, terminal_seen = terminal_seen, True
+                    continue  # read the events once more before giving up on run.finished
             if not finished:
                 if time.monotonic() - last_sent > KEEPALIVE_S:
                     # An SSE comment: clients ignore it, proxies see a live connection.
@@ -654,9 +795,7 @@ async def stream_run(
                 await follower.wait(deadline - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
         final = await sync_to_async(_load_run)(run.id)
-    await sync_to_async(ratelimit.add_tokens)(
-        key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens
-    )
+    await _count_tokens(key, final)
     conductor = _conductor_info(request, final, target)
     error = await sync_to_async(run_outcome_error)(final, conductor)
     if error is not None:
@@ -665,7 +804,8 @@ async def stream_run(
         return
     usage = _usage(final)
     if final.answer_held:
-        yield _sse(_chunk(env, {}, "content_filter", conductor=conductor))
+        held = await sync_to_async(_held_info)(final.id)
+        yield _sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
     else:
         if final.answer:
             yield _sse(_chunk(env, {"content": final.answer}))
@@ -683,6 +823,24 @@ async def stream_run(
             }
         )
     yield _sse("[DONE]")
+
+
+async def guarded_stream(
+    request: HttpRequest, run: Any, target: Target, body: AsyncGenerator[bytes, None]
+) -> AsyncIterator[bytes]:
+    """``body``, but whatever fails after the run exists, the stream still ends: an error event in
+    OpenAI's shape naming the cause and the run, then ``[DONE]``."""
+    done = _sse("[DONE]")
+    ended = False
+    try:
+        async with contextlib.aclosing(body) as pieces:
+            async for piece in pieces:
+                ended = piece == done
+                yield piece
+    except Exception as exc:
+        if not ended:
+            yield _sse(follow_failure_error(request, run, target, exc).body())
+            yield done
 
 
 # --- views --------------------------------------------------------------------------------------------
@@ -739,24 +897,32 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     )
     headers = {"X-Conductor-Run": str(run.id), "X-Conductor-Run-Url": env.conductor["url"]}
     if chat.stream:
+        # The run id travels in the headers and the first chunk, which go out before the run's
+        # first event is read: a client that loses this server still knows which run it started.
         response: HttpResponseBase = StreamingHttpResponse(
-            stream_run(request, key, chat, target, run, env), content_type="text/event-stream"
+            guarded_stream(request, run, target, stream_run(request, key, chat, target, run, env)),
+            content_type="text/event-stream",
         )
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
     else:
-        final = await wait_for_run(run.id)
-        await sync_to_async(ratelimit.add_tokens)(
-            key_prefix=key.prefix, tokens=final.input_tokens + final.output_tokens
-        )
-        conductor = _conductor_info(request, final, target)
-        error = await sync_to_async(run_outcome_error)(final, conductor)
-        if error is not None:
-            response = error_response(error)
-        else:
-            response = JsonResponse(
-                completion_body(Envelope(env.id, env.created, env.model, conductor), final)
-            )
+        # A plain response cannot send its headers early: its status depends on the outcome.
+        # Whatever breaks while waiting, the answer still names the run (header and body).
+        try:
+            final = await wait_for_run(run)
+            await _count_tokens(key, final)
+            conductor = _conductor_info(request, final, target)
+            error = await sync_to_async(run_outcome_error)(final, conductor)
+            if final.answer_held:
+                conductor["held"] = await sync_to_async(_held_info)(final.id)
+            if error is not None:
+                response = error_response(error)
+            else:
+                response = JsonResponse(
+                    completion_body(Envelope(env.id, env.created, env.model, conductor), final)
+                )
+        except Exception as exc:
+            response = error_response(follow_failure_error(request, run, target, exc))
     for name, value in headers.items():
         response[name] = value
     return response

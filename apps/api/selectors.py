@@ -1,10 +1,16 @@
-"""What an API caller may see: the governance selectors, narrowed for API keys.
+"""What an API caller may see and do: the governance selectors, narrowed for API keys.
 
 A request authenticated by session is exactly its user: the ``apps.governance`` selectors decide.
-A request authenticated by an API key is its creator *restricted to* the key's team (and, for
-pools, to the key's allowed pools when it lists any). The narrowing is an intersection with the
-user's own visibility, so a key can never see more than the user who made it. This module is the
-only place that narrowing happens.
+A request authenticated by an API key acts as its *team*: it sees only that team's objects (plus
+the platform pools granted to the team, for running) and never a platform object (the platform
+policy, providers and pools with no team) or another team's, whoever created the key. Every
+queryset here is an intersection with the creator's own visibility, so a key never sees more than
+its creator either; the creator's superuser bit therefore never widens a key (the team filter cuts
+it back to one team, and platform rows are excluded outright).
+
+What a key may *do* is its scopes (``ApiKey.scopes``) capped by the role its creator holds in the
+team *now* (``effective_scopes``): demote the creator and the key loses the scopes the new role
+cannot grant. This module is the only place that narrowing happens.
 """
 
 from __future__ import annotations
@@ -13,18 +19,88 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from apps.api.models import ApiKey, ApiKeyRole
+from apps.api.models import ApiKey, ApiScope
 from apps.governance import selectors as gov
+from apps.governance.models import Membership, Role
 
-# What each key role may do; session users are governed by their roles alone.
-ROLE_RANK = {ApiKeyRole.READ: 0, ApiKeyRole.RUN: 1, ApiKeyRole.ADMIN: 2}
+ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
+
+# The scopes a team role may put on a key (and keep on it): never more than the role's own powers
+# (see apps.governance.permissions for what each role may do by session).
+ROLE_SCOPES: dict[str, frozenset[str]] = {
+    Role.ADMIN: ALL_SCOPES,
+    Role.POLICY_ADMIN: frozenset(
+        {
+            ApiScope.RUNS_WRITE,
+            ApiScope.RUNS_READ,
+            ApiScope.POLICIES_WRITE,
+            ApiScope.POOLS_WRITE,
+            ApiScope.AUDIT_READ,
+        }
+    ),
+    Role.MEMBER: frozenset({ApiScope.RUNS_WRITE, ApiScope.RUNS_READ}),
+    Role.REVIEWER: frozenset({ApiScope.RUNS_READ, ApiScope.RUNS_REVIEW, ApiScope.AUDIT_READ}),
+}
+
+PLATFORM_REFUSAL = (
+    "{what} is a platform object: an API key acts within its team '{team}' only, and no key scope "
+    "reaches platform objects. Sign in as a platform administrator instead."
+)
 
 
-def key_allows(key: ApiKey | None, needed: str) -> bool:
-    """Whether a key's role covers an operation that needs ``needed`` (read/run/admin)."""
-    if key is None:
-        return True
-    return ROLE_RANK.get(ApiKeyRole(key.role), -1) >= ROLE_RANK[ApiKeyRole(needed)]
+# --- scopes -------------------------------------------------------------------------------------
+
+
+def creator_role(user: Any, team: Any) -> str | None:
+    """The role that caps a key acting for ``user`` in ``team``.
+
+    A platform administrator who is not a member counts as the team's admin: within the team they
+    may do what its admins do, and never more (platform objects stay out of a key's reach).
+    """
+    if user is None or not getattr(user, "is_active", False):
+        return None
+    team_id = getattr(team, "pk", team)
+    role = Membership.objects.filter(team_id=team_id, user=user).values_list("role", flat=True).first()
+    if role is None and getattr(user, "is_superuser", False):
+        return Role.ADMIN
+    return role
+
+
+def grantable_scopes(role: str | None) -> frozenset[str]:
+    return ROLE_SCOPES.get(role or "", frozenset())
+
+
+def effective_scopes(key: ApiKey) -> frozenset[str]:
+    """The key's scopes that its creator's current role still allows (cached per request)."""
+    cached: frozenset[str] | None = getattr(key, "_effective_scopes", None)
+    if cached is None:
+        role = creator_role(key.created_by, key.team_id)
+        cached = frozenset(key.scopes or []) & grantable_scopes(role)
+        key._effective_scopes = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def scope_refusal(key: ApiKey, scope: str) -> str | None:
+    """None when ``key`` may use ``scope`` now; otherwise the reason, naming the scope (and role)."""
+    if scope in effective_scopes(key):
+        return None
+    if scope not in (key.scopes or []):
+        have = ", ".join(sorted(key.scopes or [])) or "none"
+        return f"This API key lacks the scope '{scope}' (its scopes: {have})."
+    role = creator_role(key.created_by, key.team_id)
+    who = key.created_by.get_username() if key.created_by else "its creator"
+    return (
+        f"This API key's scope '{scope}' no longer applies: the user it acts for ({who}) is now "
+        f"'{role or 'not a member'}' of team '{key.team.slug}', a role that cannot use '{scope}'."
+    )
+
+
+def key_has_scope(key: ApiKey | None, scope: str) -> bool:
+    """Session requests (``key=None``) are governed by their roles alone."""
+    return key is None or scope in effective_scopes(key)
+
+
+# --- querysets ----------------------------------------------------------------------------------
 
 
 def teams_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
@@ -62,6 +138,7 @@ def pools_usable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 
 
 def pools_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+    """For a key: the team's own pools and the pools granted to it (platform ones read-only)."""
     qs = gov.pools_visible_to(user)
     if key is None:
         return qs
@@ -83,23 +160,34 @@ def workers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     return qs.filter(Q(pools__in=pools) | Q(provider__team_id=key.team_id)).distinct()
 
 
+def workers_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+    """For a key: only workers on the team's own providers (a granted platform pool's workers are
+    used, never changed). Session users: the visible ones; the services decide."""
+    qs = workers_visible_for(user, key)
+    return qs.filter(provider__team_id=key.team_id) if key is not None else qs
+
+
 def providers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     from apps.workers.selectors import providers_visible_to
 
     qs = providers_visible_to(user)
-    if key is None:
-        return qs
-    return qs.filter(Q(team_id=key.team_id) | Q(team__isnull=True))
+    # Platform providers (team=NULL) are out of a key's reach, even to read.
+    return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
 def policies_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+    """For a key: its team's policy only (the platform default is a platform object)."""
     qs = gov.policies_visible_to(user)
-    return qs.filter(Q(team_id=key.team_id) | Q(team__isnull=True)) if key is not None else qs
+    return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
 def audit_events_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     qs = gov.audit_events_visible_to(user)
-    return qs.filter(team_id=key.team_id) if key is not None else qs
+    if key is None:
+        return qs
+    if not key_has_scope(key, ApiScope.AUDIT_READ):  # defence in depth: the views check it first
+        return qs.none()
+    return qs.filter(team_id=key.team_id)
 
 
 def api_keys_for(user: Any, key: ApiKey | None) -> QuerySet[ApiKey]:

@@ -4,8 +4,10 @@ Key format: ``cw_<prefix>_<secret>`` — ``prefix`` is 10 lowercase hex characte
 lists, unique), ``secret`` is 43 URL-safe characters. Only the SHA-256 of the whole key is stored;
 ``conductor_web.logging`` redacts this shape from every log line.
 
-Who a key acts as: the key's creator (``ApiKey.created_by``), *restricted* to the key's team, its
-allowed pools (all pools granted to the team when empty) and its role — see ``apps.api.selectors``.
+Who a key acts as: its team. The key's creator (``ApiKey.created_by``) is who the key's actions are
+attributed to and whose visibility bounds it; the key is *restricted* to its team, its allowed pools
+(all pools granted to the team when empty) and its scopes — see ``apps.api.selectors``. Scopes are
+capped at creation by the creator's role in the team and at use by the creator's current role.
 If the creator leaves the team or is deleted, the key stops working (it can never widen access).
 """
 
@@ -25,7 +27,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.api.models import ApiKey, ApiKeyRole
+from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
+from apps.api.selectors import creator_role, effective_scopes, grantable_scopes
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 
@@ -105,7 +108,7 @@ def _snapshot(key: ApiKey) -> dict[str, Any]:
     return {
         "name": key.name,
         "prefix": key.prefix,
-        "role": key.role,
+        "scopes": list(key.scopes),
         "expires_at": key.expires_at.isoformat() if key.expires_at else None,
         "allowed_pools": sorted(key.allowed_pools.values_list("slug", flat=True)),
         "requests_per_minute": key.requests_per_minute,
@@ -115,22 +118,54 @@ def _snapshot(key: ApiKey) -> dict[str, Any]:
     }
 
 
+def _check_scope_caps(
+    *, team: Any, acts_as: Any, scopes: list[str], pools: list[Any], issuing_key: ApiKey | None
+) -> None:
+    """A key never carries more than its creator's role in the team grants (nor, when minted by a
+    key, more than that key's own scopes and pools). Refusals name the scope and the role."""
+    role = creator_role(acts_as, team)
+    beyond = [x for x in scopes if x not in grantable_scopes(role)]
+    if beyond:
+        allowed = ", ".join(sorted(grantable_scopes(role))) or "none"
+        raise PermissionDenied(
+            f"The scope '{beyond[0]}' exceeds the role '{role or 'none'}' that {acts_as.get_username()} "
+            f"holds in team '{team.slug}' (that role may grant: {allowed})."
+        )
+    if issuing_key is None:
+        return
+    beyond = [x for x in scopes if x not in effective_scopes(issuing_key)]
+    if beyond:
+        raise PermissionDenied(
+            f"The scope '{beyond[0]}' exceeds the scopes of the API key creating it: a key cannot "
+            "mint a key with more power than its own."
+        )
+    own = set(issuing_key.allowed_pools.values_list("pk", flat=True))
+    if own and (not pools or any(p.pk not in own for p in pools)):
+        raise PermissionDenied(
+            "The API key creating this key is limited to some pools: name allowed_pools among them."
+        )
+
+
 def apikey_create(
     *,
     actor: Any,
     team: Any,
     name: str,
-    role: str = ApiKeyRole.RUN,
+    scopes: Iterable[str] | None = None,
     expires_at: datetime | None = None,
     allowed_pools: Iterable[Any] = (),
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
     principal: Any = None,
+    issuing_key: ApiKey | None = None,
 ) -> CreatedApiKey:
     """Create a key for ``team``. The plaintext is in the result and nowhere else, ever.
 
     ``actor`` must manage the team (None = the system, e.g. ``manage.py apikey_create``). The key
     acts as ``principal`` (default: the actor; for the system, the team's first admin).
+    ``scopes`` default to ``DEFAULT_SCOPES`` (least privilege) and must be ones the principal's role
+    in the team may grant (``PermissionDenied`` naming the scope and role otherwise); when a key
+    creates a key (``issuing_key``), also ones the issuing key has, on no more pools than it has.
     """
     _assert_manages(actor, team)
     errors: dict[str, list[str]] = {}
@@ -139,8 +174,14 @@ def apikey_create(
         errors.setdefault("name", []).append("Give the key a name so you can recognise it later.")
     elif len(name) > 100:
         errors.setdefault("name", []).append("At most 100 characters.")
-    if role not in ApiKeyRole.values:
-        errors.setdefault("role", []).append(f"Choose one of: {', '.join(ApiKeyRole.values)}.")
+    wanted = sorted(set(DEFAULT_SCOPES if scopes is None else scopes))
+    unknown = [x for x in wanted if x not in ApiScope.values]
+    if unknown:
+        errors.setdefault("scopes", []).append(
+            f"Unknown scopes: {', '.join(map(str, unknown))}. Choose from: {', '.join(ApiScope.values)}."
+        )
+    elif not wanted:
+        errors.setdefault("scopes", []).append("Choose at least one scope.")
     if expires_at is not None and expires_at <= timezone.now():
         errors.setdefault("expires_at", []).append("The expiry must be in the future.")
     pools = list(allowed_pools)
@@ -168,6 +209,7 @@ def apikey_create(
             errors.setdefault("principal", []).append("The key must act for a member of its team.")
     if errors:
         raise ValidationError(errors)
+    _check_scope_caps(team=team, acts_as=acts_as, scopes=wanted, pools=pools, issuing_key=issuing_key)
 
     with transaction.atomic():
         plaintext, prefix = generate_key()
@@ -178,7 +220,7 @@ def apikey_create(
             name=name,
             prefix=prefix,
             key_hash=hash_key(plaintext),
-            role=role,
+            scopes=wanted,
             expires_at=expires_at,
             created_by=acts_as,
         )
@@ -216,7 +258,7 @@ def apikey_revoke(*, actor: Any, api_key: ApiKey) -> ApiKey:
             actor_label="" if actor else "system",
             team=key.team_id,
             obj=key,
-            payload={"name": key.name, "prefix": key.prefix, "role": key.role},
+            payload={"name": key.name, "prefix": key.prefix, "scopes": list(key.scopes)},
         )
     return key
 

@@ -41,7 +41,7 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
                     actor=request.user,
                     team=team,
                     name=form.cleaned_data["name"],
-                    role=form.cleaned_data["role"],
+                    scopes=form.cleaned_data["scopes"],
                     expires_at=form.cleaned_data["expires_at"],
                     allowed_pools=form.cleaned_data["allowed_pools"],
                     requests_per_minute=form.cleaned_data["requests_per_minute"],
@@ -50,6 +50,8 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
             except ValidationError as exc:
                 for field, errors in exc.message_dict.items():
                     form.add_error(field if field in form.fields else None, errors)
+            except PermissionDenied as exc:  # a scope beyond the creator's role: say which
+                form.add_error("scopes", str(exc))
             else:
                 form = ApiKeyCreateForm(pools=pools)
     else:

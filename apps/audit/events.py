@@ -37,6 +37,11 @@ class AuditEventType(models.TextChoices):
     APIKEY_CREATED = "apikey.created"
     APIKEY_REVOKED = "apikey.revoked"
     APIKEY_DENIED = "apikey.denied"
+    # Authentication abuse (issue 13): failed logins, lockouts, invalid API keys, key throttling
+    APIKEY_REJECTED = "apikey.rejected"
+    APIKEY_THROTTLED = "apikey.throttled"
+    AUTH_LOGIN_FAILED = "auth.login_failed"
+    AUTH_LOCKED_OUT = "auth.locked_out"
     # Run decisions
     RUN_CREATED = "run.created"
     RUN_REFUSED = "run.refused"
@@ -51,6 +56,8 @@ class AuditEventType(models.TextChoices):
     RUN_FINISHED = "run.finished"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
     RUN_TIMED_OUT = "run.timed_out"
+    # Issue 14: an executor lost its lease (died) and the run went back to the queue.
+    RUN_REQUEUED = "run.requeued"
     RUN_REVIEW_REQUESTED = "run.review_requested"
     RUN_REVIEWED = "run.reviewed"
     RUN_RELEASED = "run.released"
@@ -63,6 +70,6 @@ class AuditEventType(models.TextChoices):
     def kind(self) -> str:
         if self.value.startswith("run."):
             return AuditKind.RUN
-        if self.value.startswith("audit."):
+        if self.value.startswith(("audit.", "auth.")):
             return AuditKind.SYSTEM
         return AuditKind.CONFIG

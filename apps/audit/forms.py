@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.http import HttpResponseBadRequest, QueryDict
 
 from apps.audit.models import ReviewDecision
 from apps.audit.services import REVIEW_TEXT_MAX
@@ -32,3 +33,61 @@ class RunReviewForm(forms.Form):
         if cleaned.get("status") == ReviewDecision.FLAGGED and not (cleaned.get("reason") or "").strip():
             self.add_error("reason", "Say why you flag this run.")
         return cleaned
+
+
+# --- bounds of the search/export query parameters -------------------------------------------------
+# Every parameter is bounded before it reaches a query or the export's own audit record: a padded
+# value would otherwise be copied into the tamper-evident chain, and an out-of-range id would fail
+# the database cast (a 500) instead of answering 400.
+SEARCH_PARAM_MAX_CHARS = {
+    "run": 36,
+    "team": 50,
+    "actor": 150,
+    "type": 64,
+    "object": 130,
+    "since": 32,
+    "until": 32,
+}
+PAGE_PARAMS = ("before", "after")
+DB_INT_MAX = 2**63 - 1  # largest id/seq a BIGINT column holds
+
+
+def search_param_errors(
+    query: QueryDict, *, allowed_extra: tuple[str, ...] = (), reject_unknown: bool = True
+) -> dict[str, str]:
+    """Bounds of the ``/audit/`` search and export parameters: {parameter: what is wrong}.
+
+    The export rejects unknown parameters (nothing rides along into its audit record); the search
+    page ignores them, as a page does.
+    """
+    errors: dict[str, str] = {}
+    allowed = (*SEARCH_PARAM_MAX_CHARS, *allowed_extra)
+    if len(query) > len(allowed) + (0 if reject_unknown else 20):
+        return {"(query)": f"at most {len(allowed)} parameters: {', '.join(allowed)}"}
+    for name in query:
+        if name not in allowed:
+            if reject_unknown:
+                errors[name[:40]] = f"unknown parameter: use {', '.join(allowed)}"
+            continue
+        values = query.getlist(name)
+        if len(values) > 1:
+            errors[name] = f"give '{name}' once (it appears {len(values)} times)"
+            continue
+        value = values[0].strip()
+        limit = SEARCH_PARAM_MAX_CHARS.get(name, 19)
+        if len(value) > limit:
+            errors[name] = f"'{name}' is at most {limit} characters (got {len(value)})"
+        elif name in PAGE_PARAMS and value and not (value.isdigit() and int(value) <= DB_INT_MAX):
+            errors[name] = f"'{name}' is a sequence number from 0 to {DB_INT_MAX}"
+        elif name in ("team", "actor") and value.isdigit() and int(value) > DB_INT_MAX:
+            errors[name] = f"'{name}' as an id is at most {DB_INT_MAX}"
+    return errors
+
+
+def bad_search_response(errors: dict[str, str]) -> HttpResponseBadRequest:
+    """A 400 naming each bad parameter (plain text: it answers download links and scripts alike)."""
+    lines = [f"{name}: {message}" for name, message in sorted(errors.items())]
+    return HttpResponseBadRequest(
+        "Bad audit search parameters.\n" + "\n".join(lines[:20]) + "\n",
+        content_type="text/plain; charset=utf-8",
+    )

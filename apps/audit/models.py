@@ -1,9 +1,12 @@
-"""Append-only, hash-chained audit events.
+"""Append-only, sequenced, hash-chained audit events with a Merkle tree over the sequence.
 
-Each row carries ``seq`` (gapless, from 1), the previous row's digest and its own digest: an
-HMAC-SHA256 over the canonical JSON of the row's content plus the previous digest (see
-``apps.audit.chain``). Rows refuse update and delete in Python; on PostgreSQL a trigger refuses
-them in SQL too (migration 0002).
+A writer inserts its event *unsequenced* (``seq`` NULL) in the same transaction as the change it
+records; the one sequencer (``apps.audit.sequencer``) later assigns ``seq`` (gapless, from 1),
+the previous row's digest, its own digest (an HMAC-SHA256 over the canonical JSON of the row's
+content plus the previous digest, see ``apps.audit.chain``) and its RFC 9162 Merkle leaf hash.
+Signed tree heads (``SignedTreeHead``) commit to the tree. Rows refuse update and delete in
+Python; triggers refuse them in SQL on PostgreSQL and SQLite, except the sequencer's one UPDATE of
+the sequencing columns of a still-unsequenced row (migrations 0004, 0006).
 
 Audit payloads never hold prompt or output text, only their SHA-256 and length, so per-team
 retention can erase run content without touching (and breaking) the chain.
@@ -15,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.db.models import F, Q
 
 from apps.audit.events import AuditEventType, AuditKind
 
@@ -32,7 +36,8 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
 
 
 class AuditEvent(models.Model):
-    seq = models.PositiveBigIntegerField(unique=True)
+    # NULL until the sequencer numbers the row (see module docstring): "pending" in the UI.
+    seq = models.PositiveBigIntegerField(unique=True, null=True, blank=True)
     created_at = models.DateTimeField(db_index=True)
     # No ``choices``: the enum grows as apps add event types and must not force a migration each
     # time; ``audit_record`` only accepts ``AuditEventType`` members.
@@ -65,14 +70,20 @@ class AuditEvent(models.Model):
     run_id = models.UUIDField(null=True, blank=True)
     policy_version_id = models.BigIntegerField(null=True, blank=True)
     payload = models.JSONField(default=dict)
-    prev_digest = models.CharField(max_length=64)
-    digest = models.CharField(max_length=64, unique=True)
+    prev_digest = models.CharField(max_length=64, blank=True, default="")
+    digest = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    # RFC 9162 leaf hash SHA-256(0x00 || canonical JSON), set with seq; stored so proofs and tree
+    # heads never re-canonicalise history (verify recomputes and compares it).
+    leaf_hash = models.CharField(max_length=64, blank=True, default="")
 
     objects = AuditEventQuerySet.as_manager()
 
     class Meta:
-        ordering = ["-seq"]
+        # Newest first; pending (unsequenced) rows are the newest of all.
+        ordering = [F("seq").desc(nulls_first=True), F("id").desc()]
         indexes = [
+            # The sequencer's queue: only pending rows, in insert order.
+            models.Index(fields=["id"], name="audit_pending", condition=Q(seq__isnull=True)),
             models.Index(fields=["team", "-seq"], name="audit_team_seq"),
             models.Index(fields=["actor", "-seq"], name="audit_actor_seq"),
             models.Index(fields=["event_type", "-seq"], name="audit_type_seq"),
@@ -82,7 +93,7 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"#{self.seq} {self.event_type}"
+        return f"#{self.seq if self.seq is not None else 'pending'} {self.event_type}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None or not kwargs.get("force_insert", False):
@@ -103,7 +114,7 @@ class AuditEvent(models.Model):
 
 
 class AuditChainHead(models.Model):
-    """One row (pk=1) holding the chain head; appends lock it to serialise (never forking)."""
+    """One row (pk=1) holding the chain head; only the sequencer writes seq/digest/frontier."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     seq = models.PositiveBigIntegerField(default=0)
@@ -111,13 +122,47 @@ class AuditChainHead(models.Model):
     # The head event's time: appends never go back in time, so created_at follows seq and a time
     # window maps exactly onto a seq range (see apps.audit.filters).
     created_at = models.DateTimeField(null=True, blank=True)
+    # The Merkle tree's right edge: [[size, hex], ...] perfect subtrees, left to right, so the
+    # sequencer extends the tree and computes its root in O(log n) per batch.
+    frontier = models.JSONField(default=list, blank=True)
+    sequenced_at = models.DateTimeField(null=True, blank=True)
     last_verified_at = models.DateTimeField(null=True, blank=True)
     last_verified_ok = models.BooleanField(null=True)
     last_verified_seq = models.PositiveBigIntegerField(default=0)
     last_verify_message = models.TextField(blank=True)
+    # Merkle frontier at last_verified_seq: an incremental verify resumes from it.
+    verified_frontier = models.JSONField(default=list, blank=True)
 
     def __str__(self) -> str:
         return f"audit chain head #{self.seq}"
+
+
+class SignedTreeHead(models.Model):
+    """A signed commitment to the first ``tree_size`` events (RFC 9162 STH, HMAC-signed).
+
+    ``signature = HMAC-SHA256(AUDIT_HMAC_KEY, "conductor-audit-sth/1\n<size>\n<root>\n<ts>")``
+    (``apps.audit.merkle.sth_message``). Each is also appended to ``AUDIT_STH_PUBLISH_PATH``.
+    """
+
+    tree_size = models.PositiveBigIntegerField(db_index=True)
+    root_hash = models.CharField(max_length=64)
+    timestamp_ms = models.PositiveBigIntegerField()
+    signature = models.CharField(max_length=64)
+    published = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-tree_size", "-id"]
+
+    def __str__(self) -> str:
+        return f"STH size {self.tree_size}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tree_size": self.tree_size,
+            "root_hash": self.root_hash,
+            "timestamp": self.timestamp_ms,
+            "signature": self.signature,
+        }
 
 
 class ReviewDecision(models.TextChoices):
@@ -138,7 +183,8 @@ class RunReview(models.Model):
     reason = models.TextField(blank=True)
     comment = models.TextField(blank=True)
     released_answer = models.BooleanField(default=False)
-    audit_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    # The run.reviewed event, by id: its seq is assigned after commit by the sequencer.
+    audit_event_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -147,3 +193,10 @@ class RunReview(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_status_display()} review of {self.run_id}"
+
+    @property
+    def audit_seq(self) -> int | None:
+        """The seq of the review's audit event (None while it is pending)."""
+        if self.audit_event_id is None:
+            return None
+        return AuditEvent.objects.filter(pk=self.audit_event_id).values_list("seq", flat=True).first()

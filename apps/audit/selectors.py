@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -47,12 +47,21 @@ class Page:
     events: list[AuditEvent]
     newer: int | None  # pass as ?after= to go to newer events
     older: int | None  # pass as ?before= to go to older events
+    # Recorded but not numbered by the sequencer yet (first page only, newest first).
+    pending: list[AuditEvent] = field(default_factory=list)
 
 
 def page_of_events(
     qs: QuerySet[AuditEvent], *, before: int | None = None, after: int | None = None, size: int = PAGE_SIZE
 ) -> Page:
-    """Keyset pagination on ``seq`` (newest first): constant cost on any page, unlike OFFSET."""
+    """Keyset pagination on ``seq`` (newest first): constant cost on any page, unlike OFFSET.
+
+    Pending rows (no seq yet) are listed apart, above the first page.
+    """
+    pending = (
+        list(qs.filter(seq__isnull=True).order_by("-id")[:size]) if before is None and after is None else []
+    )
+    qs = qs.filter(seq__isnull=False)
     if after is not None:
         rows = list(qs.filter(seq__gt=after).order_by("seq")[: size + 1])
         has_more_newer = len(rows) > size
@@ -68,7 +77,7 @@ def page_of_events(
     rows = list(qs.order_by("-seq")[: size + 1])
     events = rows[:size]
     newer = events[0].seq if (before is not None and events) else None
-    return Page(events, newer, events[-1].seq if len(rows) > size else None)
+    return Page(events, newer, events[-1].seq if len(rows) > size else None, pending)
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class ChainState:
     ok: bool | None
     verified_seq: int
     message: str
+    pending: int = 0  # sequencer lag: events recorded but not numbered yet
+    pending_age_s: float | None = None
 
     @property
     def label(self) -> str:
@@ -92,15 +103,20 @@ class ChainState:
 
 
 def chain_state() -> ChainState:
+    from apps.audit.sequencer import sequencer_lag
+
+    lag = sequencer_lag()
     head = AuditChainHead.objects.filter(pk=1).first()
     if head is None:
-        return ChainState(0, None, None, 0, "")
+        return ChainState(0, None, None, 0, "", lag.pending, lag.oldest_age_s)
     return ChainState(
         head.seq,
         head.last_verified_at,
         head.last_verified_ok,
         head.last_verified_seq,
         head.last_verify_message,
+        lag.pending,
+        lag.oldest_age_s,
     )
 
 

@@ -13,10 +13,11 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import models, transaction
 from django.utils import timezone
 
-from apps.audit.chain import compute_digest, content_sha256
+from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
-from apps.audit.models import AuditChainHead, AuditEvent
+from apps.audit.models import AuditEvent
+from apps.audit.sequencer import audit_flush, nudge, sth_create
 from conductor_web.request_context import current_request_meta
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
@@ -24,6 +25,9 @@ _IP_FIELD = AuditEvent._meta.get_field("ip")
 
 def hmac_key() -> bytes:
     return settings.AUDIT_HMAC_KEY.encode()
+
+
+__all__ = ["audit_flush", "audit_record", "hmac_key"]
 
 
 def _json_roundtrip(payload: dict[str, Any]) -> dict[str, Any]:
@@ -48,10 +52,11 @@ def audit_record(
     after: dict[str, Any] | None = None,
     api_key_id: int | None = None,
 ) -> AuditEvent:
-    """Append one event to the chain, inside the caller's transaction.
+    """Append one event (pending: ``seq`` NULL until the sequencer numbers it), in the caller's transaction.
 
     Call it in the same ``transaction.atomic()`` block as the change it records, so the change and
-    its record commit or roll back together. ``before``/``after`` are masked and diffed.
+    its record commit or roll back together. ``before``/``after`` are masked and diffed. The
+    returned event has no ``seq`` yet; ``audit_flush()`` numbers it at once when a caller needs it.
     """
     if not isinstance(event_type, AuditEventType):
         event_type = AuditEventType(event_type)
@@ -66,17 +71,14 @@ def audit_record(
         object_repr = object_repr or str(obj)[:200]
     team_id = getattr(team, "pk", team)
 
+    # Insert only (the sequencer numbers and chains it later), so writers never queue on a
+    # global lock. In the caller's transaction when there is one — the change and its record
+    # commit or roll back together; otherwise the record is the whole change and gets its own.
     # No savepoint: if recording fails, the caller's whole change must roll back with it.
     with transaction.atomic(savepoint=False):
-        # Row lock on PostgreSQL (SQLite: the IMMEDIATE transaction already holds the writer
-        # lock), so concurrent appends queue here and the chain never forks.
-        head, _ = AuditChainHead.objects.select_for_update().get_or_create(pk=1)
-        now = timezone.now()
-        if head.created_at is not None and now < head.created_at:
-            now = head.created_at  # a clock stepping back (or another host's skew) must not reorder time
         event = AuditEvent(
-            seq=head.seq + 1,
-            created_at=now,
+            seq=None,
+            created_at=timezone.now(),
             event_type=event_type.value,
             kind=event_type.kind,
             actor=user,
@@ -92,13 +94,11 @@ def audit_record(
             run_id=UUID(str(run_id)) if run_id else None,
             policy_version_id=policy_version_id,
             payload=_json_roundtrip(body),
-            prev_digest=head.digest,
+            prev_digest="",
+            digest=None,
         )
-        event.digest = compute_digest(hmac_key(), event_content(event), head.digest)
         event.save(force_insert=True)
-        AuditChainHead.objects.filter(pk=1).update(
-            seq=event.seq, digest=event.digest, created_at=event.created_at
-        )
+        transaction.on_commit(nudge)
     return event
 
 
@@ -153,35 +153,51 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
 
 # --- checkpoints and exports --------------------------------------------------------------------
 
-CHECKPOINT_FORMAT = "conductor-audit-checkpoint/1"
+CHECKPOINT_FORMAT = "conductor-audit-checkpoint/2"
 
 
-def audit_checkpoint(*, actor: Any = None) -> dict[str, Any]:
-    """Capture the chain head (seq, digest, time) for an auditor to keep outside this system.
+def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Capture the chain head (seq, digest) and a signed tree head for an auditor to keep outside.
 
-    The checkpoint covers the chain as it was before this call; the ``audit.checkpoint`` event
-    recording it is appended right after, so the log itself shows when each checkpoint was taken.
+    The checkpoint covers the log as it was before this call; the ``audit.checkpoint`` event
+    recording it is appended (and sequenced) right after, so the log shows when each was taken.
+    ``since``: an earlier checkpoint; the new one then carries the RFC 9162 consistency proof
+    from it (``scripts/verify_audit_export.py --consistency OLD NEW`` checks it offline).
     """
-    with transaction.atomic():
-        head, _ = AuditChainHead.objects.select_for_update().get_or_create(pk=1)
-        checkpoint = {
-            "format": CHECKPOINT_FORMAT,
-            "seq": head.seq,
-            "digest": head.digest,
-            "created_at": timezone.now().isoformat(timespec="seconds"),
+    from apps.audit.proofs import consistency_proof
+
+    sth = sth_create()
+    head = AuditEvent.objects.filter(seq=sth.tree_size).values_list("digest", flat=True).first()
+    checkpoint: dict[str, Any] = {
+        "format": CHECKPOINT_FORMAT,
+        "seq": sth.tree_size,
+        "digest": head or "0" * 64,
+        "created_at": timezone.now().isoformat(timespec="seconds"),
+        "sth": sth.as_dict(),
+    }
+    if since is not None:
+        old_size = int(since.get("sth", {}).get("tree_size", since.get("seq", 0)))
+        checkpoint["consistency"] = {
+            "from_size": old_size,
+            "proof": [h.hex() for h in consistency_proof(old_size, sth.tree_size)],
         }
+    with transaction.atomic():
         audit_record(
             event_type=AuditEventType.AUDIT_CHECKPOINT,
             actor=actor,
-            payload={"checkpoint_seq": head.seq, "checkpoint_digest": head.digest},
+            payload={"checkpoint_seq": checkpoint["seq"], "checkpoint_digest": checkpoint["digest"]},
         )
+    audit_flush()
     return checkpoint
 
 
 def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, Any]) -> AuditEvent:
-    """Record that ``actor`` exported a selection; the export then covers rows before this event."""
+    """Record that ``actor`` exported a selection; the export then covers rows before this event.
+
+    Returned sequenced (the export is cut at its seq).
+    """
     with transaction.atomic():
-        return audit_record(
+        event = audit_record(
             event_type=AuditEventType.AUDIT_EXPORTED,
             actor=actor,
             payload={
@@ -189,6 +205,8 @@ def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, An
                 "filters": {k: v for k, v in filters.items() if v not in ("", None)},
             },
         )
+    audit_flush()
+    return AuditEvent.objects.get(pk=event.pk)
 
 
 # --- reviews ------------------------------------------------------------------------------------
@@ -250,8 +268,9 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
             before=before,
             after={"review_status": locked.review_status, "answer_held": locked.answer_held},
         )
-        RunReview.objects.filter(pk=review.pk).update(audit_seq=event.seq)
-        review.audit_seq = event.seq
+        # The event is numbered after commit; the review links to it by id until then.
+        RunReview.objects.filter(pk=review.pk).update(audit_event_id=event.pk)
+        review.audit_event_id = event.pk
         if release:
             audit_run_event(
                 event_type=AuditEventType.RUN_RELEASED,

@@ -20,3 +20,12 @@ def audit_verify() -> bool:
     from apps.audit.verify import verify_and_record
 
     return verify_and_record(key=hmac_key()).ok
+
+
+@shared_task(name="apps.audit.tasks.audit_sth_publish", ignore_result=True)
+def audit_sth_publish() -> int:
+    """Sign the tree head and append it to ``AUDIT_STH_PUBLISH_PATH``; idempotent per tree size."""
+    from apps.audit.sequencer import sth_publish
+
+    sth = sth_publish()
+    return sth.tree_size if sth else 0

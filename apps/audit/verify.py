@@ -19,18 +19,20 @@ At the first failure it looks a little around the row to name the kind of damage
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import hmac
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
-from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, compute_digest
-from apps.audit.models import AuditChainHead, AuditEvent
+from apps.audit import merkle
+from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, canonical_json, compute_digest
+from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 
 # The columns a walk needs, in a fixed order (values_list is far cheaper than model instances).
 ROW_FIELDS = (*DIGEST_FIELDS, "prev_digest", "digest")
@@ -44,13 +46,21 @@ class Checkpoint:
     seq: int
     digest: str
     created_at: str = ""
+    sth: dict[str, Any] | None = None
+
+    @property
+    def tree_size(self) -> int:
+        return int(self.sth["tree_size"]) if self.sth else 0
 
     @classmethod
     def load(cls, path: str | Path) -> Checkpoint:
         data = json.loads(Path(path).read_text())
         try:
             return cls(
-                seq=int(data["seq"]), digest=str(data["digest"]), created_at=str(data.get("created_at", ""))
+                seq=int(data["seq"]),
+                digest=str(data["digest"]),
+                created_at=str(data.get("created_at", "")),
+                sth=data.get("sth") if isinstance(data.get("sth"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path} is not an audit checkpoint (needs seq and digest): {exc}") from exc
@@ -64,6 +74,7 @@ class VerifyResult:
     broken_seq: int | None = None
     reason: str = ""
     message: str = ""
+    frontier: list[list[Any]] | None = field(default=None, compare=False)
 
     def summary(self) -> str:
         if self.ok:
@@ -99,7 +110,12 @@ def _rows(qs: Any) -> Iterator[dict[str, Any]]:
 
 
 def _row_at(**lookup: Any) -> dict[str, Any] | None:
-    values = AuditEvent.objects.filter(**lookup).order_by("seq").values_list(*ROW_FIELDS).first()
+    values = (
+        AuditEvent.objects.filter(seq__isnull=False, **lookup)
+        .order_by("seq")
+        .values_list(*ROW_FIELDS)
+        .first()
+    )
     return dict(zip(ROW_FIELDS, values, strict=True)) if values else None
 
 
@@ -107,7 +123,7 @@ def _digest_ok(key: bytes, row: dict[str, Any], *, as_seq: int | None = None) ->
     content = row_content(row)
     if as_seq is not None:
         content["seq"] = as_seq
-    return compute_digest(key, content, row["prev_digest"]) == row["digest"]
+    return compute_digest(key, content, row["prev_digest"] or "") == row["digest"]
 
 
 def _diagnose(
@@ -193,52 +209,236 @@ def _diagnose(
     )
 
 
-def verify_chain(*, key: bytes, checkpoint: Checkpoint | None = None) -> VerifyResult:
-    """Walk the whole chain. Read-only; see ``verify_and_record`` to store the outcome."""
-    # PostgreSQL: one transaction so the server-side cursor streams (no WITH HOLD materialisation)
-    # from one snapshot. SQLite: no transaction — an IMMEDIATE one would block every writer.
-    ctx = transaction.atomic() if connection.vendor == "postgresql" else contextlib.nullcontext()
-    with ctx:
-        head = AuditChainHead.objects.filter(pk=1).values_list("seq", "digest").first() or (0, GENESIS_DIGEST)
-        expected_seq, expected_prev = 1, GENESIS_DIGEST
-        checkpoint_seen = False
-        for row in _rows(AuditEvent.objects.order_by("seq")):
-            if not (
-                row["seq"] == expected_seq and row["prev_digest"] == expected_prev and _digest_ok(key, row)
-            ):
+# --- parallel walk ------------------------------------------------------------------------------
+
+# Chunks are aligned to a power of two so each one is a perfect Merkle subtree (RFC 9162 splits
+# at powers of two): a chunk reports its subtree root and the tree is assembled from those.
+CHUNK_LEAVES = 1 << 16
+
+
+@dataclass
+class ChunkResult:
+    start: int
+    first_prev: str | None = None
+    last_seq: int = 0
+    last_digest: str = ""
+    count: int = 0
+    failure: tuple[dict[str, Any], int, str] | None = None  # (row, expected seq, expected prev)
+    leaf_mismatch: int | None = None
+    frontier: list[tuple[int, bytes]] | None = None  # perfect subtrees of this chunk
+    at_sizes: dict[int, list[tuple[int, bytes]]] | None = None  # frontier at requested sizes
+
+
+def _frontier_push(frontier: list[tuple[int, bytes]], size: int, node: bytes) -> None:
+    while frontier and frontier[-1][0] == size:
+        node = merkle.node_hash(frontier.pop()[1], node)
+        size *= 2
+    frontier.append((size, node))
+
+
+def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
+    if not frontier:
+        return merkle.EMPTY_ROOT
+    root = frontier[-1][1]
+    for _, left in reversed(frontier[:-1]):
+        root = merkle.node_hash(left, root)
+    return root
+
+
+def _walk_chunk(key: bytes, start: int, end: int, start_prev: str | None, sizes: list[int]) -> ChunkResult:
+    """Check rows start..end (seq); ``start_prev`` None: the link into the chunk is checked by the caller."""
+    out = ChunkResult(start=start, at_sizes={})
+    frontier: list[tuple[int, bytes]] = []
+    wanted = sorted(s for s in sizes if start <= s <= end)
+    expected_seq, expected_prev = start, start_prev
+    qs = AuditEvent.objects.filter(seq__gte=start, seq__lte=end).order_by("seq")
+    for values in qs.values_list(*ROW_FIELDS, "leaf_hash").iterator(chunk_size=CHUNK_SIZE):
+        row = dict(zip(ROW_FIELDS, values[:-1], strict=True))
+        if out.first_prev is None:
+            out.first_prev = row["prev_digest"]
+            if expected_prev is None:
+                expected_prev = row["prev_digest"]
+        canonical = canonical_json(row_content(row))
+        ok = (
+            row["seq"] == expected_seq
+            and row["prev_digest"] == expected_prev
+            and hmac.compare_digest(
+                hmac.new(
+                    key, canonical.encode() + b"|" + row["prev_digest"].encode(), hashlib.sha256
+                ).hexdigest(),
+                row["digest"] or "",
+            )
+        )
+        if not ok:
+            out.failure = (row, expected_seq, expected_prev or GENESIS_DIGEST)
+            break
+        leaf = merkle.leaf_hash(canonical.encode())
+        if values[-1] != leaf.hex() and out.leaf_mismatch is None:
+            out.leaf_mismatch = row["seq"]
+        _frontier_push(frontier, 1, leaf)
+        out.count += 1
+        out.last_seq, out.last_digest = row["seq"], row["digest"]
+        while wanted and wanted[0] == row["seq"]:
+            out.at_sizes[wanted.pop(0)] = list(frontier)
+        expected_seq, expected_prev = row["seq"] + 1, row["digest"]
+    out.frontier = frontier
+    return out
+
+
+def _walk_chunk_in_child(
+    key: bytes, start: int, end: int, start_prev: str | None, sizes: list[int]
+) -> ChunkResult:
+    from django.db import connections
+
+    try:
+        return _walk_chunk(key, start, end, start_prev, sizes)
+    finally:
+        connections.close_all()
+
+
+def _walk(
+    key: bytes, first: int, last: int, start_prev: str, sizes: list[int], workers: int
+) -> list[ChunkResult]:
+    """Chunks of ``first..last`` (first-1 aligned to CHUNK_LEAVES), in parallel processes when asked."""
+    bounds = []
+    a = first
+    while a <= last:
+        b = min(last, ((a - 1) // CHUNK_LEAVES + 1) * CHUNK_LEAVES)
+        bounds.append((a, b))
+        a = b + 1
+    if workers <= 1 or len(bounds) <= 1 or connection.in_atomic_block:
+        return [
+            _walk_chunk(key, a, b, start_prev if i == 0 else None, sizes) for i, (a, b) in enumerate(bounds)
+        ]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from django.db import connections
+
+    connections.close_all()  # children are forked: each opens its own connection
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [
+            pool.submit(_walk_chunk_in_child, key, a, b, start_prev if i == 0 else None, sizes)
+            for i, (a, b) in enumerate(bounds)
+        ]
+        return [f.result() for f in futures]
+
+
+def default_workers() -> int:
+    import os
+
+    return max(1, min(8, (os.cpu_count() or 1)))
+
+
+def _fail(seq: int, reason: str, message: str) -> VerifyResult:
+    return VerifyResult(False, max(0, seq - 1), max(0, seq - 1), seq, reason, message)
+
+
+def verify_chain(
+    *,
+    key: bytes,
+    checkpoint: Checkpoint | None = None,
+    published: dict[str, Any] | None = None,
+    incremental: bool = False,
+    workers: int | None = None,
+) -> VerifyResult:
+    """Walk the sequenced log: chain links and digests, Merkle leaves, and every signed tree head.
+
+    Read-only apart from numbering pending rows first (``audit_flush``). ``published``: the last
+    STH published outside the database (default: the last line of ``AUDIT_STH_PUBLISH_PATH``);
+    the database must still hold that tree — this is what catches a deleted tail together with a
+    rolled-back head. ``incremental``: resume from the last successful verification (its Merkle
+    frontier is kept on the head row) instead of from seq 1. ``workers`` > 1: chunks of
+    ``CHUNK_LEAVES`` events are walked in forked processes (the CLI does; a server thread does
+    not fork).
+    """
+    from apps.audit.sequencer import audit_flush, last_published_sth
+
+    audit_flush()
+    if published is None:
+        published = last_published_sth()
+    head_row = AuditChainHead.objects.filter(pk=1).first()
+    head = (head_row.seq, head_row.digest) if head_row else (0, GENESIS_DIGEST)
+    last = (
+        AuditEvent.objects.filter(seq__isnull=False).order_by("-seq").values_list("seq", flat=True).first()
+        or 0
+    )
+    first, start_prev, base_frontier = 1, GENESIS_DIGEST, []
+    if incremental and head_row is not None and head_row.last_verified_ok and head_row.last_verified_seq:
+        vs = head_row.last_verified_seq
+        at = AuditEvent.objects.filter(seq=vs).values_list("digest", flat=True).first()
+        if at is not None and vs <= last:
+            first, start_prev = vs + 1, at
+            base_frontier = [(int(n), bytes.fromhex(str(h))) for n, h in head_row.verified_frontier or []]
+    sths = list(SignedTreeHead.objects.filter(tree_size__gte=first).order_by("tree_size").values())
+    sizes = sorted(
+        {s["tree_size"] for s in sths} | {last} | ({int(published["tree_size"])} if published else set())
+    )
+    if checkpoint is not None and checkpoint.tree_size:
+        sizes = sorted(set(sizes) | {checkpoint.tree_size})
+    chunks = _walk(key, first, last, start_prev, sizes, workers or 1) if last >= first else []
+
+    # Stitch the chunks in order: links across boundaries, first failure wins.
+    expected_seq, expected_prev = first, start_prev
+    frontier = list(base_frontier)
+    roots: dict[int, bytes] = {}
+    if first == 1:
+        roots[0] = merkle.EMPTY_ROOT
+    checkpoint_seen = False
+    for chunk in chunks:
+        if chunk.count == 0 and chunk.failure is None:
+            # Nothing at all in this seq range: the rows were deleted.
+            nxt = (
+                AuditEvent.objects.filter(seq__gt=chunk.start)
+                .order_by("seq")
+                .values_list("seq", flat=True)
+                .first()
+            )
+            return _fail(expected_seq, DELETED, f"seq {expected_seq}-{(nxt or last + 1) - 1} missing")
+        if chunk.first_prev is not None and chunk.first_prev != expected_prev and chunk.failure is None:
+            row = _row_at(seq=chunk.start)
+            if row is not None:
                 return _diagnose(key, row, expected_seq, expected_prev, head[1])
-            if checkpoint is not None and row["seq"] == checkpoint.seq:
-                checkpoint_seen = True
-                if row["digest"] != checkpoint.digest:
-                    return VerifyResult(
-                        False,
-                        row["seq"],
-                        row["seq"],
-                        row["seq"],
-                        REWRITTEN,
-                        f"digest at seq {row['seq']} differs from the checkpoint taken {checkpoint.created_at or '(no time)'}: "
-                        "history up to it was recomputed",
-                    )
-            expected_seq, expected_prev = row["seq"] + 1, row["digest"]
-        last = expected_seq - 1
-        # Re-read the head: appends that committed during the walk moved it forward legitimately.
-        head_now = AuditChainHead.objects.filter(pk=1).values_list("seq", "digest").first() or (
-            0,
-            GENESIS_DIGEST,
-        )
+        if chunk.failure is not None:
+            row, exp_seq, exp_prev = chunk.failure
+            if exp_seq == chunk.start:
+                exp_prev = expected_prev
+            return _diagnose(key, row, exp_seq, exp_prev, head[1])
+        if chunk.last_seq != min(last, ((chunk.start - 1) // CHUNK_LEAVES + 1) * CHUNK_LEAVES):
+            return _fail(chunk.last_seq + 1, DELETED, f"seq {chunk.last_seq + 1} missing")
+        if chunk.leaf_mismatch is not None:
+            return _fail(
+                chunk.leaf_mismatch,
+                EDITED,
+                f"stored Merkle leaf of seq {chunk.leaf_mismatch} does not match its content",
+            )
+        for size, part in sorted((chunk.at_sizes or {}).items()):
+            roots[size] = _frontier_root(frontier + part)
+        for size, node in chunk.frontier or []:
+            _frontier_push(frontier, size, node)
+        if checkpoint is not None and chunk.start <= checkpoint.seq <= chunk.last_seq:
+            checkpoint_seen = True
+            at = AuditEvent.objects.filter(seq=checkpoint.seq).values_list("digest", flat=True).first()
+            if at != checkpoint.digest:
+                return VerifyResult(
+                    False,
+                    checkpoint.seq,
+                    checkpoint.seq,
+                    checkpoint.seq,
+                    REWRITTEN,
+                    f"digest at seq {checkpoint.seq} differs from the checkpoint taken {checkpoint.created_at or '(no time)'}: "
+                    "history up to it was recomputed",
+                )
+        expected_seq, expected_prev = chunk.last_seq + 1, chunk.last_digest
+    if checkpoint is not None and incremental and checkpoint.seq < first:
+        checkpoint_seen = True  # verified by an earlier full walk
+
+    head_now = AuditChainHead.objects.filter(pk=1).values_list("seq", "digest").first() or (0, GENESIS_DIGEST)
     if last < head[0]:
-        return VerifyResult(
-            False, last, last, last + 1, DELETED, f"chain ends at seq {last} but its head is seq {head[0]}"
-        )
+        return _fail(last + 1, DELETED, f"chain ends at seq {last} but its head is seq {head[0]}")
     if last > head_now[0]:
-        return VerifyResult(
-            False,
-            head_now[0],
-            head_now[0],
-            head_now[0] + 1,
-            INSERTED,
-            f"rows beyond the chain head (seq {head_now[0]})",
-        )
+        return _fail(head_now[0] + 1, INSERTED, f"rows beyond the chain head (seq {head_now[0]})")
     if last == head_now[0] and last and expected_prev != head_now[1]:
         return VerifyResult(
             False,
@@ -249,25 +449,63 @@ def verify_chain(*, key: bytes, checkpoint: Checkpoint | None = None) -> VerifyR
             f"last row's digest differs from the chain head's at seq {last}",
         )
     if checkpoint is not None and not checkpoint_seen:
-        return VerifyResult(
-            False,
-            last,
-            last,
-            last + 1,
-            DELETED,
-            f"chain ends at seq {last}, before the checkpoint at seq {checkpoint.seq}",
+        return _fail(
+            last + 1, DELETED, f"chain ends at seq {last}, before the checkpoint at seq {checkpoint.seq}"
         )
-    return VerifyResult(True, last, last)
+
+    # Signed tree heads: in the table, in the checkpoint, and the last one published outside.
+    heads: list[tuple[str, dict[str, Any]]] = [
+        (
+            "signed tree head",
+            {
+                "tree_size": s["tree_size"],
+                "root_hash": s["root_hash"],
+                "timestamp": s["timestamp_ms"],
+                "signature": s["signature"],
+            },
+        )
+        for s in sths
+    ]
+    if checkpoint is not None and checkpoint.sth:
+        heads.append(("checkpoint's tree head", checkpoint.sth))
+    if published:
+        heads.append(("PUBLISHED tree head", published))
+    for label, sth in heads:
+        size = int(sth.get("tree_size", -1))
+        if not merkle.sth_valid(key, sth):
+            return _fail(
+                max(size, 1), REWRITTEN, f"{label} for size {size} has a bad signature (forged or wrong key)"
+            )
+        if size < first and incremental:
+            continue
+        if size > last:
+            return _fail(
+                last + 1,
+                DELETED,
+                f"chain ends at seq {last} but the {label} covers {size} events: its tail was deleted",
+            )
+        if roots.get(size) is None or roots[size].hex() != sth["root_hash"]:
+            return _fail(
+                size,
+                REWRITTEN,
+                f"the Merkle root at size {size} differs from the {label}: history was rewritten",
+            )
+    return VerifyResult(True, last, last, frontier=[[n, h.hex()] for n, h in frontier])
 
 
-def verify_and_record(*, key: bytes, checkpoint: Checkpoint | None = None) -> VerifyResult:
+def verify_and_record(
+    *, key: bytes, checkpoint: Checkpoint | None = None, incremental: bool = False, workers: int = 1
+) -> VerifyResult:
     """Verify and store the outcome on the chain head row (which the UI shows)."""
-    result = verify_chain(key=key, checkpoint=checkpoint)
+    result = verify_chain(key=key, checkpoint=checkpoint, incremental=incremental, workers=workers)
     AuditChainHead.objects.get_or_create(pk=1)
-    AuditChainHead.objects.filter(pk=1).update(
-        last_verified_at=timezone.now(),
-        last_verified_ok=result.ok,
-        last_verified_seq=result.last_seq if result.ok else (result.broken_seq or 0),
-        last_verify_message=result.summary()[:2000],
-    )
+    fields: dict[str, Any] = {
+        "last_verified_at": timezone.now(),
+        "last_verified_ok": result.ok,
+        "last_verified_seq": result.last_seq if result.ok else (result.broken_seq or 0),
+        "last_verify_message": result.summary()[:2000],
+    }
+    if result.ok:
+        fields["verified_frontier"] = result.frontier or []
+    AuditChainHead.objects.filter(pk=1).update(**fields)
     return result

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.audit import export, selectors, services
 from apps.audit.filters import AuditFilterForm, active_filters, filter_audit_events
-from apps.audit.forms import RunReviewForm
+from apps.audit.forms import PAGE_PARAMS, RunReviewForm, bad_search_response, search_param_errors
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
 
@@ -44,6 +44,8 @@ def _filter_form(request: HttpRequest) -> AuditFilterForm:
 
 @require_GET
 def event_list(request: HttpRequest) -> HttpResponse:
+    if errors := search_param_errors(request.GET, allowed_extra=PAGE_PARAMS, reject_unknown=False):
+        return bad_search_response(errors)
     form = _filter_form(request)
     qs = gov.audit_events_visible_to(request.user)
     params = active_filters(request.GET)
@@ -91,6 +93,8 @@ def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
 def event_export(request: HttpRequest, export_format: str) -> HttpResponse | StreamingHttpResponse:
     if export_format not in export.FORMATS:
         raise Http404("Unknown export format (use csv or jsonl).")
+    if errors := search_param_errors(request.GET):
+        return bad_search_response(errors)
     params = active_filters(request.GET)
     try:
         qs = filter_audit_events(gov.audit_events_visible_to(request.user), params)

@@ -24,16 +24,15 @@ far plus what this step may add; a step that would cross a cap is not started an
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from functools import lru_cache
 
 from apps.engine.hooks import PlanValidation, StepGate, Violation
 from apps.engine.plan import CONDUCTOR_SELF, Access, Plan, PlanStep
 from apps.engine.types import Totals, WorkerInfo
+from apps.policies.guardrails import regex as safe_regex
 from apps.policies.spec import Constraints
 
 VERIFY_INSTRUCTION = (
@@ -42,9 +41,9 @@ VERIFY_INSTRUCTION = (
 )
 
 
-@lru_cache(maxsize=256)
-def _rx(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern, re.I)
+def _rx_search(pattern: str, text: str) -> bool:
+    # Policy patterns run on RE2 (linear time, fails closed); see apps.policies.guardrails.regex.
+    return safe_regex.search(pattern, text)
 
 
 def is_confidential(question: str, constraints: Constraints, *, marked: str = "") -> tuple[bool, str]:
@@ -56,13 +55,13 @@ def is_confidential(question: str, constraints: Constraints, *, marked: str = ""
         return True, "marked confidential"
     if rule.detect:
         for pattern in rule.detect_patterns:
-            if _rx(pattern).search(question):
+            if _rx_search(pattern, question):
                 return True, "detected by a confidentiality pattern"
     return False, ""
 
 
 def verification_rules_matching(question: str, constraints: Constraints) -> list[str]:
-    return [r.name for r in constraints.verification.rules if _rx(r.pattern).search(question)]
+    return [r.name for r in constraints.verification.rules if _rx_search(r.pattern, question)]
 
 
 # ------------------------------------------------------------------------------ worker rules

@@ -1,11 +1,15 @@
-"""Demo policies (idempotent): the platform default, a strict finance policy, a permissive research one."""
+"""Demo policies: the platform default, a strict finance policy, a permissive research one.
+
+Published only where no version is in force yet: re-running ``seed_demo`` never republishes the
+demo spec over an admin's edits (or their rollback).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from apps.policies.models import Policy
-from apps.policies.services import policy_diff, policy_get_or_create, policy_publish, policy_save_draft
+from apps.policies.services import policy_get_or_create, policy_publish, policy_save_draft
 
 PLATFORM_SPEC: dict[str, Any] = {
     "constraints": {
@@ -85,9 +89,8 @@ RESEARCH_SPEC: dict[str, Any] = {
 
 def _ensure(team: Any | None, spec: dict[str, Any], note: str) -> Policy:
     policy = policy_get_or_create(actor=None, team=team)
-    current = policy.current_version
-    if current is not None and not policy_diff(current, spec):
-        return policy  # already in force: re-running the seed changes nothing
+    if policy.current_version is not None or policy.versions.exists():
+        return policy  # an admin's policy (or an earlier seed): leave it exactly as it is
     draft = policy_save_draft(actor=None, policy=policy, spec=spec, note=note)
     policy_publish(actor=None, version=draft)
     return policy

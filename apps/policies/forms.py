@@ -1,5 +1,6 @@
 """Forms for the policy editor and the test box. The spec itself is validated by
-`apps.policies.spec` (field-path errors); this layer only checks the JSON syntax."""
+`apps.policies.spec` (field-path errors); this layer only checks the JSON syntax and the input
+limits (size, nesting depth, NUL/unpaired surrogates: `conductor_web.input_limits`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from django import forms
 
+from conductor_web.input_limits import InputRefused, safe_json_loads
+
 
 class SpecField(forms.CharField):
     widget = forms.Textarea
@@ -15,7 +18,9 @@ class SpecField(forms.CharField):
     def to_python(self, value: Any) -> Any:
         text = super().to_python(value) or "{}"
         try:
-            data = json.loads(text)
+            data = safe_json_loads(text)
+        except InputRefused as err:
+            raise forms.ValidationError(f"Refused: {err.message}") from None
         except json.JSONDecodeError as err:
             raise forms.ValidationError(
                 f"Not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}."

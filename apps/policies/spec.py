@@ -30,15 +30,21 @@ loosen, a platform limit. Per field the merge rule (`merge` in the metadata) is 
 
 - ``min``           numeric limits, caps and budgets: the smaller non-null value wins (null = no limit);
 - ``stricter``      actions: the stricter one wins — constraints ``block`` > ``repair``;
-                    guardrails ``block`` > ``redact`` > ``require_review`` > ``warn``;
+                    guardrails ``block`` > ``require_review`` > ``redact`` > ``warn`` (a held
+                    answer is stricter than a masked one: nothing leaves before a reviewer looks);
                     ``on_check_error`` ``fail_closed`` > ``fail_open``;
 - ``or``            on/off switches (``enabled``, ``detect``): on if either side turns it on;
 - ``union``         deny lists, PII/secret types, patterns, blocked terms, verification rules,
-                    judges, verifier workers/tags: both sides' entries apply;
+                    judges: both sides' entries apply;
 - ``intersection``  allow lists (``allowed_workers``, ``allowed_tags``): only what both allow;
-                    null means "no restriction" and is the neutral element;
-- ``platform``      ``local_tag`` and the output ``json_schema.schema``: the platform's value when it
-                    sets one, otherwise the team's (a team cannot swap a platform schema for a laxer one).
+                    null means "no restriction" and is the neutral element. The verifier lists
+                    (``verifier_workers``, ``verifier_tags``) are allow lists too — a worker that
+                    counts as a verifier satisfies a rule, so more verifiers would be laxer — but
+                    they only bind a side that has verification ``rules``: a side without rules
+                    takes the other side's lists whole;
+- ``all_of``        the output ``json_schema.schema``: both schemas apply (``{"allOf": [platform, team]}``);
+- ``platform``      ``local_tag``: the platform's value when it sets one, otherwise the team's (a
+                    team cannot relabel its own workers as "local hardware").
 
 A check (any section with ``enabled``) that is disabled on one side imposes nothing: the other
 side's check is taken whole, so a disabled platform check never hardens a team's ``warn`` into
@@ -67,18 +73,24 @@ PII_TYPES = ("email", "phone", "card", "iban", "national_id", "ip")
 SECRET_TYPES = ("openai", "aws", "github", "slack", "private_key", "jwt", "generic")
 STAGES = ("input", "step_output", "output")
 
-# Higher = stricter. Used by the `stricter` merge rule.
+# Higher = stricter, compared only within one field's choices (the `stricter` merge rule).
+# Guardrail actions: block > require_review > redact > warn (distinct ranks: a tie would let the
+# platform's weaker value stand). Constraint actions: block > repair.
 STRICTNESS: dict[str, int] = {
-    "repair": 1,
-    "block": 2,
     "warn": 1,
-    "require_review": 2,
-    "redact": 3,
+    "repair": 1,
+    "redact": 2,
+    "require_review": 3,
+    "block": 4,
     "fail_open": 1,
     "fail_closed": 2,
 }
 
-MAX_PATTERN_CHARS = 500
+# Size bounds on what a policy may store (refused at save/publish with the field path).
+MAX_PATTERN_CHARS = 500  # a keyword or a regular expression
+MAX_TEXT_CHARS = 300  # names, messages, keys, tags: any text field without its own bound
+MAX_PROMPT_CHARS = 4000  # a model judge's rule prompt
+MAX_SCHEMA_CHARS = 64 * 1024  # the output JSON schema, serialised
 MAX_LIST_ITEMS = 200
 
 
@@ -211,9 +223,17 @@ class Verification:
     rules: tuple[VerificationRuleSpec, ...] = _f(
         (), "Requests matching any rule must end with a step on a verifier worker.", "union"
     )
-    verifier_workers: tuple[str, ...] = _f((), "Worker keys that count as verifiers.", "union")
+    verifier_workers: tuple[str, ...] = _f(
+        (),
+        "Worker keys that count as verifiers (with rules on both sides: only keys both accept).",
+        "intersection",
+        binds_with="rules",
+    )
     verifier_tags: tuple[str, ...] = _f(
-        ("verifier",), "Workers with any of these tags count as verifiers.", "union"
+        ("verifier",),
+        "Workers with any of these tags count as verifiers (with rules on both sides: only tags both accept).",
+        "intersection",
+        binds_with="rules",
     )
     action: ConstraintAction = _f(
         "repair",
@@ -291,7 +311,11 @@ class InjectionCheck:
 @dataclass(frozen=True)
 class TermRule:
     pattern: str = _f(
-        "", "A keyword (whole word, case-insensitive) or a regular expression.", "union", required=True
+        "",
+        "A keyword (whole word, case-insensitive) or a regular expression.",
+        "union",
+        required=True,
+        max_chars=MAX_PATTERN_CHARS,
     )
     kind: TermKind = _f("keyword", "keyword or regex.", "union")
     message: str = _f("", "What the user is told when this term is found (default: 'blocked term').", "union")
@@ -317,7 +341,7 @@ class LengthCheck:
 class JsonSchemaCheck:
     enabled: bool = _f(False, "The final answer must be JSON matching the schema (output stage only).", "or")
     action: GuardAction = _f("block", "block, warn or require_review.", "stricter", exclude=("redact",))
-    schema: dict[str, Any] | None = _f(None, "A JSON Schema (draft 2020-12) object.", "platform")
+    schema: dict[str, Any] | None = _f(None, "A JSON Schema (draft 2020-12) object.", "all_of")
 
 
 @dataclass(frozen=True)
@@ -329,6 +353,7 @@ class Judge:
         "The rule the judge applies, e.g. 'The answer gives no personal financial advice.'",
         "union",
         required=True,
+        max_chars=MAX_PROMPT_CHARS,
     )
 
 
@@ -486,6 +511,13 @@ def _parse_value(tp: Any, value: Any, path: str, meta: Mapping[str, Any], errors
         if not isinstance(value, str):
             errors.append(FieldError(path, f"must be a string, got {_type_name(value)}"))
             return None
+        limit = meta.get("max_chars") or (MAX_PATTERN_CHARS if meta.get("regex") else MAX_TEXT_CHARS)
+        if len(value) > limit:
+            errors.append(FieldError(path, f"is {len(value)} characters long; at most {limit} are allowed"))
+            return None
+        if _bad_chars(value):
+            errors.append(FieldError(path, "must not contain NUL characters or unpaired surrogates"))
+            return None
         if meta.get("required") and not value.strip():
             errors.append(FieldError(path, "must not be empty"))
             return None
@@ -540,18 +572,53 @@ def _bounds(value: Any, path: str, meta: Mapping[str, Any], errors: list[FieldEr
     return value
 
 
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def _bad_chars(text: str) -> bool:
+    """NUL (PostgreSQL text cannot hold it) or a lone surrogate (not encodable as UTF-8)."""
+    return _BAD_CHARS.search(text) is not None
+
+
 def _check_regex(pattern: str, path: str, errors: list[FieldError]) -> None:
     if len(pattern) > MAX_PATTERN_CHARS:
         errors.append(FieldError(path, f"the pattern is longer than {MAX_PATTERN_CHARS} characters"))
         return
-    try:
-        re.compile(pattern)
-    except re.error as err:
-        errors.append(FieldError(path, f"invalid regular expression: {err}"))
+    # Policy patterns run on RE2 (linear time); what RE2 refuses cannot be published.
+    from apps.policies.guardrails.regex import regex_problem  # the guardrails package imports this module
+
+    problem = regex_problem(pattern)
+    if problem is not None:
+        errors.append(
+            FieldError(path, f"invalid regular expression for RE2 (linear-time matching): {problem}"[:300])
+        )
 
 
 def _check_json_schema(schema: dict[str, Any], path: str, errors: list[FieldError]) -> None:
+    import json
+
     import jsonschema
+
+    try:
+        size = len(json.dumps(schema))
+    except (TypeError, ValueError, RecursionError):
+        errors.append(FieldError(path, "must be a JSON object"))
+        return
+    if size > MAX_SCHEMA_CHARS:
+        errors.append(
+            FieldError(path, f"is {size} characters as JSON; at most {MAX_SCHEMA_CHARS} are allowed")
+        )
+        return
+    stack: list[Any] = [schema]
+    while stack:  # iterative: the loaders bound the depth, this must not recurse on it either
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if (isinstance(key, str) and _bad_chars(key)) or (isinstance(value, str) and _bad_chars(value)):
+                errors.append(FieldError(path, "must not contain NUL characters or unpaired surrogates"))
+                return
+            if isinstance(value, dict | list):
+                stack.append(value)
 
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -571,7 +638,7 @@ def _parse_dataclass(cls: type, data: Any, path: str, errors: list[FieldError]) 
     for key in data:
         if key not in fields:
             known = ", ".join(fields)
-            errors.append(FieldError(_join(path, str(key)), f"unknown field (known: {known})"))
+            errors.append(FieldError(_join(path, str(key)[:100]), f"unknown field (known: {known})"))
     kwargs: dict[str, Any] = {}
     stage = path.rsplit(".", 1)[-1] if path.startswith("guardrails.") else None
     for name, f in fields.items():
@@ -708,6 +775,12 @@ def _merge_value(rule: str, platform: Any, team: Any, tp: Any) -> Any:
         if team is None:
             return platform
         return tuple(v for v in platform if v in set(team))
+    if rule == "all_of":
+        if platform in (None, {}) or platform == team:
+            return team
+        if team in (None, {}):
+            return platform
+        return {"allOf": [platform, team]}
     if rule == "platform":
         return platform if platform not in (None, "") else team
     raise ValueError(f"unknown merge rule {rule!r}")  # a bug in this module
@@ -724,9 +797,15 @@ def _merge_dataclass(platform: Any, team: Any) -> Any:
     kwargs = {}
     hints = _hints(type(platform))
     for f in dataclasses.fields(platform):
-        kwargs[f.name] = _merge_value(
-            f.metadata["merge"], getattr(platform, f.name), getattr(team, f.name), hints[f.name]
-        )
+        p, t = getattr(platform, f.name), getattr(team, f.name)
+        binds_with = f.metadata.get("binds_with")
+        # A side without the sibling entries (e.g. no verification rules) imposes nothing here.
+        if binds_with and not getattr(platform, binds_with):
+            kwargs[f.name] = t
+        elif binds_with and not getattr(team, binds_with):
+            kwargs[f.name] = p
+        else:
+            kwargs[f.name] = _merge_value(f.metadata["merge"], p, t, hints[f.name])
     return type(platform)(**kwargs)
 
 
@@ -746,6 +825,7 @@ MERGE_RULE_TEXT = {
     "or": "on if the platform or the team turns it on",
     "union": "platform and team entries both apply",
     "intersection": "only what both platform and team allow",
+    "all_of": "both the platform's and the team's apply",
     "platform": "the platform's value wins when it sets one",
 }
 

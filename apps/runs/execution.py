@@ -1,25 +1,41 @@
 """Execution of runs, shared by both runtimes.
 
-`dispatch_run` hands a run id to Celery (distributed) or to this process's thread pool
-(embedded). `execute_run` claims the run with a conditional update (`queued → running`), so a
-duplicate delivery does nothing, then drives the engine with a DB-backed sink and cancel token.
-Whatever happens, the run ends in a terminal state with its audit trail.
+A run is *accepted* when its row is committed together with a `RunDispatch` outbox row.
+`dispatch_pending` hands it to Celery (distributed) or to this process's thread pool (embedded);
+if that fails (broker down) the outbox row stays and the lease keeper retries it, so the client
+still gets its run id. `execute_run` claims the run with a conditional update (`queued →
+running`, taking a LEASE: owner id + expiry a few seconds ahead), so a duplicate delivery does
+nothing. Every process that executes runs renews its leases by heartbeat; a lease that expires,
+or whose owner is a dead process on this host, sends the run back to the queue (`requeue_run`),
+at most `RUN_MAX_ATTEMPTS` times, after which the run ends `failed` with the reason.
+
+A re-queued run restarts cleanly: the engine cannot resume a plan half-way (its strategies keep
+the plan, recursion and guardrail state in memory), so the lost attempt's steps are deleted and
+its usage is reset — the audit trail keeps what was discarded — and the new attempt's events
+continue the run's `seq`, so websocket clients lose nothing and see nothing twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Run, RunDispatch, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +49,8 @@ def thread_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=settings.RUN_THREAD_WORKERS, thread_name_prefix="run")
             start_sweeper()
+            # Heartbeats only: servers reap (apps.runs.apps), not every process with a pool.
+            start_lease_keeper()
     return _executor
 
 
@@ -40,14 +58,83 @@ def thread_executor_alive() -> bool:
     return not getattr(thread_executor(), "_shutdown", False)
 
 
+def _as_uuid(run_id: UUID | str) -> UUID:
+    return run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+
+
 def dispatch_run(run_id: UUID | str) -> None:
-    """Called on commit of run_create."""
+    """Hand a run to an executor now. Raises if the hand-off failed (e.g. broker down)."""
     if settings.EXECUTION_BACKEND == "celery":
         from apps.runs.tasks import run_execute
 
-        run_execute.delay(str(run_id))
+        options: dict[str, Any] = {"queue": settings.CELERY_RUN_QUEUE} if settings.CELERY_RUN_QUEUE else {}
+        run_execute.apply_async((str(run_id),), **options)
     else:
         thread_executor().submit(_execute_in_thread, str(run_id))
+
+
+def dispatch_pending(run_id: UUID | str) -> bool:
+    """Dispatch the run whose outbox row is pending (called on commit of run_create and by the
+    drain). Never raises: a failed hand-off is logged and retried later from the outbox."""
+    run_id = _as_uuid(run_id)
+    now = timezone.now()
+    # Claim the outbox row first, so two drains never publish the same run at once.
+    taken = RunDispatch.objects.filter(pk=run_id, dispatched_at__isnull=True).update(
+        dispatched_at=now, dispatched_by=executor_id(), attempts=F("attempts") + 1
+    )
+    if not taken:
+        return False  # another process is handing it off, or it was claimed already
+    try:
+        dispatch_run(run_id)
+    except Exception as exc:
+        row = RunDispatch.objects.filter(pk=run_id).values_list("attempts", flat=True).first() or 1
+        backoff = min(30.0, float(settings.RUN_REAP_INTERVAL_S) * (2 ** min(row - 1, 5)))
+        RunDispatch.objects.filter(pk=run_id).update(
+            dispatched_at=None,
+            dispatched_by="",
+            next_attempt_at=now + timedelta(seconds=backoff),
+            last_error=f"{exc.__class__.__name__}: {exc}"[:300],
+        )
+        logger.warning(
+            "run %s could not be dispatched (%s); kept in the outbox, retry in %.1f s",
+            run_id,
+            exc.__class__.__name__,
+            backoff,
+        )
+        return False
+    return True
+
+
+def drain_outbox(limit: int = 100) -> int:
+    """Dispatch outbox rows whose hand-off failed or was lost with a dead process. Returns how
+    many were handed off."""
+    now = timezone.now()
+    if not RunDispatch.objects.exists():
+        return 0
+    # Runs that ended or were claimed meanwhile need no dispatch.
+    RunDispatch.objects.exclude(run__status=RunStatus.QUEUED).delete()
+    if settings.EXECUTION_BACKEND == "thread":
+        # A thread pool's queue dies with its process (a broker's does not): hand those again.
+        for pk, owner in RunDispatch.objects.filter(dispatched_at__isnull=False).values_list(
+            "pk", "dispatched_by"
+        )[:limit]:
+            if _owner_is_dead(owner):
+                RunDispatch.objects.filter(pk=pk, dispatched_by=owner).update(
+                    dispatched_at=None, dispatched_by="", next_attempt_at=None
+                )
+    pending = list(
+        RunDispatch.objects.filter(dispatched_at__isnull=True)
+        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+        .order_by("created_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    sent = 0
+    for pk in pending:
+        if dispatch_pending(pk):
+            sent += 1
+        elif RunDispatch.objects.filter(pk=pk, dispatched_at__isnull=True).exists():
+            break  # the hand-off failed (broker down): retry on a later tick, in order
+    return sent
 
 
 def _execute_in_thread(run_id: str) -> None:
@@ -58,10 +145,13 @@ def _execute_in_thread(run_id: str) -> None:
 
 
 class DbCancelToken:
-    """The engine's CancelToken backed by `Run.cancel_requested`, read at most every `interval` s."""
+    """The engine's CancelToken backed by `Run.cancel_requested` and the lease, read at most every
+    `interval` s."""
 
-    def __init__(self, run_id: UUID | str, interval: float = 0.5) -> None:
+    def __init__(self, run_id: UUID | str, interval: float = 0.5, owner: str | None = None) -> None:
         self.run_id = run_id
+        self.owner = owner if owner is not None else executor_id()
+        self.lease_lost = False
         self.interval = interval
         self._cancelled = False
         self._checked = 0.0
@@ -80,7 +170,11 @@ class DbCancelToken:
                 return False
             self._checked = now
         try:
-            row = Run.objects.filter(pk=self.run_id).values_list("cancel_requested", "status").first()
+            row = (
+                Run.objects.filter(pk=self.run_id)
+                .values_list("cancel_requested", "status", "lease_owner")
+                .first()
+            )
         finally:
             if (
                 threading.current_thread() is not threading.main_thread()
@@ -90,56 +184,111 @@ class DbCancelToken:
         if row is None or row[0] or row[1] not in (RunStatus.QUEUED, RunStatus.RUNNING):
             # Deleted, cancel requested, or already ended by the sweep: stop working on it.
             self._cancelled = True
+        elif row[2] != self.owner:
+            # Our lease was taken over (this process stalled past its expiry): stop, silently.
+            self.lease_lost = True
+            self._cancelled = True
         return self._cancelled
 
 
 def _claim(run_id: UUID | str) -> bool:
+    """Take the run: one conditional UPDATE, so of several deliveries exactly one wins."""
+    run_id = _as_uuid(run_id)
     now = timezone.now()
-    return bool(
+    owner = executor_id()
+    claimed = bool(
         Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, cancel_requested=False).update(
-            status=RunStatus.RUNNING, started_at=now
+            status=RunStatus.RUNNING,
+            started_at=now,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=float(settings.RUN_LEASE_S)),
+            attempts=F("attempts") + 1,
         )
     )
+    if claimed:
+        RunDispatch.objects.filter(pk=run_id).delete()  # handed off for good
+        logger.info("run %s claimed by %s", run_id, owner)
+    return claimed
 
 
 def execute_run(run_id: UUID | str) -> str | None:
-    """Run the engine for a queued run. Returns the final status, or None if not claimed."""
+    """Run the engine for a queued run. Returns the final status, or None if not claimed (or
+    if the lease was lost to another executor, which then owns the outcome)."""
     close_old_connections()
+    start_lease_keeper()  # heartbeats wherever runs execute (thread pool, Celery, tests)
     if not _claim(run_id):
         logger.info("run %s not claimed (already taken or no longer queued)", run_id)
         return None
     from apps.runs.services import run_finish_externally
 
+    owner = executor_id()
+    cancel = DbCancelToken(run_id, owner=owner)
+    _track(str(run_id), True)
     try:
-        _drive_engine(run_id)
-    except Exception as exc:
-        logger.exception("run %s crashed outside the engine", run_id)
-        # Plain words for users; the traceback is in the log.
-        message = (
-            str(exc)
-            if exc.__class__.__name__ == "PoolUnavailableError"
-            else "The run failed before it could finish; see the server log."
-        )
-        run_finish_externally(run_id=run_id, status=RunStatus.FAILED, reason="internal_error", error=message)
-    run = Run.objects.only("status").get(pk=run_id)
-    if not run.is_terminal:
-        # The engine returned but run.finished was not persisted (sink failure): end it anyway.
-        run_finish_externally(
-            run_id=run_id,
-            status=RunStatus.FAILED,
-            reason="internal_error",
-            error="The run's final state could not be recorded; see the server log.",
-        )
+        try:
+            _drive_engine(run_id, cancel)
+        except Exception as exc:
+            if not _still_owner(run_id, owner):
+                return None
+            logger.exception("run %s crashed outside the engine", run_id)
+            # Plain words for users; the traceback is in the log.
+            message = (
+                str(exc)
+                if exc.__class__.__name__ == "PoolUnavailableError"
+                else "The run failed before it could finish; see the server log."
+            )
+            run_finish_externally(
+                run_id=run_id, status=RunStatus.FAILED, reason="internal_error", error=message
+            )
+        if cancel.lease_lost or not _still_owner(run_id, owner):
+            logger.warning("run %s: lease lost to another executor; this attempt's outcome dropped", run_id)
+            return None
         run = Run.objects.only("status").get(pk=run_id)
-    return str(run.status)
+        if not run.is_terminal:
+            # The engine returned but run.finished was not persisted (sink failure): end it anyway.
+            run_finish_externally(
+                run_id=run_id,
+                status=RunStatus.FAILED,
+                reason="internal_error",
+                error="The run's final state could not be recorded; see the server log.",
+            )
+            run = Run.objects.only("status").get(pk=run_id)
+        return str(run.status)
+    finally:
+        _track(str(run_id), False)
 
 
-def _drive_engine(run_id: UUID | str) -> None:
+def _still_owner(run_id: UUID | str, owner: str) -> bool:
+    return Run.objects.filter(pk=run_id, lease_owner=owner).exists()
+
+
+class FencedSink:
+    """Wraps the RunSink: drops events once another executor owns the run (fencing), and
+    shifts `seq` past the events of earlier attempts so a re-queued run's log continues."""
+
+    def __init__(self, inner: Any, *, run_id: UUID | str, owner: str, seq_offset: int) -> None:
+        self.inner = inner
+        self.run_id = run_id
+        self.owner = owner
+        self.seq_offset = seq_offset
+        self.dropped = 0
+
+    def emit(self, event: Any) -> None:
+        if event.type != "step.delta" and not _still_owner(self.run_id, self.owner):
+            self.dropped += 1
+            return
+        if self.seq_offset:
+            event = dataclasses.replace(event, seq=event.seq + self.seq_offset)
+        self.inner.emit(event)
+
+
+def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
     from apps.engine.runner import run_request
     from apps.runs import integration
     from apps.runs.sink import RunSink
 
     run = Run.objects.select_related("team", "pool", "worker").get(pk=run_id)
+    cancel = cancel if cancel is not None else DbCancelToken(run.id)
     engine_pool = integration.build_pool(run.pool)
     policy = integration.policy_in_force(run.team)
     remaining = (
@@ -154,9 +303,9 @@ def _drive_engine(run_id: UUID | str) -> None:
         question=run.question or _replay_question(run),
         pool=engine_pool,
         strategy=strategy,
-        sink=RunSink(run),
+        sink=FencedSink(RunSink(run), run_id=run.id, owner=cancel.owner, seq_offset=run.last_seq),
         hooks=integration.governance_hooks(run.team, policy, str(run.id)),
-        cancel=DbCancelToken(run.id),  # type: ignore[arg-type]  # duck-typed CancelToken
+        cancel=cancel,  # type: ignore[arg-type]  # duck-typed CancelToken
         limits=limits,
         metadata={
             "team_id": run.team_id,
@@ -276,3 +425,223 @@ def start_sweeper() -> None:
                     connection.close()
 
     threading.Thread(target=loop, daemon=True, name="run-sweeper").start()
+
+
+# -- leases: identity, heartbeat, re-queue --------------------------------------------------------
+
+_identity: tuple[int, str] | None = None
+_inflight: set[str] = set()
+_inflight_lock = threading.Lock()
+_keepers: dict[str, tuple[int, threading.Thread]] = {}
+_keeper_lock = threading.Lock()
+
+
+def executor_id() -> str:
+    """`<node>:<pid>:<nonce>` of this process; re-made after a fork. The node and pid let a
+    process on the same host tell a dead owner without waiting for its lease to expire."""
+    global _identity
+    pid = os.getpid()
+    if _identity is None or _identity[0] != pid:
+        node = settings.RUN_EXECUTOR_NODE or socket.gethostname()
+        _identity = (pid, f"{node}:{pid}:{uuid.uuid4().hex[:8]}")
+    return _identity[1]
+
+
+def _owner_is_dead(owner: str) -> bool:
+    """True only when the owner is provably gone: a process of this node that no longer exists."""
+    parts = owner.split(":")
+    if len(parts) < 3 or owner == executor_id():
+        return False
+    node, pid_text = ":".join(parts[:-2]), parts[-2]
+    if node != _node() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True  # our pid but another nonce: an earlier incarnation that re-used the pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _track(run_id: str, running: bool) -> None:
+    with _inflight_lock:
+        if running:
+            _inflight.add(run_id)
+        else:
+            _inflight.discard(run_id)
+
+
+def heartbeat() -> int:
+    """Push the lease expiry of every run this process is executing. Returns how many."""
+    with _inflight_lock:
+        ids = list(_inflight)
+    if not ids:
+        return 0
+    return Run.objects.filter(pk__in=ids, lease_owner=executor_id(), status=RunStatus.RUNNING).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=float(settings.RUN_LEASE_S))
+    )
+
+
+def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bool) -> str | None:
+    """Take a running run away from a lost executor. Conditional on the owner (and, unless the
+    owner is known dead, on the lease having expired), so exactly one reaper acts. Returns the
+    new status (`queued`, or `failed`/`cancelled` when it must not run again), None if not taken."""
+    from apps.audit.events import AuditEventType
+    from apps.audit.services import audit_record
+    from apps.runs.services import run_finish_externally
+
+    now = timezone.now()
+    taken = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_owner=owner)
+    if expired_only:
+        taken = taken.filter(lease_expires_at__lt=now)
+    with transaction.atomic():
+        if not taken.update(status=RunStatus.QUEUED, lease_owner="", lease_expires_at=None):
+            return None
+        run = Run.objects.select_for_update().get(pk=run_id)
+        limit = int(settings.RUN_MAX_ATTEMPTS)
+        if run.cancel_requested:
+            run_finish_externally(
+                run_id=run.id,
+                status=RunStatus.CANCELLED,
+                reason="cancelled",
+                error=f"The run was cancelled; its executor was lost ({reason}).",
+            )
+            return RunStatus.CANCELLED
+        if run.attempts >= limit:
+            run_finish_externally(
+                run_id=run.id,
+                status=RunStatus.FAILED,
+                reason="executor_lost",
+                error=(
+                    f"The run's executor was lost {run.attempts} times (last: {reason}); "
+                    f"RUN_MAX_ATTEMPTS={limit} allows no further attempt."
+                ),
+            )
+            return RunStatus.FAILED
+        # Clean restart: the lost attempt's steps and usage go; the audit trail keeps them.
+        discarded = {
+            "steps": run.steps.count(),
+            "input_tokens": run.input_tokens,
+            "output_tokens": run.output_tokens,
+            "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
+        }
+        run.steps.all().delete()
+        Run.objects.filter(pk=run.id).update(
+            input_tokens=0,
+            output_tokens=0,
+            cost_usd=None,
+            priced=True,
+            step_count=0,
+            answer="",
+            answer_held=False,
+            latency_ms=None,
+        )
+        RunDispatch.objects.update_or_create(
+            run_id=run.id,
+            defaults={"dispatched_at": None, "dispatched_by": "", "next_attempt_at": None, "last_error": ""},
+        )
+        audit_record(
+            event_type=AuditEventType.RUN_REQUEUED,
+            team=run.team_id,
+            obj=run,
+            run_id=run.id,
+            policy_version_id=run.policy_version_id,
+            payload={
+                "reason": reason,
+                "previous_owner": owner,
+                "attempt": run.attempts,
+                "max_attempts": limit,
+                "restart": "clean",
+                "discarded": discarded,
+            },
+        )
+        run_id_ = run.id
+        transaction.on_commit(lambda: dispatch_pending(run_id_))
+    logger.warning("run %s re-queued after attempt %s: %s", run_id, run.attempts, reason)
+    return RunStatus.QUEUED
+
+
+def reap_runs() -> dict[str, int]:
+    """Re-queue runs whose executor is gone (lease expired, or owner a dead local process), then
+    drain the outbox. Safe to run in every process at once."""
+    now = timezone.now()
+    counts = {"requeued": 0, "ended": 0, "dispatched": 0}
+    candidates = list(
+        Run.objects.filter(status=RunStatus.RUNNING)
+        .exclude(lease_owner="")
+        .filter(Q(lease_expires_at__lt=now) | Q(lease_owner__startswith=f"{_node()}:"))
+        .values_list("pk", "lease_owner", "lease_expires_at")[:200]
+    )
+    for pk, owner, expires in candidates:
+        if expires is not None and expires < now:
+            why, expired_only = (
+                f"lease of executor {owner} expired at {expires:%Y-%m-%d %H:%M:%S} UTC without a heartbeat",
+                True,
+            )
+        elif _owner_is_dead(owner):
+            why, expired_only = f"executor process {owner} is gone", False
+        else:
+            continue
+        outcome = requeue_run(run_id=pk, owner=owner, reason=why, expired_only=expired_only)
+        if outcome == RunStatus.QUEUED:
+            counts["requeued"] += 1
+        elif outcome is not None:
+            counts["ended"] += 1
+    counts["dispatched"] = drain_outbox()
+    return counts
+
+
+def _node() -> str:
+    return settings.RUN_EXECUTOR_NODE or socket.gethostname()
+
+
+def start_lease_keeper(*, reap: bool = False) -> None:
+    """Daemon threads of this process: the heartbeat for the runs executing here and, where
+    `reap` (servers, Celery workers, the embedded pool), the re-queue of lost runs and the
+    outbox drain — separate, so a publish blocked on a dead broker never delays a heartbeat."""
+    with _keeper_lock:
+        _ensure_thread("heartbeat", _heartbeat_loop)
+        if reap:
+            _ensure_thread("reaper", _reaper_loop)
+
+
+def _ensure_thread(name: str, target: Callable[[], None]) -> None:
+    pid = os.getpid()
+    current = _keepers.get(name)
+    if current is not None and current[0] == pid and current[1].is_alive():
+        return
+    thread = threading.Thread(target=target, daemon=True, name=f"run-{name}")
+    _keepers[name] = (pid, thread)
+    thread.start()
+
+
+def _tick(job: Callable[[], object], interval: float, what: str) -> None:
+    while True:
+        try:
+            close_old_connections()
+            job()
+        except Exception:
+            logger.exception("run %s tick failed", what)
+        finally:
+            connection.close()
+        time.sleep(interval)
+
+
+def _heartbeat_loop() -> None:
+    _tick(heartbeat, max(0.2, float(settings.RUN_LEASE_S) / 3), "lease heartbeat")
+
+
+def _reaper_loop() -> None:
+    _tick(reap_runs, max(0.2, float(settings.RUN_REAP_INTERVAL_S)), "reaper")

@@ -104,6 +104,11 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
     payload_erased_at = models.DateTimeField(null=True, blank=True)
+    # Issue 14: the executor that owns a running run holds a lease it renews by heartbeat; a
+    # lease that expires (dead process) sends the run back to the queue. `attempts` counts claims.
+    lease_owner = models.CharField(max_length=120, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
@@ -116,6 +121,7 @@ class Run(models.Model):
             models.Index(fields=["-created_at"], name="run_created"),
             models.Index(fields=["status", "deadline_at"], name="run_status_deadline"),
             models.Index(fields=["review_status", "-created_at"], name="run_review_created"),
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
         ]
 
     def __str__(self) -> str:
@@ -174,3 +180,24 @@ class RunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq} of {self.run_id}"
+
+
+class RunDispatch(models.Model):
+    """Transactional outbox: written with the Run (or its re-queue) in one transaction, so an
+    accepted run is handed to an executor even if the broker was down at commit. A row lives
+    until an executor claims the run; `dispatched_at` is set when the hand-off succeeded."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="dispatch")
+    created_at = models.DateTimeField(auto_now_add=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Who handed it off: a thread pool's queue dies with its process, a broker's does not.
+    dispatched_by = models.CharField(max_length=120, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["dispatched_at", "next_attempt_at"], name="rundispatch_pending")]
+
+    def __str__(self) -> str:
+        return f"Dispatch of {self.run_id}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
@@ -10,7 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.governance import selectors as gov
-from apps.runs.models import Run, RunEvent, Step
+from apps.runs.models import Run, RunEvent, RunStatus, Step
 
 SORTS = {
     "newest": "-created_at",
@@ -72,25 +73,34 @@ def run_list(
     )
 
 
-def run_snapshot(run_id: UUID | str) -> dict[str, Any]:
-    """What a websocket viewer starts from. last_seq is read FIRST: steps read afterwards can
-    only be newer, and re-applying the later events on the client is idempotent."""
+def run_snapshot(*, user: Any, run_id: UUID | str) -> tuple[dict[str, Any], ViewerAccess]:
+    """What a websocket viewer starts from, and what that viewer may see of it.
+
+    last_seq is read FIRST (with the run row the access is decided on): steps read afterwards can
+    only be newer, and re-applying the later events on the client is idempotent. Content is
+    withheld per ``access`` (see ``run_content_visible``)."""
     run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)
+    access = viewer_access(user=user, run=run)
     steps = [step_dict(s) for s in Step.objects.filter(run_id=run_id).order_by("index")]
     decisions = [
         event_dict(e)
         for e in RunEvent.objects.filter(run_id=run_id, type__in=DECISION_TYPES[:3], seq__lte=run.last_seq)
     ]
-    return {
+    if access.withheld:
+        steps = [withhold_step(s) for s in steps]
+        decisions = [withhold_event(e) for e in decisions]
+    snapshot = {
         "type": "snapshot",
-        "run": run_dict(run),
+        "run": run_dict(run, show_content=not access.withheld),
         "steps": steps,
         "decisions": decisions,
         "last_seq": run.last_seq,
     }
+    return snapshot, access
 
 
 def run_events_after(run_id: UUID | str, after: int, *, limit: int = 10_000) -> list[dict[str, Any]]:
+    """Unfiltered: callers withhold content per viewer (``withhold_event``)."""
     return [
         event_dict(e) for e in RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:limit]
     ]
@@ -118,7 +128,9 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
 
 
-def run_dict(run: Run) -> dict[str, Any]:
+def run_dict(run: Run, *, show_content: bool) -> dict[str, Any]:
+    """``show_content``: the caller decided with ``run_content_visible`` (reviewers see a held
+    answer so they can decide on it)."""
     return {
         "id": str(run.id),
         "status": run.status,
@@ -130,9 +142,10 @@ def run_dict(run: Run) -> dict[str, Any]:
         "pool": run.pool.slug,
         "created_by": run.created_by.get_username() if run.created_by else None,
         "question": run.question,
-        # A held answer is not shown until a reviewer releases it.
-        "answer": "" if run.answer_held else run.answer,
+        "answer": run.answer if show_content else "",
         "answer_held": run.answer_held,
+        "content_withheld": not show_content,
+        "held_rules": run_hold_rules(run.pk) if run.answer_held else [],
         "input_tokens": run.input_tokens,
         "output_tokens": run.output_tokens,
         "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
@@ -165,3 +178,182 @@ def step_dict(s: Step) -> dict[str, Any]:
         "priced": s.priced,
         "latency_ms": s.latency_ms,
     }
+
+
+# --- held content ---------------------------------------------------------------------------------
+#
+# A ``require_review`` guardrail holds a run's answer until a reviewer releases it. The final
+# step's output IS the answer and earlier outputs (and the messages that carry them to later
+# workers) may contain the same text, so for a viewer who may not see it, *all* model output of
+# the run is withheld: step outputs, live deltas, worker messages, the answer, the conductor's raw
+# plans and the instructions of re-planned rounds (a re-planning conductor has read the outputs).
+# Live events are published before the output guardrail decides, so content is withheld from the
+# moment a run *may* be held: its policy has a require_review guardrail.
+
+HOLD_ACTION = "require_review"
+HOLD_STAGES = ("input", "step_output", "output")
+WITHHELD_JUDGE_DETAIL = "judge verdict withheld until the run is released"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ViewerAccess:
+    reviewer: bool  # may review the run: always sees its content
+    holdable: bool  # the run's policy can hold its answer
+    withheld: bool  # content is withheld from this viewer now
+    settled: bool = False  # decided from a started or finished run (its events cannot change it)
+    answer_held: bool = False  # now, not when run.finished was recorded
+
+
+def policy_hold_rules(spec: Any) -> list[str]:
+    """``<stage>:<check>`` for every enabled guardrail of a policy spec that holds the answer."""
+    rules = []
+    for stage in HOLD_STAGES:
+        checks = getattr(spec.guardrails, stage)
+        for f in dataclasses.fields(checks):
+            check = getattr(checks, f.name)
+            if getattr(check, "enabled", False) and getattr(check, "action", None) == HOLD_ACTION:
+                rules.append(f"{stage}:{f.name}")
+    return rules
+
+
+def team_may_hold(team: Any) -> bool:
+    """Whether a run started now on ``team`` could have its answer held."""
+    from apps.runs import integration
+
+    try:
+        spec = integration.policy_in_force(team).effective.spec
+    except ValueError:
+        return True  # a policy that no longer validates: assume the strictest
+    return bool(policy_hold_rules(spec))
+
+
+def run_may_be_held(run: Run) -> bool:
+    """Whether ``run``'s answer is, or could still be, held. The sink records the verdict of the
+    policy the run executes under on its ``run.started`` event; before that (queued) or for runs
+    recorded without it, the team's policy in force decides."""
+    if run.answer_held:
+        return True
+    started = (
+        RunEvent.objects.filter(run_id=run.pk, type="run.started").values_list("data", flat=True).first()
+    )
+    if isinstance(started, dict) and "holdable" in started:
+        return bool(started["holdable"])
+    return team_may_hold(run.team)
+
+
+def _withheld(run: Run, holdable: bool) -> bool:
+    # A succeeded run that is not held passed its output guardrails (or a reviewer released it).
+    # A holdable run that ended otherwise (cancelled, failed, timed out) never had its answer
+    # reviewed, so its step outputs stay withheld.
+    return run.answer_held or (run.status != RunStatus.SUCCEEDED and holdable)
+
+
+def viewer_access(*, user: Any, run: Run) -> ViewerAccess:
+    reviewer = gov.can_review_run(user, run)
+    holdable = run.answer_held or (run.status != RunStatus.SUCCEEDED and run_may_be_held(run))
+    return ViewerAccess(
+        reviewer,
+        holdable,
+        not reviewer and _withheld(run, holdable),
+        settled=run.status != RunStatus.QUEUED,
+        answer_held=run.answer_held,
+    )
+
+
+def run_content_visible(*, user: Any, run: Run) -> bool:
+    """THE rule every surface applies: may ``user`` (who may view ``run``) see its model output
+    — step outputs, deltas, worker messages, the answer? No while the answer is held or may
+    still be held, unless the user may review the run."""
+    if not run.answer_held and run.status == RunStatus.SUCCEEDED:
+        return True  # the common case costs no query
+    if not _withheld(run, run_may_be_held(run)):
+        return True
+    return gov.can_review_run(user, run)
+
+
+def run_hold_rules(run_id: UUID | str) -> list[str]:
+    """``<stage>:<check>`` of the guardrails that flagged the run for review (names, never findings)."""
+    rules: list[str] = []
+    for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list(
+        "data", flat=True
+    ):
+        if not isinstance(data, dict):
+            continue
+        for check in data.get("checks") or []:
+            if (
+                isinstance(check, dict)
+                and check.get("status") == "intervened"
+                and check.get("action") == HOLD_ACTION
+            ):
+                rule = f"{data.get('stage')}:{check.get('name')}"
+                if rule not in rules:
+                    rules.append(rule)
+    return rules
+
+
+def held_reason(rules: list[str]) -> str:
+    named = ", ".join(rules) if rules else "a require_review guardrail"
+    return f"The answer is held for review by policy rule {named} (action require_review) until a reviewer releases it."
+
+
+def _later_round(round_: Any) -> bool:
+    return isinstance(round_, int) and round_ > 1
+
+
+def withhold_step(step: dict[str, Any]) -> dict[str, Any]:
+    """A step (``step_dict`` / REST shape) without the content a non-reviewer may not see."""
+    out = dict(step)
+    out["output"] = ""
+    out["messages"] = []
+    if _later_round(step.get("round")):
+        out["instruction"] = ""
+    out["withheld"] = True
+    return out
+
+
+def _withhold_plan(plan: Any) -> Any:
+    if not isinstance(plan, dict):
+        return plan
+    steps = [{**s, "instruction": ""} if isinstance(s, dict) else s for s in plan.get("steps") or []]
+    return {**plan, "steps": steps}
+
+
+def withhold_event_data(kind: str, data: Any) -> Any:
+    """The data of one protocol event without the content a non-reviewer may not see."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    if kind == "step.delta":
+        out["text"] = ""
+    elif kind == "step.started":
+        out["messages"] = []
+        if _later_round(data.get("round")):
+            out["instruction"] = ""
+    elif kind == "step.finished":
+        out["output"] = ""
+    elif kind == "run.finished":
+        out["answer"] = None
+    elif kind == "plan.proposed":
+        out["raw"] = ""
+        if _later_round(data.get("round")):
+            out["plan"] = _withhold_plan(data.get("plan"))
+    elif kind == "plan.validated":
+        if _later_round(data.get("round")):
+            out["plan"] = _withhold_plan(data.get("plan"))
+            out["original"] = _withhold_plan(data.get("original"))
+    elif kind == "guardrail.checked":
+        # A model judge's reason may quote the text it judged.
+        out["checks"] = [
+            {**c, "detail": WITHHELD_JUDGE_DETAIL}
+            if isinstance(c, dict) and c.get("name") == "model_judge" and c.get("detail")
+            else c
+            for c in data.get("checks") or []
+        ]
+    else:
+        return data
+    out["withheld"] = True
+    return out
+
+
+def withhold_event(event: dict[str, Any]) -> dict[str, Any]:
+    return {**event, "data": withhold_event_data(event["type"], event.get("data"))}

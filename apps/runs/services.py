@@ -16,7 +16,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.governance import selectors as gov
 from apps.runs import integration
-from apps.runs.models import Preset, Run, RunEvent, RunSource, RunStatus, Strategy
+from apps.runs.models import Preset, Run, RunDispatch, RunEvent, RunSource, RunStatus, Strategy
 
 MAX_QUESTION_CHARS = 32_000
 
@@ -176,6 +176,8 @@ def run_create(
                 "replay": replay_messages is not None,
             },
         )
+        # The outbox row makes the hand-off survive a broker outage or a crash before dispatch.
+        RunDispatch.objects.create(run=run)
         run_id = run.id
         transaction.on_commit(lambda: _dispatch(run_id))
     return run
@@ -193,9 +195,11 @@ def _valid_messages(messages: Any) -> bool:
 
 
 def _dispatch(run_id: UUID) -> None:
-    from apps.runs.execution import dispatch_run
+    """On commit: hand the run to an executor. Never raises — if the broker is down the client
+    still gets its run id and the outbox row is retried by the lease keeper / beat."""
+    from apps.runs.execution import dispatch_pending
 
-    dispatch_run(run_id)
+    dispatch_pending(run_id)
 
 
 def run_cancel(*, actor: Any, run: Run) -> Run:

@@ -64,10 +64,27 @@ def group_name(run_id: UUID | str) -> str:
 
 def publish(run_id: UUID | str, event: dict[str, Any]) -> None:
     """Send one protocol event to the websocket viewers of the run. Never raises."""
+    _group_send(run_id, {"type": "run.event", "event": event}, event.get("type"), event.get("seq"))
+
+
+def publish_review(run_id: UUID | str) -> None:
+    """Tell the run's viewers that a reviewer decided (a held answer may now be released): each
+    consumer re-reads what its viewer may see. Not a protocol event (no seq). Never raises."""
+    _group_send(run_id, {"type": "run.reviewed", "run_id": str(run_id)}, "run.reviewed", None)
+
+
+def on_run_saved(sender: Any, instance: Run, update_fields: Any = None, **kwargs: Any) -> None:
+    """post_save of Run: a review decision (``apps.audit.services.run_review`` saves
+    ``review_status``/``answer_held``) reaches the live viewers after commit."""
+    if update_fields and "answer_held" in update_fields:
+        run_id = instance.pk
+        transaction.on_commit(lambda: publish_review(run_id))
+
+
+def _group_send(run_id: UUID | str, message: dict[str, Any], kind: Any, seq: Any) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": "run.event", "event": event}
     group = group_name(run_id)
     try:
         if isinstance(layer, InMemoryChannelLayer):
@@ -95,9 +112,7 @@ def publish(run_id: UUID | str, event: dict[str, Any]) -> None:
                 task.add_done_callback(_pending.discard)
     except Exception:
         # Viewers recover from the database on reconnect; a publish failure must not fail the run.
-        logger.exception(
-            "could not publish %s seq=%s for run %s", event.get("type"), event.get("seq"), run_id
-        )
+        logger.exception("could not publish %s seq=%s for run %s", kind, seq, run_id)
 
 
 def _decimal(value: Any) -> Decimal | None:
@@ -122,6 +137,7 @@ class RunSink:
         self.policy_version_id = run.policy_version_id
         self.replay_messages = run.replay_messages
         self.flags: list[str] = []
+        self._holdable: bool | None = None
         # Plan steps by index, so a step that never started (skipped/blocked) still shows its
         # instruction and access list.
         self._planned: dict[int, dict[str, Any]] = {}
@@ -148,6 +164,15 @@ class RunSink:
             # A replay sends the stored messages verbatim; record what the worker really saw.
             data["messages"] = self.replay_messages
         close_old_connections()
+        # Viewers who may not see a held answer must not see it streamed before the output
+        # guardrail decides: the events of a run whose policy can hold it say so (see
+        # apps.runs.selectors.run_may_be_held and apps.api.openai_views.progress).
+        if kind == "run.started":
+            data["holdable"] = self.holdable
+        elif self.holdable:
+            data["holdable"] = True
+        if kind == "run.finished":
+            data["answer_held"] = self._is_held(data)
         try:
             with transaction.atomic():
                 RunEvent.objects.create(run_id=self.run_id, seq=event["seq"], type=kind, data=data)
@@ -162,6 +187,21 @@ class RunSink:
         transaction.on_commit(lambda: publish(self.run_id, event))
         if kind == "run.finished":
             self.finished = True
+
+    @property
+    def holdable(self) -> bool:
+        """Decided once per run, from the policy in force when it starts (as the engine's hooks)."""
+        if self._holdable is None:
+            from apps.governance.models import Team
+            from apps.runs.selectors import team_may_hold
+
+            self._holdable = team_may_hold(Team.objects.get(pk=self.team_id))
+        return self._holdable
+
+    def _is_held(self, data: dict[str, Any]) -> bool:
+        return (
+            data.get("status") or RunStatus.FAILED
+        ) == RunStatus.SUCCEEDED and "require_review" in self.flags
 
     def _audit(self, event_type: AuditEventType, payload: dict[str, Any]) -> None:
         audit_record(
@@ -345,7 +385,7 @@ class RunSink:
     def _on_run_finished(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         totals = data.get("totals") or {}
         status = data.get("status") or RunStatus.FAILED
-        held = status == RunStatus.SUCCEEDED and "require_review" in self.flags
+        held = self._is_held(data)
         updates: dict[str, Any] = {
             "status": status,
             "status_reason": data.get("reason") or "",

@@ -1,13 +1,23 @@
-"""Celery tasks: ids in, idempotent (the claim in execute_run makes a duplicate a no-op)."""
+"""Celery tasks: ids in, idempotent (the claim in execute_run makes a duplicate a no-op).
+
+`run_execute` is acknowledged late and re-delivered if its worker dies (the lease, not the
+message, decides who runs it). Every worker process also runs the lease keeper: heartbeats for
+its runs, the re-queue of runs whose executor died, and the dispatch-outbox drain.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
+from celery.signals import worker_ready
 
 from apps.runs import execution
 
 
-@shared_task(name="apps.runs.tasks.run_execute", acks_late=True, ignore_result=True)
+@shared_task(
+    name="apps.runs.tasks.run_execute", acks_late=True, reject_on_worker_lost=True, ignore_result=True
+)
 def run_execute(run_id: str) -> str | None:
     return execution.execute_run(run_id)
 
@@ -15,3 +25,13 @@ def run_execute(run_id: str) -> str | None:
 @shared_task(name="apps.runs.tasks.sweep_stale_runs", ignore_result=True)
 def sweep_stale_runs() -> int:
     return execution.sweep_stale_runs()
+
+
+@shared_task(name="apps.runs.tasks.reap_runs", ignore_result=True)
+def reap_runs() -> dict[str, int]:
+    return execution.reap_runs()
+
+
+@worker_ready.connect
+def _start_lease_keeper(**_: Any) -> None:
+    execution.start_lease_keeper(reap=True)

@@ -12,6 +12,7 @@ from django.shortcuts import render
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from apps.governance import selectors as gov
@@ -114,13 +115,15 @@ def run_list(request: HttpRequest) -> HttpResponse:
         date_to=filters.get("date_to"),
         sort=filters.get("sort") or "newest",
     )
-    try:
-        page = max(1, int(request.GET.get("page", "1")))
-    except ValueError:
-        page = 1
+    raw_page = request.GET.get("page") or "1"
+    page = int(raw_page) if raw_page.isdigit() and len(raw_page) <= 9 else 0
+    if page < 1:
+        raise Http404("There is no such page of runs: page must be a number from 1 to 999999999.")
     # No COUNT(*): one extra row tells whether a next page exists (fast at any table size).
     offset = (page - 1) * PAGE_SIZE
     rows = list(qs[offset : offset + PAGE_SIZE + 1])
+    if page > 1 and not rows:
+        raise Http404(f"Page {page} is past the last page of runs for this search.")
     params = request.GET.copy()
     params.pop("page", None)
     return render(
@@ -142,9 +145,15 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     run = selectors.run_get_visible(user=request.user, run_id=run_id)
     if run is None:
         raise Http404("No such run.")
+    decisions = [selectors.event_dict(e) for e in selectors.run_decisions(run)]
+    content_visible = selectors.run_content_visible(user=request.user, run=run)
+    if not content_visible:
+        decisions = [selectors.withhold_event(e) for e in decisions]
     context = {
         "run": run,
-        "decisions": selectors.run_decisions(run),
+        "decisions": decisions,
+        "content_withheld": not content_visible,
+        "held_reason": selectors.held_reason(selectors.run_hold_rules(run.pk)) if run.answer_held else "",
         "audit_events": selectors.run_audit_events(user=request.user, run=run)[:200],
         "can_cancel": not run.is_terminal and _may_cancel(request, run),
         "review_panel": "audit/_review_panel.html" if _template_exists("audit/_review_panel.html") else None,
@@ -171,10 +180,17 @@ def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from None
     messages.success(request, "Cancellation requested: the run stops at the next step boundary.")
-    next_url = request.POST.get("next", "")
-    return HttpResponseRedirect(
-        next_url if next_url.startswith("/") else reverse("runs:detail", args=[run.id])
-    )
+    return HttpResponseRedirect(_safe_next(request, reverse("runs:detail", args=[run.id])))
+
+
+def _safe_next(request: HttpRequest, default: str) -> str:
+    # "//evil.example" and "/\\evil.example" start with "/" yet leave the site: only same-host URLs.
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return default
 
 
 @require_POST
@@ -182,6 +198,12 @@ def step_replay(request: HttpRequest, run_id: str, index: int) -> HttpResponse:
     run = selectors.run_get_visible(user=request.user, run_id=run_id)
     if run is None:
         raise Http404("No such run.")
+    if not selectors.run_content_visible(user=request.user, run=run):
+        # The messages carry earlier outputs of the held run.
+        raise PermissionDenied(
+            "This run's answer is held for review (a require_review guardrail of its team's policy): "
+            "its steps can be replayed once a reviewer releases it."
+        )
     step = run.steps.filter(index=index).first()
     if step is None or not step.messages:
         raise Http404("That step has no recorded messages to replay.")

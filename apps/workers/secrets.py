@@ -4,6 +4,11 @@ A provider's key is either the *name* of an environment variable (read when a wo
 never stored) or a key encrypted at rest with Fernet under ``settings.SECRETS_ENCRYPTION_KEY``
 (several comma-separated keys allow rotation: the first encrypts, all decrypt). Only the last four
 characters are kept in clear, for the "•••• 1234" hint.
+
+An environment variable is read only if the operator allowed its name (``key_env_refusal``:
+``PROVIDER_KEY_ENV_PREFIX`` or ``PROVIDER_KEY_ENV_ALLOWED``), checked again every time a key is
+resolved, so a row stored before the rule existed cannot send e.g. ``DJANGO_SECRET_KEY`` to a
+provider URL of its author's choosing.
 """
 
 from __future__ import annotations
@@ -21,6 +26,39 @@ if TYPE_CHECKING:
 # Kinds that cannot work without a key. OpenAI-compatible servers (vLLM, Ollama) often need none;
 # local models never do.
 KEY_REQUIRED_KINDS = frozenset({"openai", "anthropic"})
+
+
+# The server's own secrets are never a provider key, whatever the allow-list says.
+NEVER_KEY_ENV = frozenset(
+    {
+        "DJANGO_SECRET_KEY",
+        "SECRETS_ENCRYPTION_KEY",
+        "AUDIT_HMAC_KEY",
+        "DEMO_PASSWORD",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "CELERY_BROKER_URL",
+    }
+)
+
+
+def key_env_refusal(name: str) -> str | None:
+    """Why the environment variable ``name`` may not be used as a provider key, or None.
+
+    Checked before the variable is ever read, so a refusal says nothing about whether it is set.
+    """
+    prefix = str(getattr(settings, "PROVIDER_KEY_ENV_PREFIX", "") or "")
+    allowed = {str(n).strip() for n in getattr(settings, "PROVIDER_KEY_ENV_ALLOWED", []) or []}
+    if name not in NEVER_KEY_ENV and ((prefix and name.startswith(prefix)) or name in allowed):
+        return None
+    rule = f"names starting with {prefix} (PROVIDER_KEY_ENV_PREFIX)" if prefix else ""
+    if allowed:
+        rule += (" or " if rule else "") + "the names in PROVIDER_KEY_ENV_ALLOWED"
+    return (
+        f"The environment variable {name} is not allowed as a provider key: only "
+        f"{rule or 'no names (PROVIDER_KEY_ENV_PREFIX and PROVIDER_KEY_ENV_ALLOWED are empty)'} "
+        "may be used."
+    )
 
 
 class SecretError(Exception):
@@ -76,6 +114,9 @@ def key_status(provider: Provider) -> KeyStatus:
             return KeyStatus(False, str(err), "stored")
         return KeyStatus(True, "", "stored")
     if provider.api_key_env:
+        refusal = key_env_refusal(provider.api_key_env)
+        if refusal:
+            return KeyStatus(False, refusal, "env")
         if os.environ.get(provider.api_key_env, "").strip():
             return KeyStatus(True, "", "env")
         return KeyStatus(
@@ -91,5 +132,8 @@ def resolve_api_key(provider: Provider) -> str | None:
     if provider.api_key_encrypted:
         return decrypt(provider.api_key_encrypted)
     if provider.api_key_env:
+        refusal = key_env_refusal(provider.api_key_env)
+        if refusal:
+            raise SecretError(refusal)
         return os.environ.get(provider.api_key_env, "").strip() or None
     return None

@@ -60,6 +60,12 @@ def can_edit_provider(user: Any, provider: Provider) -> bool:
     return gov.can_configure_team(user, provider.team)
 
 
+def can_set_key_env(user: Any) -> bool:
+    """Naming a server environment variable as a provider's key source reads the server's
+    environment: a platform decision, so platform administrators only (issue 13)."""
+    return gov._active(user) and gov._super(user)
+
+
 def can_edit_worker(user: Any, worker: Worker) -> bool:
     return gov.can_configure_team(user, worker.provider.team)
 

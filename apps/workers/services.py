@@ -24,8 +24,9 @@ from apps.audit.services import audit_record
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.workers import selectors
+from apps.workers.egress import base_url_refusal, url_shape_refusal
 from apps.workers.models import HealthStatus, Pool, PoolWorker, Provider, ProviderKind, Worker
-from apps.workers.secrets import encrypt, last4
+from apps.workers.secrets import encrypt, key_env_refusal, last4
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,32 @@ def _validate_provider(errors: dict[str, list[str]], data: dict[str, Any], api_k
         errors.setdefault("api_key", []).append("A local model needs no key.")
 
 
+def _check_key_env(errors: dict[str, list[str]], actor: Any, env_name: str) -> None:
+    """Naming a server environment variable as a key source is a platform decision (issue 13):
+    platform administrators only, and only names the operator allowed."""
+    if not env_name or "api_key_env" in errors:
+        return
+    if actor is not None and not selectors.can_set_key_env(actor):
+        errors.setdefault("api_key_env", []).append(
+            "Only platform administrators (superusers) may name a server environment variable as "
+            "the key source (api_key_env); store the key instead."
+        )
+        return
+    refusal = key_env_refusal(env_name)
+    if refusal:
+        errors.setdefault("api_key_env", []).append(refusal)
+
+
+def _check_base_url(errors: dict[str, list[str]], actor: Any, base_url: str) -> None:
+    """Save-time egress check (``EGRESS_ALLOW``). The system actor (seeding, fixtures) is trusted;
+    every row, however stored, is checked again at connect time."""
+    if not base_url or "base_url" in errors:
+        return
+    refusal = base_url_refusal(base_url) if actor is not None else url_shape_refusal(base_url)
+    if refusal:
+        errors.setdefault("base_url", []).append(refusal)
+
+
 # --- providers ----------------------------------------------------------------------------------------
 
 
@@ -191,6 +218,8 @@ def provider_create(
     errors: dict[str, list[str]] = {}
     _validate_slug(errors, slug, Provider)
     _validate_provider(errors, data, api_key)
+    _check_base_url(errors, actor, data["base_url"])
+    _check_key_env(errors, actor, data["api_key_env"])
     if errors:
         raise ValidationError(errors)
     provider = Provider(
@@ -222,23 +251,35 @@ def provider_update(
     actor: Any,
     provider: Provider,
     name: str | None = None,
+    kind: str | None = None,
     base_url: str | None = None,
     model_path: str | None = None,
     api_key_env: str | None = None,
     api_key: str | None = None,
     clear_api_key: bool = False,
 ) -> Provider:
-    """Edit a provider. An empty/None ``api_key`` keeps the stored key (it is write-only)."""
+    """Edit a provider. An empty/None ``api_key`` keeps the stored key (it is write-only) unless
+    the endpoint (``kind``/``base_url``) or the key reference (``api_key_env``) changes: a key is
+    only ever sent where it was entered for, so such a change forgets it unless the same request
+    enters a key again. Likewise an environment-variable reference survives an endpoint change
+    only if the request names it again (which only platform administrators may do)."""
     _check_team_config(actor, provider.team, "providers")
     before = provider_snapshot(provider)
+    old_kind, old_base_url, old_env = provider.kind, provider.base_url, provider.api_key_env
     if name is not None:
         provider.name = name.strip()
+    if kind:
+        provider.kind = kind
     if base_url is not None:
         provider.base_url = base_url.strip()
     if model_path is not None:
         provider.model_path = model_path.strip()
-    if api_key_env is not None:
-        provider.api_key_env = api_key_env.strip()
+    endpoint_changed = provider.kind != old_kind or provider.base_url != old_base_url
+    env_named = (api_key_env or "").strip() if api_key_env is not None else None
+    if env_named is not None:
+        provider.api_key_env = env_named
+    elif endpoint_changed:
+        provider.api_key_env = ""  # not named again for the new endpoint: forget it
     errors: dict[str, list[str]] = {}
     _validate_provider(
         errors,
@@ -250,13 +291,24 @@ def provider_update(
         },
         api_key or None,
     )
+    if endpoint_changed:
+        _check_base_url(errors, actor, provider.base_url)
+    if provider.api_key_env and (provider.api_key_env != old_env or endpoint_changed):
+        _check_key_env(errors, actor, provider.api_key_env)
     if errors:
         raise ValidationError(errors)
+    cleared_because = ""
     if api_key:
         provider.api_key_encrypted = encrypt(api_key)
         provider.api_key_last4 = last4(api_key)
-    elif clear_api_key or provider.api_key_env:
-        # Switching to an environment variable drops the stored key: one source of truth.
+    elif provider.api_key_encrypted and (clear_api_key or provider.api_key_env or endpoint_changed):
+        # Switching to an environment variable drops the stored key (one source of truth); so does
+        # a new endpoint, which the key was never entered for.
+        cleared_because = (
+            "requested"
+            if clear_api_key
+            else ("endpoint_changed" if endpoint_changed else "key_reference_changed")
+        )
         provider.api_key_encrypted = ""
         provider.api_key_last4 = ""
     with transaction.atomic():
@@ -266,10 +318,11 @@ def provider_update(
             actor=actor,
             team=provider.team,
             obj=provider,
+            payload={"stored_key_cleared": cleared_because} if cleared_because else None,
             before=before,
             after=provider_snapshot(provider),
         )
-        # A changed key changes availability: clear stale health results of its workers.
+        # A changed key or endpoint changes availability: clear stale health results.
         Worker.objects.filter(provider=provider).update(
             health_status=HealthStatus.UNKNOWN,
             health_detail="",

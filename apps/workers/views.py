@@ -313,7 +313,7 @@ def provider_edit(request: HttpRequest, slug: str) -> HttpResponse:
     provider: Provider = get_object_or_404(selectors.providers_visible_to(request.user), slug=slug)
     if not selectors.can_edit_provider(request.user, provider):
         raise PermissionDenied("Only the owning team's admins and policy admins can change this provider.")
-    initial = {k: getattr(provider, k) for k in ("name", "base_url", "model_path", "api_key_env")}
+    initial = {k: getattr(provider, k) for k in ("name", "kind", "base_url", "model_path", "api_key_env")}
     form = ProviderForm(request.POST or None, initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
         try:

@@ -8,9 +8,11 @@ each part to its distributed backend independently.
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -88,6 +90,16 @@ MIDDLEWARE = [
     "conductor_web.middleware.LoginRequiredMiddleware",
     "conductor_web.middleware.RequestContextMiddleware",
 ]
+
+# --- input limits (issue 14) --------------------------------------------------------------------
+# Bad input gets a clear 4xx before any view, parser or database sees it (conductor_web/input_limits.py).
+# Bodies larger than DATA_UPLOAD_MAX_MEMORY_SIZE (bytes) are refused; on /v1/ and /api/ with a JSON 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
+# Largest JSON body (bytes) on /v1/, /api/ and the policy editor; most nesting levels in one.
+JSON_MAX_BYTES = env.int("JSON_MAX_BYTES", default=DATA_UPLOAD_MAX_MEMORY_SIZE)
+JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
+# Right after SecurityMiddleware: before sessions, CSRF and auth read or store anything.
+MIDDLEWARE.insert(1, "conductor_web.input_limits.InputLimitsMiddleware")
 
 ROOT_URLCONF = "conductor_web.urls"
 ASGI_APPLICATION = "conductor_web.asgi.application"
@@ -169,6 +181,42 @@ CELERY_BEAT_SCHEDULE = {
     "audit-verify": {"task": "apps.audit.tasks.audit_verify", "schedule": float(AUDIT_VERIFY_INTERVAL_S)},
 }
 
+# --- Audit sequencer and signed tree heads (apps.audit.sequencer) ------------------------------
+# Signed tree heads are appended as JSON lines here on a timer (embedded thread / beat); point it
+# at write-once storage (append-only mount, `chattr +a`, object-lock sync). Empty: do not publish.
+AUDIT_STH_PUBLISH_PATH = env.str("AUDIT_STH_PUBLISH_PATH", default=str(VAR_DIR / "audit-sth.jsonl"))
+AUDIT_STH_INTERVAL_S = env.int("AUDIT_STH_INTERVAL_S", default=60)
+AUDIT_SEQUENCER_POLL_MS = env.int("AUDIT_SEQUENCER_POLL_MS", default=200)
+AUDIT_SEQUENCER_WINDOW_MS = env.int("AUDIT_SEQUENCER_WINDOW_MS", default=5)
+CELERY_BEAT_SCHEDULE["audit-sth-publish"] = {
+    "task": "apps.audit.tasks.audit_sth_publish",
+    "schedule": float(AUDIT_STH_INTERVAL_S),
+}
+
+# --- run leases and outbox (issue 14) -----------------------------------------------------------
+# A running run is owned by one executor through a lease it renews every RUN_LEASE_S/3 s; when the
+# lease expires (or its owner is a dead process on this host) the run is re-queued, at most
+# RUN_MAX_ATTEMPTS claims in all, then it ends `failed`. Every server and Celery worker reaps lost
+# runs and drains the dispatch outbox (runs accepted while the broker was down) each interval.
+RUN_LEASE_S = env.float("RUN_LEASE_S", default=10.0)
+RUN_REAP_INTERVAL_S = env.float("RUN_REAP_INTERVAL_S", default=2.0)
+RUN_MAX_ATTEMPTS = env.int("RUN_MAX_ATTEMPTS", default=3)
+RUN_EXECUTOR_NODE = env.str("RUN_EXECUTOR_NODE", default="")  # default: the host name
+CELERY_RUN_QUEUE = env.str("CELERY_RUN_QUEUE", default="")  # default: CELERY_TASK_DEFAULT_QUEUE
+# Fail a publish fast when the broker is down: the outbox keeps the run, the request returns.
+CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT", default=2.0)
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
+if CELERY_BROKER_URL.startswith(("amqp", "pyamqp")):
+    # Publisher confirms: a publish on a connection the broker already lost raises instead of
+    # vanishing into a socket buffer, so the outbox keeps the run.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}
+CELERY_BEAT_SCHEDULE["reap-runs"] = {"task": "apps.runs.tasks.reap_runs", "schedule": RUN_REAP_INTERVAL_S * 5}
+
 # --- Secrets -----------------------------------------------------------------------------------
 AUDIT_HMAC_KEY = env.str("AUDIT_HMAC_KEY", default="") or var_secret("audit_hmac.key")
 # Fernet key for provider credentials stored in the database (urlsafe base64, 32 bytes).
@@ -181,6 +229,16 @@ if not SECRETS_ENCRYPTION_KEY:
 DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="")
 AUDIT_REVIEW_SAMPLE_RATE = env.float("AUDIT_REVIEW_SAMPLE_RATE", default=0.0)
 USE_X_FORWARDED_FOR = strict_bool("USE_X_FORWARDED_FOR", False)
+
+# --- egress and provider key env (issue 13) ------------------------------------------------------
+# Where provider clients may connect besides public addresses: comma list of CIDRs, addresses and
+# host names, each optionally with :port or :low-high (IPv6 in brackets). See docs/security.md.
+EGRESS_ALLOW = env.list("EGRESS_ALLOW", default=[])
+# Environment variables a provider may name as its key source (platform administrators only).
+PROVIDER_KEY_ENV_PREFIX = env.str("PROVIDER_KEY_ENV_PREFIX", default="CONDUCTOR_PROVIDER_KEY_")
+PROVIDER_KEY_ENV_ALLOWED = env.list(
+    "PROVIDER_KEY_ENV_ALLOWED", default=["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"]
+)
 
 # --- Auth ----------------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [
@@ -229,6 +287,12 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # input limits (issue 14): JSON bodies through the size/depth/character-checked loader.
+    "DEFAULT_PARSER_CLASSES": [
+        "conductor_web.input_limits.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Conductor Web API",
@@ -264,3 +328,48 @@ CSRF_COOKIE_HTTPONLY = False
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+
+# --- web hardening (issue 13) -----------------------------------------------------------------
+# Login throttling (django-axes): failures are counted in the database per username + client IP,
+# so the lock holds with Redis down. conductor_web.auth audits every failure and lockout.
+INSTALLED_APPS += ["axes", "csp"]
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware"
+)
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")  # last, as axes requires
+AUTHENTICATION_BACKENDS.insert(0, "conductor_web.auth.LockoutBackend")
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("AXES_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Refused attempts during a lockout must not extend it (else anyone can keep a user locked out).
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "conductor_web.middleware.client_ip"  # honours USE_X_FORWARDED_FOR
+AXES_LOCKOUT_CALLABLE = "conductor_web.auth.lockout_response"
+AXES_DISABLE_ACCESS_LOG = True  # successes are in the session table; failures in the audit trail
+AXES_VERBOSE = False
+# Invalid API keys per client IP (apps.api.keyguard, in-process memory: no Redis needed).
+APIKEY_FAILURE_LIMIT = env.int("APIKEY_FAILURE_LIMIT", default=10)
+APIKEY_FAILURE_WINDOW_S = env.int("APIKEY_FAILURE_WINDOW_S", default=60)
+APIKEY_COOLOFF_S = env.int("APIKEY_COOLOFF_S", default=300)
+# Content-Security-Policy (django-csp 4): scripts only from here and with the per-request nonce
+# (templates write nonce="{{ request.csp_nonce }}" on inline scripts). Styles allow inline: the
+# templates and plotly set style attributes.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:", "blob:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "worker-src": [SELF, "blob:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
+# The OpenAPI schema and its docs pages: a session or an API key, like the API itself.
+SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"] = ["rest_framework.permissions.IsAuthenticated"]
+LOGGING["loggers"]["axes"] = {"level": "WARNING"}  # type: ignore[index]

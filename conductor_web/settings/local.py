@@ -3,4 +3,6 @@
 from .base import *  # noqa: F403
 from .base import strict_bool
 
-DEBUG = strict_bool("DEBUG", True)
+# Off by default: the demo is reachable by others and must never show a debug page (tracebacks,
+# settings). DEBUG=true opts in while developing; whitenoise serves static files either way.
+DEBUG = strict_bool("DEBUG", False)

@@ -16,6 +16,8 @@ AUDIT_HMAC_KEY = "test-audit-hmac-key-not-secret"
 SECRETS_ENCRYPTION_KEY = "dGVzdC1mZXJuZXQta2V5LTMyLWJ5dGVzLWxvbmchISE="
 WHITENOISE_AUTOREFRESH = True
 RUN_SWEEP_INTERVAL_S = 3600  # tests call the sweep directly
+# The test DB is flushed between tests, a published head file is not: tests that need one set it.
+AUDIT_STH_PUBLISH_PATH = ""
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so the live daphne server and the test process share one database.
@@ -29,3 +31,12 @@ if "redis" in CHANNEL_LAYERS["default"]["BACKEND"]:
 
 # Subprocess servers outlive each test's flush: see conductor_web.apps._disable_contenttype_cache.
 CONTENTTYPE_CACHE_DISABLED = True
+
+# Many suites share one live server and 127.0.0.1; tests of the invalid-key guard set their own limit.
+APIKEY_FAILURE_LIMIT = env.int("APIKEY_FAILURE_LIMIT", default=1000)
+
+# --- egress and provider key env (issue 13) ------------------------------------------------------
+# The fake providers (tests/fakes) listen on their own loopback address; exactly that one is
+# opened, so every attack spelling of 127.0.0.1 / ::1 stays refused. Subprocess servers read it too.
+FAKE_PROVIDER_HOST = "127.0.13.1"
+EGRESS_ALLOW = env.list("EGRESS_ALLOW", default=[FAKE_PROVIDER_HOST])

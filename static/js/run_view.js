@@ -48,6 +48,13 @@
     return !!(this.run && TERMINAL.indexOf(this.run.status) >= 0);
   };
 
+  // A held answer stays connected: the server sends a fresh snapshot when a reviewer decides.
+  RunView.prototype.isDone = function () {
+    return this.isTerminal() && !(this.run && this.run.answer_held);
+  };
+
+  var WITHHELD = "(withheld: this run's answer is held for review until a reviewer releases it)";
+
   RunView.prototype.connect = function () {
     var self = this;
     var proto = window.location.protocol === "https:" ? "wss" : "ws";
@@ -61,7 +68,7 @@
     ws.onclose = function (e) {
       self.root.setAttribute("data-connected", "false");
       if (e.code === 4403) { self.q("status").textContent = "You may not view this run."; return; }
-      if (self.isTerminal()) return;
+      if (self.isDone()) return;
       var delay = Math.min(5000, 250 * Math.pow(2, self.retry++));
       window.setTimeout(function () { self.connect(); }, delay);
     };
@@ -83,7 +90,7 @@
     this.lastSeq = msg.seq;
     this.apply(msg);
     this.render();
-    if (this.isTerminal() && this.ws) this.ws.close(1000);
+    if (this.isDone() && this.ws) this.ws.close(1000);
   };
 
   RunView.prototype.addUsage = function (usage, cost) {
@@ -131,6 +138,8 @@
           var t = d.totals || {};
           run.status = d.status;
           run.answer = d.answer || "";
+          run.answer_held = !!d.answer_held;
+          if (d.withheld) run.content_withheld = true;
           run.error = d.error || "";
           run.status_reason = d.reason || "";
           run.finished_at = new Date(ev.ts * 1000).toISOString();
@@ -241,7 +250,9 @@
     if (!run) return;
     var status = this.q("status");
     if (status) {
-      status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "");
+      status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "") +
+        (run.answer_held ? " · held for review" : "");
+      status.setAttribute("data-held", run.answer_held ? "true" : "false");
       status.setAttribute("data-status", run.status);
       status.className = "badge badge-" + run.status;
     }
@@ -256,7 +267,8 @@
     if (cost) cost.textContent = fmtCost(run.cost_usd) + (run.priced === false ? " (partly unpriced)" : "");
     var answer = this.q("answer");
     if (answer) {
-      if (run.answer_held) answer.textContent = "The answer is held for review.";
+      var rules = (run.held_rules || []).join(", ");
+      if (run.answer_held && !run.answer) answer.textContent = "The answer is held for review" + (rules ? " (policy rule " + rules + ")" : "") + " until a reviewer releases it.";
       else answer.textContent = run.answer || (this.isTerminal() ? (run.error || "(no answer)") : "");
       answer.setAttribute("data-ready", this.isTerminal() ? "true" : "false");
     }
@@ -308,9 +320,9 @@
     set("cost", fmtCost(s.cost_usd) + (s.priced === false ? " (unpriced)" : ""));
     set("latency", s.latency_ms !== null && s.latency_ms !== undefined ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
     set("error", s.error || "");
-    set("output", s.output || s.live || "");
+    set("output", s.withheld ? WITHHELD : (s.output || s.live || ""));
     var msgs = box.querySelector("[data-field=messages]");
-    msgs.textContent = "";
+    msgs.textContent = s.withheld ? WITHHELD : "";
     (s.messages || []).forEach(function (m) {
       var item = el("div", { "class": "inspector-message", "data-role-name": m.role });
       item.appendChild(el("div", { "class": "muted" }, m.role));

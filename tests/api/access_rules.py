@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.fakes.base import FAKE_HOST
+
 ANON = {"anonymous": 401}
 EVERYONE = {
     **ANON,
@@ -88,7 +90,9 @@ def _version_kwargs(number: int) -> Any:
 
 def _alpha_event_seq(ctx: Any) -> dict[str, Any]:
     from apps.audit.models import AuditEvent
+    from apps.audit.services import audit_flush
 
+    audit_flush()  # events are numbered after commit; the URL needs a seq
     return {
         "seq": AuditEvent.objects.filter(team=ctx.alpha).order_by("seq").values_list("seq", flat=True).first()
     }
@@ -104,14 +108,10 @@ RULES: dict[str, Any] = {
         "json": True,
         "data": {"model": "conductor-mini", "messages": [{"role": "user", "content": "hi"}]},
     },
-    # --- schema and docs: public, no data ---
-    "api:schema": {
-        **EVERYONE,
-        "anonymous": 200,
-        "note": "the OpenAPI document describes the API, holds no data",
-    },
-    "api:docs": {**EVERYONE, "anonymous": 200},
-    "api:redoc": {**EVERYONE, "anonymous": 200},
+    # --- schema and docs: a session or a key (issue 13: not public) ---
+    "api:schema": {**EVERYONE, "note": "the OpenAPI document maps the whole API: signed-in callers only"},
+    "api:docs": EVERYONE,
+    "api:redoc": EVERYONE,
     # --- teams and memberships ---
     "api:team_list": [
         EVERYONE,
@@ -190,7 +190,7 @@ RULES: dict[str, Any] = {
                 "name": "New",
                 "kind": "openai_compatible",
                 "team": "alpha",
-                "base_url": "http://127.0.0.1:9/v1",
+                "base_url": f"http://{FAKE_HOST}:9/v1",  # EGRESS_ALLOW opens the fakes' address in tests
             },
             "outsider": 400,
             "policy_admin": 201,
@@ -366,7 +366,12 @@ RULES: dict[str, Any] = {
             "superuser": 200,
             "kwargs": ALPHA,
             "method": "POST",
-            "data": {"name": "ui key", "role": "run", "requests_per_minute": 60, "tokens_per_minute": 1000},
+            "data": {
+                "name": "ui key",
+                "scopes": ["runs:write", "runs:read"],
+                "requests_per_minute": 60,
+                "tokens_per_minute": 1000,
+            },
         },
     ],
     "api:key_revoke": {

@@ -28,7 +28,7 @@ def test_admin_creates_a_key_and_sees_it_once(fake_pool: Any, team_admin: Any) -
         "/teams/alpha/keys/",
         {
             "name": "nightly <script>",
-            "role": "run",
+            "scopes": ["runs:write", "runs:read"],
             "allowed_pools": [fake_pool.pool.pk],
             "requests_per_minute": 30,
             "tokens_per_minute": 5000,
@@ -48,11 +48,12 @@ def test_admin_creates_a_key_and_sees_it_once(fake_pool: Any, team_admin: Any) -
 
 def test_form_errors_are_shown_per_field(fake_pool: Any, team_admin: Any) -> None:
     response = signed_in(team_admin).post(
-        "/teams/alpha/keys/", {"name": "", "role": "root", "requests_per_minute": 0, "tokens_per_minute": 1}
+        "/teams/alpha/keys/",
+        {"name": "", "scopes": ["root"], "requests_per_minute": 0, "tokens_per_minute": 1},
     )
     assert response.status_code == 400
     form = response.context["form"]
-    assert set(form.errors) >= {"name", "role", "requests_per_minute"}
+    assert set(form.errors) >= {"name", "scopes", "requests_per_minute"}
     assert not ApiKey.objects.exists()
 
 
@@ -76,5 +77,5 @@ def test_non_admins_cannot_reach_the_page(
 ) -> None:
     client = signed_in(named_users[user])
     assert client.get("/teams/alpha/keys/").status_code == status
-    assert client.post("/teams/alpha/keys/", {"name": "x", "role": "run"}).status_code == status
+    assert client.post("/teams/alpha/keys/", {"name": "x", "scopes": ["runs:write"]}).status_code == status
     assert not ApiKey.objects.exists()

@@ -15,6 +15,7 @@ from django.utils import timezone
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_authenticate, apikey_create, apikey_revoke, parse_prefix
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from conductor_web.logging import redact
 from tests.factories.api import make_api_key
 
@@ -35,8 +36,9 @@ def test_create_returns_plaintext_once_and_stores_only_the_hash(alpha: Any, team
 
 
 def test_creation_and_revocation_are_audited_without_the_key(alpha: Any, team_admin: Any) -> None:
-    created = apikey_create(actor=team_admin, team=alpha, name="ci", role="read")
+    created = apikey_create(actor=team_admin, team=alpha, name="ci", scopes=["runs:read"])
     apikey_revoke(actor=team_admin, api_key=created.api_key)
+    audit_flush()
     events = list(AuditEvent.objects.filter(object_type="api.apikey").order_by("seq"))
     assert [e.event_type for e in events] == ["apikey.created", "apikey.revoked"]
     assert events[0].payload["prefix"] == created.api_key.prefix
@@ -63,14 +65,14 @@ def test_validation_names_the_field(alpha: Any, team_admin: Any, beta: Any) -> N
             actor=team_admin,
             team=alpha,
             name=" ",
-            role="root",
+            scopes=["root"],
             expires_at=timezone.now() - timedelta(days=1),
             allowed_pools=[foreign],
             requests_per_minute=0,
         )
     assert set(exc.value.message_dict) == {
         "name",
-        "role",
+        "scopes",
         "expires_at",
         "allowed_pools",
         "requests_per_minute",
@@ -125,12 +127,12 @@ def test_key_stops_working_when_its_user_leaves_the_team(alpha: Any, team_admin:
 def test_management_command_prints_the_key_once(alpha: Any, team_admin: Any) -> None:
     out, err = StringIO(), StringIO()
     call_command(
-        "apikey_create", "--team", "alpha", "--name", "cron", "--role", "read", stdout=out, stderr=err
+        "apikey_create", "--team", "alpha", "--name", "cron", "--scope", "runs:read", stdout=out, stderr=err
     )
     plaintext = out.getvalue().strip()
     key = ApiKey.objects.get(name="cron")
     assert plaintext.startswith(f"cw_{key.prefix}_")
-    assert key.role == "read"
+    assert key.scopes == ["runs:read"]
     assert key.created_by == team_admin
     assert plaintext not in err.getvalue()
     assert apikey_authenticate(plaintext).pk == key.pk

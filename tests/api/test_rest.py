@@ -9,6 +9,7 @@ from django.test import Client
 
 from apps.api.models import ApiKey
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.runs.models import Run, Step
 from apps.runs.services import run_create
 from tests.factories.api import make_api_key
@@ -59,10 +60,10 @@ def test_read_key_cannot_write_and_the_denial_is_audited(fake_pool: Any, alpha: 
     assert client.get("/api/runs/").status_code == 200
     response = client.post("/api/runs/", {"question": "hi"}, content_type="application/json")
     assert response.status_code == 403
-    assert "role" in response.json()["detail"]
+    assert "runs:write" in response.json()["detail"]
     assert not Run.objects.exists()
     denied = AuditEvent.objects.get(event_type="apikey.denied")
-    assert denied.api_key_id == created.api_key.pk and denied.payload["reason"] == "insufficient_role"
+    assert denied.api_key_id == created.api_key.pk and denied.payload["reason"] == "insufficient_scope"
 
 
 def test_run_key_creates_a_run_on_its_default_pool(fake_pool: Any, alpha: Any, team_admin: Any) -> None:
@@ -136,6 +137,7 @@ def test_runs_filter_and_paginate(fake_pool: Any, alpha: Any, owner: Any, teamma
 def test_audit_events_filter_by_type_and_cursor(fake_pool: Any, alpha: Any, team_admin: Any) -> None:
     make_api_key(alpha, principal=team_admin, name="one")
     make_api_key(alpha, principal=team_admin, name="two")
+    audit_flush()
     client = session_client(team_admin)
     page = client.get("/api/audit/events/", {"type": "apikey.", "limit": 1}).json()
     assert [e["event_type"] for e in page["results"]] == ["apikey.created"]
@@ -144,7 +146,8 @@ def test_audit_events_filter_by_type_and_cursor(fake_pool: Any, alpha: Any, team
     assert second["results"][0]["seq"] < page["results"][0]["seq"]
     export = client.get("/api/audit/export/", {"format": "jsonl", "type": "apikey."})
     assert export.status_code == 200
-    lines = b"".join(export.streaming_content).decode().strip().splitlines()
+    records = b"".join(export.streaming_content).decode().strip().splitlines()
+    lines = records[1:-1]  # between the signed tree head and the end record
     assert len(lines) == 2 and all('"digest"' in line for line in lines)
 
 
@@ -154,7 +157,7 @@ def test_key_endpoints_show_the_key_once_and_list_by_prefix(
     client = session_client(team_admin)
     response = client.post(
         "/api/teams/alpha/keys/",
-        {"name": "deploy", "role": "read", "allowed_pools": ["fake"]},
+        {"name": "deploy", "scopes": ["runs:read"], "allowed_pools": ["fake"]},
         content_type="application/json",
     )
     assert response.status_code == 201, response.content

@@ -21,11 +21,14 @@ pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 ST = str(Path(sys.executable).with_name("st"))
 
 
-def test_schema_is_served_and_valid(api_server: Any) -> None:
+def test_schema_is_served_and_valid(api_server: Any, alpha: Any, team_admin: Any) -> None:
     import httpx
 
+    # The schema and docs need a session or a key (issue 13).
+    auth = {"Authorization": f"Bearer {make_api_key(alpha, principal=team_admin).plaintext}"}
+    assert httpx.get(f"{api_server.url}/api/schema/", timeout=30).status_code == 401
     schema = httpx.get(
-        f"{api_server.url}/api/schema/", headers={"Accept": "application/json"}, timeout=30
+        f"{api_server.url}/api/schema/", headers={"Accept": "application/json", **auth}, timeout=30
     ).json()
     assert schema["openapi"].startswith("3.")
     paths = set(schema["paths"])
@@ -39,7 +42,7 @@ def test_schema_is_served_and_valid(api_server: Any) -> None:
     ):
         assert expected in paths
     assert "apiKey" in schema["components"]["securitySchemes"]
-    docs = httpx.get(f"{api_server.url}/api/docs/", timeout=30)
+    docs = httpx.get(f"{api_server.url}/api/docs/", headers=auth, timeout=30)
     assert docs.status_code == 200
     # The interactive docs load their assets from this server (drf-spectacular-sidecar), no CDN.
     assert "cdn." not in docs.text and "/static/drf_spectacular_sidecar/" in docs.text

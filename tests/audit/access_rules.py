@@ -13,12 +13,14 @@ from apps.audit.events import AuditEventType
 
 
 def _alpha_event_seq(ctx: Any) -> dict[str, Any]:
-    from apps.audit.services import audit_record
+    from apps.audit.models import AuditEvent
+    from apps.audit.services import audit_flush, audit_record
 
     event = ctx.memo(
         "alpha_event", lambda c: audit_record(event_type=AuditEventType.POOL_UPDATED, team=c.alpha)
     )
-    return {"seq": event.seq}
+    audit_flush()  # numbered after commit; the URL needs its seq
+    return {"seq": AuditEvent.objects.get(pk=event.pk).seq}
 
 
 def _alpha_run(ctx: Any) -> dict[str, Any]:

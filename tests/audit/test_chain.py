@@ -13,10 +13,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from apps.audit.chain import GENESIS_DIGEST, compute_digest
+from apps.audit import merkle
+from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest
 from apps.audit.events import AuditEventType
-from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent
-from apps.audit.services import audit_record, event_content, hmac_key
+from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent, SignedTreeHead
+from apps.audit.services import audit_flush, audit_record, event_content, hmac_key
 from apps.audit.verify import verify_chain
 from conductor_web.request_context import RequestMeta, request_meta
 from tests.factories.audit import append_events
@@ -60,6 +61,8 @@ def test_request_context_is_recorded_and_reread_digest_matches() -> None:
         event = audit_record(
             event_type=AuditEventType.APIKEY_DENIED, payload={"n": 1.5, "nested": {"b": [1, "x"]}}
         )
+    assert event.seq is None  # pending until the sequencer numbers it
+    audit_flush()
     stored = AuditEvent.objects.get(pk=event.pk)
     assert stored.ip == "2001:db8::1" and stored.user_agent == "pytest-agent" and stored.api_key_id == 42
     # The digest holds over what the database gives back, not only over what was written.
@@ -94,7 +97,7 @@ def test_secrets_in_before_after_never_reach_the_row() -> None:
         payload={"password": secret, "api_key_env": "OPENAI_API_KEY"},
     )
     with connection.cursor() as cur:
-        cur.execute(f"SELECT * FROM {AuditEvent._meta.db_table} WHERE seq = %s", [event.seq])
+        cur.execute(f"SELECT * FROM {AuditEvent._meta.db_table} WHERE id = %s", [event.pk])
         raw = json.dumps([str(v) for v in cur.fetchone()])
     assert secret not in raw and "THIS-MUST-NOT-LEAK" not in raw
     changes = AuditEvent.objects.get(pk=event.pk).payload["changes"]
@@ -208,15 +211,31 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
     assert recorded.payload == {"checkpoint_seq": chain[-1].seq, "checkpoint_digest": chain[-1].digest}
     assert run_verify("--checkpoint", str(cp_file))[0] == 0
 
-    # An insider with the HMAC key edits seq 3 and recomputes every digest after it.
+    # An insider with the HMAC key edits seq 3 and recomputes every digest, Merkle leaf and
+    # signed tree head stored in the database after it.
     key = hmac_key()
     tamper.set_payload(chain[2].seq, json.dumps({"i": 2, "note": "quietly changed"}))
     prev = chain[1].digest
     for event in AuditEvent.objects.filter(seq__gte=chain[2].seq).order_by("seq"):
         digest = compute_digest(key, event_content(event), prev)
-        tamper.sql("UPDATE {t} SET prev_digest = %s, digest = %s WHERE seq = %s", [prev, digest, event.seq])
+        leaf = merkle.leaf_hash(canonical_json(event_content(event)).encode()).hex()
+        tamper.sql(
+            "UPDATE {t} SET prev_digest = %s, digest = %s, leaf_hash = %s WHERE seq = %s",
+            [prev, digest, leaf, event.seq],
+        )
         prev = digest
-    AuditChainHead.objects.filter(pk=1).update(digest=prev)
+    leaves = [
+        bytes.fromhex(h) for h in AuditEvent.objects.order_by("seq").values_list("leaf_hash", flat=True)
+    ]
+    tree = merkle.Tree(leaves)
+    for sth in SignedTreeHead.objects.all():
+        root = tree.root(sth.tree_size).hex()
+        sig = merkle.sth_sign(key, sth.tree_size, root, sth.timestamp_ms)
+        SignedTreeHead.objects.filter(pk=sth.pk).update(root_hash=root, signature=sig)
+    frontier: list[list[object]] = []
+    for leaf_bytes in leaves:
+        frontier = merkle.frontier_append(frontier, leaf_bytes)
+    AuditChainHead.objects.filter(pk=1).update(digest=prev, frontier=frontier)
 
     code, output = run_verify()
     assert code == 0, "a full recomputation is invisible without a checkpoint"
@@ -278,6 +297,7 @@ def test_concurrent_writers_leave_one_unbroken_chain() -> None:
     for t in threads:
         t.join()
     assert not failures, failures
+    audit_flush()
     rows = list(AuditEvent.objects.order_by("seq").values_list("seq", "prev_digest", "digest"))
     assert len(rows) == writers * per_writer
     assert [r[0] for r in rows] == list(range(1, len(rows) + 1))

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent, RunReview
-from apps.audit.services import hmac_key, maybe_sample_for_review, review_request, run_review
+from apps.audit.services import audit_flush, hmac_key, maybe_sample_for_review, review_request, run_review
 from apps.audit.verify import verify_chain
 from apps.runs.models import ReviewStatus
 from tests.factories.audit import make_run
@@ -22,6 +22,7 @@ from tests.factories.audit import make_run
 def test_approving_a_held_answer_releases_it(reviewer: Any, alpha: Any, owner: Any) -> None:
     run = make_run(alpha, created_by=owner, answer_held=True, review_status=ReviewStatus.PENDING)
     review = run_review(actor=reviewer, run=run, status="approved", comment="Looks fine")
+    audit_flush()
     run.refresh_from_db()
     assert (run.review_status, run.answer_held) == ("approved", False)
     assert review.released_answer and review.reviewer == reviewer

@@ -8,7 +8,7 @@ from django.db import connection
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
-from apps.audit.services import audit_record
+from apps.audit.services import audit_flush, audit_record
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.workers.models import Pool
 
@@ -66,31 +66,44 @@ def add_steps_and_events(run: Run, *, instruction: str, output: str) -> None:
 def append_events(
     n: int, *, team: Any = None, event_type: AuditEventType = AuditEventType.TEAM_UPDATED, **kwargs: Any
 ) -> list[AuditEvent]:
-    return [
+    events = [
         audit_record(event_type=event_type, team=team, payload={"i": i, "note": f"event {i}"}, **kwargs)
         for i in range(n)
     ]
+    audit_flush()  # number them now: callers assert on seq and digests
+    by_id = AuditEvent.objects.in_bulk([e.pk for e in events])
+    return [by_id[e.pk] for e in events]
 
 
 class Tamper:
     """Raw-SQL edits of ``audit_auditevent``, as an attacker with database rights would make.
 
-    On PostgreSQL the append-only trigger is disabled first (a DB superuser can); the test's
-    transaction rolls that back.
+    The append-only triggers are disabled first (a DB superuser can: ALTER TABLE on PostgreSQL,
+    DROP TRIGGER on SQLite); the test's transaction rolls that back.
     """
 
     table = AuditEvent._meta.db_table
 
     def __enter__(self) -> Tamper:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
                 cur.execute(f"ALTER TABLE {self.table} DISABLE TRIGGER audit_auditevent_append_only")
+            else:
+                cur.execute(
+                    "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = %s", [self.table]
+                )
+                self._sqlite_triggers = [r[0] for r in cur.fetchall()]
+                for name in ("audit_auditevent_no_delete", "audit_auditevent_no_update"):
+                    cur.execute(f"DROP TRIGGER IF EXISTS {name}")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cur:
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
                 cur.execute(f"ALTER TABLE {self.table} ENABLE TRIGGER audit_auditevent_append_only")
+            else:
+                for sql in self._sqlite_triggers:
+                    cur.execute(sql)
 
     def sql(self, statement: str, params: list[Any] | tuple[Any, ...] = ()) -> None:
         with connection.cursor() as cur:

@@ -18,6 +18,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+# Fakes listen on their own loopback address, which the test settings' EGRESS_ALLOW opens
+# (conductor_web/settings/test.py FAKE_PROVIDER_HOST): 127.0.0.1 and ::1 stay refused, so the
+# egress tests' listeners there prove nothing reaches them. Linux routes all of 127/8 to lo.
+FAKE_HOST = "127.0.13.1"
+
 
 @dataclass
 class FakeReply:
@@ -96,7 +101,7 @@ class FakeServerBase:
         *,
         api_key: str | None = None,
         models: Iterable[str] | None = None,
-        host: str = "127.0.0.1",
+        host: str = FAKE_HOST,
     ) -> None:
         self.responder: Responder = responder or (lambda req: "ok")
         self.api_key = api_key  # when set, requests must present exactly this key

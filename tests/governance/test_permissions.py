@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from guardian.shortcuts import assign_perm
 
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.governance import selectors as sel
 from apps.governance.models import Membership, Role
 from apps.governance.services import membership_remove, membership_set, pool_grant, pool_revoke, team_create
@@ -113,6 +114,7 @@ def test_removing_member_revokes_and_audits(alpha: Any, alpha_pool: Any, owner: 
     assert not sel.can_view_team(owner, alpha)
     assert not sel.runs_visible_to(owner).exists()
     assert not owner.groups.filter(pk=alpha.group_id).exists()
+    audit_flush()
     ev = AuditEvent.objects.filter(event_type="membership.removed").latest("seq")
     assert ev.actor_id == team_admin.pk
     assert {"op": "revoke", "perm": "use_pool", "object": f"workers.pool:{alpha_pool.pk}"} in ev.payload[
@@ -123,6 +125,7 @@ def test_removing_member_revokes_and_audits(alpha: Any, alpha_pool: Any, owner: 
 def test_role_change_regrants(alpha: Any, alpha_pool: Any, owner: Any, team_admin: Any) -> None:
     membership_set(actor=team_admin, team=alpha, user=owner, role=Role.REVIEWER)
     assert not sel.can_use_pool(owner, alpha_pool) and sel.can_review_run(owner, Run(team=alpha))
+    audit_flush()
     ev = AuditEvent.objects.filter(event_type="membership.changed").latest("seq")
     assert ev.payload["changes"]["role"] == {"before": "member", "after": "reviewer"}
     membership_set(actor=team_admin, team=alpha, user=owner, role=Role.POLICY_ADMIN)

@@ -8,6 +8,7 @@ import pytest
 from django.urls import reverse
 
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.governance.models import Membership
 from tests.factories.governance import UserFactory
 
@@ -37,6 +38,7 @@ def test_team_admin_manages_members(client: Any, alpha: Any, team_admin: Any, ow
     assert Membership.objects.get(team=alpha, user=owner).role == "policy_admin"
     client.post(reverse("governance:member_remove", args=["alpha", newbie.pk]))
     assert not Membership.objects.filter(team=alpha, user=newbie).exists()
+    audit_flush()
     types = list(
         AuditEvent.objects.filter(actor=team_admin).order_by("seq").values_list("event_type", flat=True)
     )

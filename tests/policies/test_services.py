@@ -8,6 +8,7 @@ import pytest
 from django.core.exceptions import PermissionDenied
 
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.policies.models import Policy, PolicyVersionStatus
 from apps.policies.services import (
     effective_policy,
@@ -60,6 +61,7 @@ def test_draft_then_publish_is_versioned_and_audited_with_the_diff(alpha: Any, p
     v1.refresh_from_db()
     assert policy.current_version == v2 and v2.number == 2
     assert v1.status == PolicyVersionStatus.SUPERSEDED
+    audit_flush()
     event = AuditEvent.objects.filter(event_type="policy.published").order_by("-seq").first()
     assert event is not None and event.actor == policy_admin and event.team_id == alpha.pk
     assert event.payload["diff"] == [{"path": "constraints.max_steps.value", "old": 2, "new": 4}]

@@ -149,7 +149,7 @@ def test_every_field_has_help_and_a_merge_rule() -> None:
     assert len(helps) > 60
     for h in helps:
         assert h.help.strip(), h.path
-        assert h.merge in {"nested", "min", "stricter", "or", "union", "intersection", "platform"}
+        assert h.merge in {"nested", "min", "stricter", "or", "union", "intersection", "all_of", "platform"}
     paths = {h.path for h in helps}
     assert "guardrails.output.model_judge.judges[].prompt" in paths
     assert "budgets.monthly.hard_usd" in paths

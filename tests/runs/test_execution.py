@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.runs.execution import execute_run, sweep_stale_runs
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import run_cancel, run_create, run_wait
@@ -21,6 +22,7 @@ pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 
 def _audit_types(run: Run) -> list[str]:
+    audit_flush()  # the sequencer numbers events after commit
     return list(AuditEvent.objects.filter(run_id=run.id).order_by("seq").values_list("event_type", flat=True))
 
 

@@ -8,6 +8,7 @@ import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_flush
 from apps.engine.pool import WorkerPool
 from apps.workers import secrets
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool, pool_unavailable_reason
@@ -60,27 +61,34 @@ def test_provider_validation_messages_per_field(alpha: Any) -> None:
 
 
 def test_key_status_env_and_missing(alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CONDUCTOR_TEST_KEY_X", raising=False)
+    monkeypatch.delenv("CONDUCTOR_PROVIDER_KEY_TEST_X", raising=False)
     p = provider_create(
-        actor=None, team=alpha, slug="p2", name="P2", kind="anthropic", api_key_env="CONDUCTOR_TEST_KEY_X"
+        actor=None,
+        team=alpha,
+        slug="p2",
+        name="P2",
+        kind="anthropic",
+        api_key_env="CONDUCTOR_PROVIDER_KEY_TEST_X",
     )
     status = secrets.key_status(p)
-    assert not status.available and "CONDUCTOR_TEST_KEY_X is not set" in status.reason
-    monkeypatch.setenv("CONDUCTOR_TEST_KEY_X", "sk-ant-0123456789")
+    assert not status.available and "CONDUCTOR_PROVIDER_KEY_TEST_X is not set" in status.reason
+    monkeypatch.setenv("CONDUCTOR_PROVIDER_KEY_TEST_X", "sk-ant-0123456789")
     assert secrets.key_status(p).available
     bare = provider_create(actor=None, team=alpha, slug="p3", name="P3", kind="openai")
     assert "No API key" in secrets.key_status(bare).reason
 
 
-def test_switching_to_env_forgets_stored_key_and_audits_masked(alpha: Any, policy_admin: Any) -> None:
+def test_switching_to_env_forgets_stored_key_and_audits_masked(alpha: Any, superuser: Any) -> None:
+    # Naming an environment variable is for platform administrators only (issue 13).
     p = provider_create(
         actor=None, team=alpha, slug="p4", name="P4", kind="openai", api_key="sk-live-zzzzzzzz9999"
     )
-    provider_update(actor=policy_admin, provider=p, api_key_env="OPENAI_API_KEY")
+    provider_update(actor=superuser, provider=p, api_key_env="OPENAI_API_KEY")
     p.refresh_from_db()
     assert p.api_key_encrypted == "" and p.api_key_last4 == ""
+    audit_flush()
     ev = AuditEvent.objects.filter(event_type="provider.updated").latest("seq")
-    assert ev.actor_id == policy_admin.pk
+    assert ev.actor_id == superuser.pk
     assert ev.payload["changes"]["api_key_env"] == {"before": "", "after": "OPENAI_API_KEY"}
     assert "zzzz" not in str(ev.payload)
 
@@ -121,6 +129,7 @@ def test_worker_validation_and_disable_audit(alpha: Any, policy_admin: Any) -> N
     )
     assert w.tags == ["local", "x"]
     worker_update(actor=policy_admin, worker=w, enabled=False)
+    audit_flush()
     ev = AuditEvent.objects.filter(event_type="worker.disabled").latest("seq")
     assert ev.payload["changes"]["enabled"] == {"before": True, "after": False}
 
@@ -136,6 +145,7 @@ def test_pool_rules(alpha: Any) -> None:
     assert [e.worker for e in pool.pool_workers.order_by("position")] == [w1, w2]
     with pytest.raises(ValidationError):
         pool_add_worker(actor=None, pool=pool, worker=w2)
+    audit_flush()
     ev = AuditEvent.objects.filter(event_type="pool.updated").latest("seq")
     assert ev.payload["changes"]["workers"]["after"] == [w1.slug, w2.slug]
 
@@ -155,13 +165,15 @@ def test_build_engine_pool(fake_pool: Any) -> None:
 
 
 def test_build_engine_pool_refuses_in_plain_words(alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CONDUCTOR_MISSING_KEY", raising=False)
-    provider = ProviderFactory(team=alpha, kind="openai", base_url="", api_key_env="CONDUCTOR_MISSING_KEY")
+    monkeypatch.delenv("CONDUCTOR_PROVIDER_KEY_MISSING", raising=False)
+    provider = ProviderFactory(
+        team=alpha, kind="openai", base_url="", api_key_env="CONDUCTOR_PROVIDER_KEY_MISSING"
+    )
     w = WorkerFactory(provider=provider, display_name="GPT")
     pool = PoolFactory(team=alpha, workers=[w])
     with pytest.raises(PoolUnavailable) as exc:
         build_engine_pool(pool)
-    assert "CONDUCTOR_MISSING_KEY is not set" in exc.value.reason and "GPT" in exc.value.reason
+    assert "CONDUCTOR_PROVIDER_KEY_MISSING is not set" in exc.value.reason and "GPT" in exc.value.reason
     assert pool_unavailable_reason(pool) == exc.value.reason
     ok = WorkerFactory(display_name="Off")
     worker_update(actor=None, worker=ok, enabled=False)
@@ -188,12 +200,13 @@ def test_health_check_ok_error_and_unavailable(
     assert result.status == HealthStatus.ERROR and result.detail
     assert FAKE_PROVIDER_KEY not in result.detail
 
-    monkeypatch.delenv("CONDUCTOR_NO_SUCH_KEY", raising=False)
-    provider_update(actor=None, provider=fake_pool.provider, api_key_env="CONDUCTOR_NO_SUCH_KEY")
+    monkeypatch.delenv("CONDUCTOR_PROVIDER_KEY_NO_SUCH", raising=False)
+    provider_update(actor=None, provider=fake_pool.provider, api_key_env="CONDUCTOR_PROVIDER_KEY_NO_SUCH")
     worker.refresh_from_db()
     result = worker_health_check(actor=policy_admin, worker=worker)
-    assert result.status == HealthStatus.UNAVAILABLE and "CONDUCTOR_NO_SUCH_KEY" in result.detail
+    assert result.status == HealthStatus.UNAVAILABLE and "CONDUCTOR_PROVIDER_KEY_NO_SUCH" in result.detail
     assert len(fake_pool.server.chat_requests()) == 2  # no request without a key
+    audit_flush()
     events = AuditEvent.objects.filter(event_type="worker.health_checked", object_id=str(worker.pk))
     assert [e.payload["status"] for e in events.order_by("seq")] == ["ok", "error", "unavailable"]
     assert all(FAKE_PROVIDER_KEY not in str(e.payload) for e in events)

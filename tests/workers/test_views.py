@@ -98,15 +98,15 @@ def test_test_connection_view(client: Any, fake_pool: Any, policy_admin: Any) ->
 def test_unavailable_worker_shown_not_crashing(
     client: Any, fake_pool: Any, policy_admin: Any, monkeypatch: Any
 ) -> None:
-    monkeypatch.delenv("CONDUCTOR_UNSET_KEY", raising=False)
+    monkeypatch.delenv("CONDUCTOR_PROVIDER_KEY_UNSET", raising=False)
     Provider.objects.filter(pk=fake_pool.provider.pk).update(
-        api_key_encrypted="", api_key_last4="", api_key_env="CONDUCTOR_UNSET_KEY"
+        api_key_encrypted="", api_key_last4="", api_key_env="CONDUCTOR_PROVIDER_KEY_UNSET"
     )
     client.force_login(policy_admin)
     resp = client.get(reverse("workers:pool_detail", args=["fake"]))
     assert resp.status_code == 200
     html = resp.content.decode()
-    assert "CONDUCTOR_UNSET_KEY is not set" in html and 'data-testid="pool-unavailable"' in html
+    assert "CONDUCTOR_PROVIDER_KEY_UNSET is not set" in html and 'data-testid="pool-unavailable"' in html
 
 
 def test_provider_pages_never_show_key(client: Any, fake_pool: Any, policy_admin: Any) -> None:

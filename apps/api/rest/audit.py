@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
+from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView, SeqCursorPagination
 from apps.audit.filters import FILTER_PARAMS, AuditEventFilterSet, active_filters, filter_audit_events
 from apps.audit.models import AuditEvent
@@ -60,12 +61,17 @@ class AuditEventList(ApiListView):
     serializer_class = AuditEventOutput
     filterset_class = AuditEventFilterSet
     pagination_class = SeqCursorPagination
+    key_scopes = {"GET": ApiScope.AUDIT_READ}
 
     def get_queryset(self) -> Any:
-        return api_sel.audit_events_for(self.request.user, self.key).select_related("actor", "team")
+        # Pending events (no seq until the audit sequencer numbers them) cannot be seq-paginated.
+        qs = api_sel.audit_events_for(self.request.user, self.key).filter(seq__isnull=False)
+        return qs.select_related("actor", "team")
 
 
 class AuditEventDetail(ApiView):
+    key_scopes = {"GET": ApiScope.AUDIT_READ}
+
     @extend_schema(responses=AuditEventOutput)
     def get(self, request: Request, seq: int) -> Response:
         event = get_object_or_404(
@@ -88,6 +94,7 @@ class AuditExport(ApiView):
     """A streamed CSV or JSON Lines export of the filtered selection, with chain digests."""
 
     content_negotiation_class = AnyAccept
+    key_scopes = {"GET": ApiScope.AUDIT_READ}
 
     @extend_schema(
         parameters=[

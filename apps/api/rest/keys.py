@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
-from apps.api.models import ApiKey, ApiKeyRole
+from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.api.services import MAX_RPM, MAX_TPM, apikey_create, apikey_revoke
 
@@ -20,6 +20,11 @@ class ApiKeyOutput(serializers.ModelSerializer):
     team: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     allowed_pools: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", many=True, read_only=True
+    )
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiScope.choices),
+        read_only=True,
+        help_text="What the key may do.",
     )
     acts_as = serializers.SerializerMethodField()
     active = serializers.SerializerMethodField()
@@ -31,7 +36,7 @@ class ApiKeyOutput(serializers.ModelSerializer):
             "team",
             "name",
             "prefix",
-            "role",
+            "scopes",
             "allowed_pools",
             "expires_at",
             "requests_per_minute",
@@ -61,7 +66,13 @@ class ApiKeyCreatedOutput(ApiKeyOutput):
 
 class ApiKeyCreateInput(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    role = serializers.ChoiceField(choices=ApiKeyRole.choices, default=ApiKeyRole.RUN)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiScope.choices),
+        required=False,
+        default=lambda: list(DEFAULT_SCOPES),
+        help_text="What the key may do in its team (default: runs:write, runs:read). Capped by your "
+        "role in the team, and by the calling key's own scopes when a key creates a key.",
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
     allowed_pools = serializers.ListField(
         child=serializers.SlugField(),
@@ -85,7 +96,7 @@ def _managed_team(view: ApiView, slug: str) -> Any:
 class ApiKeyListCreate(ApiListView):
     serializer_class = ApiKeyOutput
 
-    key_role = "admin"  # keys are team administration, even to list
+    key_scopes = {"GET": ApiScope.TEAM_ADMIN, "POST": ApiScope.TEAM_ADMIN}  # even listing is administration
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -113,11 +124,12 @@ class ApiKeyListCreate(ApiListView):
             actor=request.user,
             team=team,
             name=v["name"],
-            role=v["role"],
+            scopes=v["scopes"],
             expires_at=v.get("expires_at"),
             allowed_pools=pools,
             requests_per_minute=v.get("requests_per_minute"),
             tokens_per_minute=v.get("tokens_per_minute"),
+            issuing_key=self.key,
         )
         body = {**ApiKeyOutput(created.api_key).data, "key": created.plaintext}
         response = Response(body, status=status.HTTP_201_CREATED)
@@ -126,7 +138,7 @@ class ApiKeyListCreate(ApiListView):
 
 
 class ApiKeyDetail(ApiView):
-    key_role = "admin"
+    key_scopes = {"GET": ApiScope.TEAM_ADMIN}
 
     @extend_schema(responses=ApiKeyOutput)
     def get(self, request: Request, slug: str, key_id: int) -> Response:
@@ -136,7 +148,7 @@ class ApiKeyDetail(ApiView):
 
 
 class ApiKeyRevoke(ApiView):
-    key_role = "admin"
+    key_scopes = {"POST": ApiScope.TEAM_ADMIN}
 
     @extend_schema(request=None, responses=ApiKeyOutput)
     def post(self, request: Request, slug: str, key_id: int) -> Response:

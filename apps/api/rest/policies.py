@@ -12,7 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
-from apps.api.rest.base import ApiListView, ApiView
+from apps.api.models import ApiScope
+from apps.api.rest.base import ApiListView, ApiView, key_object
 from apps.policies.models import Policy, PolicyVersion
 
 
@@ -88,8 +89,12 @@ def spec_errors(exc: Any) -> ValidationError:
 
 
 def visible_policy(view: ApiView, policy_id: int) -> Policy:
-    return get_object_or_404(
-        api_sel.policies_for(view.request.user, view.key).select_related("team"), pk=policy_id
+    return key_object(
+        view,
+        api_sel.policies_for(view.request.user, view.key).select_related("team"),
+        platform=Policy.objects.filter(team__isnull=True),
+        what="The platform default policy",
+        pk=policy_id,
     )
 
 
@@ -120,6 +125,7 @@ class PolicyDetail(ApiView):
 
 class PolicyVersionListCreate(ApiListView):
     serializer_class = PolicyVersionSummaryOutput
+    key_scopes = {"POST": ApiScope.POLICIES_WRITE}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -156,7 +162,7 @@ class PolicyVersionDetail(ApiView):
 
 
 class PolicyVersionPublish(ApiView):
-    key_role = "admin"
+    key_scopes = {"POST": ApiScope.POLICIES_WRITE}
 
     @extend_schema(request=NoteInput, responses=PolicyVersionOutput)
     def post(self, request: Request, policy_id: int, number: int) -> Response:

@@ -12,7 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
-from apps.api.rest.base import ApiListView, ApiView
+from apps.api.models import ApiScope
+from apps.api.rest.base import ApiListView, ApiView, key_object, require_team_object
 from apps.governance.models import Team
 from apps.workers.models import Pool, Provider, ProviderKind, Worker
 
@@ -90,6 +91,7 @@ def _team_by_slug(view: ApiView, slug: str | None, field: str = "team") -> Team 
 
 class ProviderListCreate(ApiListView):
     serializer_class = ProviderOutput
+    key_scopes = {"POST": ApiScope.POOLS_WRITE}
 
     def get_queryset(self) -> Any:
         return (
@@ -104,15 +106,23 @@ class ProviderListCreate(ApiListView):
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
         v["team"] = _team_by_slug(self, v.get("team"))
-        if self.key is not None and v["team"] is None:
-            raise ValidationError({"team": ["An API key creates providers for its own team only."]})
+        if v["team"] is None:
+            require_team_object(self, None, team_id=None, what="A platform provider (no team)")
         provider = provider_create(actor=request.user, **v)
         return Response(ProviderOutput(provider).data, status=status.HTTP_201_CREATED)
 
 
 class ProviderDetail(ApiView):
+    key_scopes = {"PATCH": ApiScope.POOLS_WRITE}
+
     def _provider(self, slug: str) -> Provider:
-        return get_object_or_404(api_sel.providers_visible_for(self.request.user, self.key), slug=slug)
+        return key_object(
+            self,
+            api_sel.providers_visible_for(self.request.user, self.key),
+            platform=Provider.objects.filter(team__isnull=True),
+            what="A platform provider",
+            slug=slug,
+        )
 
     @extend_schema(responses=ProviderOutput)
     def get(self, request: Request, slug: str) -> Response:
@@ -222,6 +232,7 @@ def _resolve_fallback(view: ApiView, values: dict[str, Any]) -> None:
 
 class WorkerListCreate(ApiListView):
     serializer_class = WorkerOutput
+    key_scopes = {"POST": ApiScope.POOLS_WRITE}
 
     def get_queryset(self) -> Any:
         return (
@@ -248,6 +259,8 @@ class WorkerListCreate(ApiListView):
 
 
 class WorkerDetail(ApiView):
+    key_scopes = {"PATCH": ApiScope.POOLS_WRITE}
+
     def _worker(self, slug: str) -> Worker:
         return get_object_or_404(api_sel.workers_visible_for(self.request.user, self.key), slug=slug)
 
@@ -260,6 +273,7 @@ class WorkerDetail(ApiView):
         from apps.workers.services import worker_update
 
         worker = self._worker(slug)
+        require_team_object(self, worker, team_id=worker.provider.team_id, what=f"The worker '{worker.slug}'")
         data = WorkerUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
@@ -268,13 +282,14 @@ class WorkerDetail(ApiView):
 
 
 class WorkerHealthCheck(ApiView):
-    key_role = "admin"
+    key_scopes = {"POST": ApiScope.POOLS_WRITE}
 
     @extend_schema(request=None, responses=HealthOutput)
     def post(self, request: Request, slug: str) -> Response:
         from apps.workers.services import worker_health_check
 
         worker = get_object_or_404(api_sel.workers_visible_for(request.user, self.key), slug=slug)
+        require_team_object(self, worker, team_id=worker.provider.team_id, what=f"The worker '{worker.slug}'")
         result = worker_health_check(actor=request.user, worker=worker)
         return Response({"status": result.status, "latency_ms": result.latency_ms, "detail": result.detail})
 
@@ -374,6 +389,7 @@ def _pool_context(view: ApiView) -> dict[str, Any]:
 
 class PoolListCreate(ApiListView):
     serializer_class = PoolOutput
+    key_scopes = {"POST": ApiScope.POOLS_WRITE}
 
     def get_queryset(self) -> Any:
         return (
@@ -394,14 +410,16 @@ class PoolListCreate(ApiListView):
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
         v["team"] = _team_by_slug(self, v.get("team"))
-        if self.key is not None and v["team"] is None:
-            raise ValidationError({"team": ["An API key creates pools for its own team only."]})
+        if v["team"] is None:
+            require_team_object(self, None, team_id=None, what="A platform pool (no team)")
         _resolve_pool_workers(self, v)
         pool = pool_create(actor=request.user, **v)
         return Response(PoolOutput(pool, context=_pool_context(self)).data, status=status.HTTP_201_CREATED)
 
 
 class PoolDetail(ApiView):
+    key_scopes = {"PATCH": ApiScope.POOLS_WRITE}
+
     def _pool(self, slug: str) -> Pool:
         return get_object_or_404(api_sel.pools_visible_for(self.request.user, self.key), slug=slug)
 
@@ -414,6 +432,7 @@ class PoolDetail(ApiView):
         from apps.workers.services import pool_update
 
         pool = self._pool(slug)
+        require_team_object(self, pool, team_id=pool.team_id, what=f"The pool '{pool.slug}'")
         data = PoolUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)

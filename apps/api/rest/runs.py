@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
+from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.runs.models import (
     Preset,
@@ -24,6 +25,7 @@ from apps.runs.models import (
     Step,
     Strategy,
 )
+from apps.runs.selectors import run_content_visible, withhold_event_data, withhold_step
 
 
 def run_absolute_url(request: Request, run: Run) -> str:
@@ -45,7 +47,13 @@ class RunOutput(serializers.ModelSerializer):
     api_key: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="prefix", read_only=True, allow_null=True
     )
-    answer = serializers.SerializerMethodField(help_text="Null while held for review.")
+    answer = serializers.SerializerMethodField(
+        help_text="Null while held for review (reviewers see it so they can decide)."
+    )
+    content_withheld = serializers.SerializerMethodField(
+        help_text="True while the run's model output is withheld from you: its answer is (or may "
+        "still be) held for review by a require_review guardrail."
+    )
 
     class Meta:
         model = Run
@@ -65,6 +73,7 @@ class RunOutput(serializers.ModelSerializer):
             "question",
             "answer",
             "answer_held",
+            "content_withheld",
             "status",
             "status_reason",
             "error",
@@ -86,14 +95,25 @@ class RunOutput(serializers.ModelSerializer):
     def get_url(self, obj: Run) -> str:
         return run_absolute_url(self.context["request"], obj)
 
+    def _visible(self, obj: Run) -> bool:
+        cache = self.context.setdefault("_content_visible", {})
+        if obj.pk not in cache:
+            cache[obj.pk] = run_content_visible(user=self.context["request"].user, run=obj)
+        return bool(cache[obj.pk])
+
     def get_answer(self, obj: Run) -> str | None:
-        return None if obj.answer_held else obj.answer
+        return obj.answer if self._visible(obj) else None
+
+    def get_content_withheld(self, obj: Run) -> bool:
+        return not self._visible(obj)
 
 
 class RunSummaryOutput(RunOutput):
     class Meta(RunOutput.Meta):
         fields = [
-            f for f in RunOutput.Meta.fields if f not in ("question", "answer", "error", "status_reason")
+            f
+            for f in RunOutput.Meta.fields
+            if f not in ("question", "answer", "content_withheld", "error", "status_reason")
         ]
 
 
@@ -133,11 +153,34 @@ class StepOutput(serializers.ModelSerializer):
             "finished_at",
         ]
 
+    def to_representation(self, instance: Step) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        # Held answers: see apps.runs.selectors.run_content_visible.
+        return withhold_step(data) if self.context.get("content_withheld") else data
+
 
 class RunEventOutput(serializers.ModelSerializer):
     class Meta:
         model = RunEvent
         fields = ["seq", "type", "data", "created_at"]
+
+    def to_representation(self, instance: RunEvent) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if self.context.get("content_withheld"):
+            data["data"] = withhold_event_data(instance.type, data["data"])
+        return data
+
+
+class ContentWithheldMixin:
+    """List views of one run's content: withhold it from a viewer who may not see it."""
+
+    content_withheld = False
+
+    def withhold_for(self, run: Run) -> None:
+        self.content_withheld = not run_content_visible(user=self.request.user, run=run)  # type: ignore[attr-defined]
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "content_withheld": self.content_withheld}  # type: ignore[misc]
 
 
 class RunCreateInput(serializers.Serializer):
@@ -221,9 +264,7 @@ class RunListCreate(ApiListView):
     serializer_class = RunSummaryOutput
     filterset_class = RunFilter
 
-    @property
-    def key_role(self) -> str:  # type: ignore[override]
-        return "run" if self.request.method == "POST" else "read"
+    key_scopes = {"GET": ApiScope.RUNS_READ, "POST": ApiScope.RUNS_WRITE}
 
     def get_queryset(self) -> Any:
         return (
@@ -289,32 +330,38 @@ class RunListCreate(ApiListView):
 
 
 class RunDetail(ApiView):
+    key_scopes = {"GET": ApiScope.RUNS_READ}
+
     @extend_schema(responses=RunOutput)
     def get(self, request: Request, run_id: Any) -> Response:
         return Response(RunOutput(visible_run(self, run_id), context={"request": request}).data)
 
 
-class RunSteps(ApiListView):
+class RunSteps(ContentWithheldMixin, ApiListView):
     """Each step with the exact messages its worker received."""
 
     serializer_class = StepOutput
+    key_scopes = {"GET": ApiScope.RUNS_READ}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return Step.objects.none()
         run = visible_run(self, self.kwargs["run_id"])
+        self.withhold_for(run)
         return Step.objects.filter(run=run).select_related("worker").order_by("index")
 
 
-class RunEvents(ApiListView):
+class RunEvents(ContentWithheldMixin, ApiListView):
     """The run's protocol events in ``seq`` order; ``after`` resumes where a client left off."""
 
     serializer_class = RunEventOutput
+    key_scopes = {"GET": ApiScope.RUNS_READ}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return RunEvent.objects.none()
         run = visible_run(self, self.kwargs["run_id"])
+        self.withhold_for(run)
         after = self.request.query_params.get("after") or "0"
         if not after.isdigit():
             raise ValidationError({"after": ["Give the last seq you have (a non-negative integer)."]})
@@ -322,7 +369,7 @@ class RunEvents(ApiListView):
 
 
 class RunCancel(ApiView):
-    key_role = "run"
+    key_scopes = {"POST": ApiScope.RUNS_WRITE}
 
     @extend_schema(request=None, responses=RunOutput)
     def post(self, request: Request, run_id: Any) -> Response:
@@ -334,7 +381,7 @@ class RunCancel(ApiView):
 
 
 class RunReview(ApiView):
-    key_role = "admin"
+    key_scopes = {"POST": ApiScope.RUNS_REVIEW}
 
     @extend_schema(request=ReviewInput, responses={201: ReviewOutput})
     def post(self, request: Request, run_id: Any) -> Response:

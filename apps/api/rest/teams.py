@@ -13,7 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
-from apps.api.rest.base import ApiListView, ApiView
+from apps.api.models import ApiScope
+from apps.api.rest.base import PLATFORM_ONLY, ApiListView, ApiView
 from apps.governance import selectors as gov
 from apps.governance.models import Membership, Role, Team
 
@@ -73,6 +74,7 @@ def visible_team(view: ApiView, slug: str) -> Team:
 
 class TeamListCreate(ApiListView):
     serializer_class = TeamOutput
+    key_scopes = {"POST": PLATFORM_ONLY}  # creating teams is a platform operation
 
     def get_queryset(self) -> Any:
         return api_sel.teams_for(self.request.user, self.key).select_related("default_pool").order_by("slug")
@@ -88,6 +90,8 @@ class TeamListCreate(ApiListView):
 
 
 class TeamDetail(ApiView):
+    key_scopes = {"PATCH": ApiScope.TEAM_ADMIN}
+
     @extend_schema(responses=TeamOutput)
     def get(self, request: Request, slug: str) -> Response:
         return Response(TeamOutput(visible_team(self, slug), context={"request": request}).data)
@@ -119,6 +123,7 @@ class TeamDetail(ApiView):
 
 class MemberListCreate(ApiListView):
     serializer_class = MembershipOutput
+    key_scopes = {"POST": ApiScope.TEAM_ADMIN}
 
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
@@ -142,6 +147,8 @@ class MemberListCreate(ApiListView):
 
 
 class MemberDetail(ApiView):
+    key_scopes = {"PATCH": ApiScope.TEAM_ADMIN, "DELETE": ApiScope.TEAM_ADMIN}
+
     def _membership(self, slug: str, username: str) -> Membership:
         team = visible_team(self, slug)
         return get_object_or_404(gov.team_members(team), user__username=username)

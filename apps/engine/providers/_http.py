@@ -13,13 +13,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from apps.engine import egress
+from apps.engine.egress import EgressPolicy
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderBadRequest,
     ProviderContextTooLong,
+    ProviderEgressDenied,
     ProviderError,
     ProviderModelNotFound,
     ProviderRateLimited,
+    ProviderRedirect,
     ProviderTimeout,
     ProviderUnavailable,
     call_with_retries,
@@ -85,6 +89,13 @@ def map_status_error(
         return ProviderAuthError(
             f"The {provider} provider {word} (HTTP {status}). Check the configured key.", **kw
         )
+    if 300 <= status < 400:
+        # Never followed (the key would travel with it); nothing of the body is worth showing.
+        return ProviderRedirect(
+            f"The {provider} provider answered with a redirect (HTTP {status}); redirects are not "
+            "followed. Set the base URL to the final address.",
+            **kw,
+        )
     if status == 404:
         return ProviderModelNotFound(
             f"The model {model!r} was not found at the {provider} provider (HTTP 404){suffix}", **kw
@@ -116,35 +127,42 @@ def map_status_error(
     return ProviderBadRequest(f"The {provider} provider rejected the request (HTTP {status}){suffix}", **kw)
 
 
-_shared_clients: dict[tuple[str, int], Any] = {}
+_shared_clients: dict[tuple[int, EgressPolicy], Any] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_http_client(sdk: str) -> Any:
-    """One HTTP client per SDK per process for every worker.
+def shared_http_client(policy: EgressPolicy | str | None = None) -> Any:
+    """One egress-checked HTTP client per process and egress policy, shared by every worker of
+    both SDKs (see ``_egress_http``: connections are checked at the socket, redirects refused).
 
-    Each SDK client otherwise builds its own SSL context (loading the CA bundle: ~60 ms of CPU
-    under the GIL) for every worker of every run, and keeps no connections between runs. httpx
-    clients are thread-safe and the SDKs pass each request's timeout themselves. Keyed by pid so a
-    forked process never reuses its parent's sockets; the SDK's DefaultHttpxClient (unlike its
-    internal wrapper) is not closed when one SDK client is garbage-collected.
+    Sharing matters: each SDK client would otherwise build its own SSL context (loading the CA
+    bundle: ~60 ms of CPU under the GIL) for every worker of every run, and keep no connections
+    between runs. httpx clients are thread-safe and the SDKs pass each request's timeout
+    themselves. Keyed by pid so a forked process never reuses its parent's sockets.
     """
-    key = (sdk, os.getpid())
+    from apps.engine.providers._egress_http import build_client
+
+    if not isinstance(policy, EgressPolicy):
+        policy = egress.default_policy()  # also the old per-SDK call: one client serves both SDKs
+    key = (os.getpid(), policy)
     with _shared_lock:
         client = _shared_clients.get(key)
         if client is None or client.is_closed:
-            if sdk == "openai":
-                import openai
-
-                client = openai.DefaultHttpxClient()
-            elif sdk == "anthropic":
-                import anthropic
-
-                client = anthropic.DefaultHttpxClient()
-            else:
-                raise ValueError(f"unknown SDK {sdk!r}")
+            client = build_client(policy)
             _shared_clients[key] = client
         return client
+
+
+def connection_error(exc: BaseException, *, provider: str, host: str) -> ProviderError:
+    """A connection failure in plain words; an egress refusal names the address and the rule."""
+    from apps.engine.providers._egress_http import egress_denial
+
+    denied = egress_denial(exc)
+    if denied is not None:
+        return ProviderEgressDenied(
+            f"The {provider} provider at {host} was not contacted: {denied}", provider=provider
+        )
+    return ProviderUnavailable(f"Could not connect to the {provider} provider at {host}.", provider=provider)
 
 
 class SdkWorker:

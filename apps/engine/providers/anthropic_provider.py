@@ -16,13 +16,22 @@ from urllib.parse import urlsplit
 
 import anthropic
 
-from apps.engine.providers._http import SdkWorker, map_status_error, shared_http_client
+from apps.engine.egress import EgressPolicy
+from apps.engine.providers._http import (
+    SdkWorker,
+    connection_error,
+    map_status_error,
+    shared_http_client,
+)
 from apps.engine.providers.base import (
     ProviderAuthError,
+    ProviderBadResponse,
     ProviderError,
-    ProviderTimeout,
-    ProviderUnavailable,
+    invalid_json_error,
     redact,
+    stream_cut_error,
+    timeout_error,
+    transport_failure,
 )
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
@@ -59,6 +68,7 @@ class AnthropicWorker(SdkWorker):
         api_key: str | None = None,
         max_retries: int = 2,
         default_headers: dict[str, str] | None = None,
+        egress: EgressPolicy | None = None,
         client: anthropic.Anthropic | None = None,
     ) -> None:
         self.info = info
@@ -77,7 +87,7 @@ class AnthropicWorker(SdkWorker):
                     max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
-                    http_client=shared_http_client("anthropic"),
+                    http_client=shared_http_client(egress),
                 )
             except anthropic.AnthropicError:
                 self._client = None
@@ -86,13 +96,10 @@ class AnthropicWorker(SdkWorker):
     def __repr__(self) -> str:  # never shows the key
         return f"AnthropicWorker(key={self.info.key!r}, model={self.info.model!r}, host={self._host!r})"
 
-    def _map(self, exc: Exception) -> ProviderError:
-        if isinstance(exc, anthropic.APITimeoutError):
-            return ProviderTimeout("The Anthropic provider did not answer in time.", provider="Anthropic")
-        if isinstance(exc, anthropic.APIConnectionError):
-            return ProviderUnavailable(
-                f"Could not connect to the Anthropic provider at {self._host}.", provider="Anthropic"
-            )
+    def _map(
+        self, exc: Exception, *, timeout: float | None = None, received: int | None = None
+    ) -> ProviderError:
+        """See ``OpenAIWorker._map``: what happened, in words, never the key."""
         if isinstance(exc, anthropic.APIStatusError):
             return map_status_error(
                 provider="Anthropic",
@@ -102,6 +109,15 @@ class AnthropicWorker(SdkWorker):
                 model=self.info.model,
                 secrets=(self._secret,),
             )
+        if isinstance(exc, ValueError) and hasattr(exc, "doc"):  # json.JSONDecodeError of a 2xx body
+            return invalid_json_error("Anthropic", self._host, exc.doc, (self._secret,))
+        kind, reported = transport_failure(exc)
+        if isinstance(exc, anthropic.APITimeoutError) or kind == "timeout":
+            return timeout_error("Anthropic", self._host, timeout, received)
+        if kind == "cut":
+            return stream_cut_error("Anthropic", self._host, received if received is not None else reported)
+        if isinstance(exc, anthropic.APIConnectionError) or kind == "connect":
+            return connection_error(exc, provider="Anthropic", host=self._host)
         text = redact(str(exc), (self._secret,))
         if "api_key" in text or "auth" in text.lower():
             return ProviderAuthError(
@@ -149,8 +165,16 @@ class AnthropicWorker(SdkWorker):
         assert self._client is not None
         try:
             resp = self._client.messages.create(**params, timeout=timeout)
-        except anthropic.AnthropicError as exc:
-            raise self._map(exc) from None
+        except (anthropic.AnthropicError, ValueError) as exc:
+            raise self._map(exc, timeout=timeout) from None
+        if isinstance(resp, str):  # the SDK hands back a non-JSON body as text
+            raise invalid_json_error("Anthropic", self._host, resp, (self._secret,), what="response")
+        if not isinstance(resp.content, list) or resp.usage is None:
+            raise ProviderBadResponse(
+                f"Invalid message from the Anthropic provider at {self._host}: the JSON has no "
+                "'content' or 'usage'.",
+                provider="Anthropic",
+            )
         parts: list[str] = []
         for block in resp.content:
             if block.type == "tool_use" and block.name == TOOL_NAME:
@@ -171,11 +195,15 @@ class AnthropicWorker(SdkWorker):
         tool_json: list[str] = []
         input_tokens = output_tokens = 0
         model = self.info.model
+        stream: Any = None
+        stopped = False  # message_stop arrived: the provider ended the message itself
         try:
             stream = self._client.messages.create(**params, stream=True, timeout=timeout)
             with stream:
                 for event in stream:
-                    if event.type == "message_start":
+                    if event.type == "message_stop":
+                        stopped = True
+                    elif event.type == "message_start":
                         model = event.message.model or model
                         input_tokens = event.message.usage.input_tokens or 0
                         output_tokens = event.message.usage.output_tokens or 0
@@ -190,10 +218,23 @@ class AnthropicWorker(SdkWorker):
                         output_tokens = event.usage.output_tokens or output_tokens
                         if getattr(event.usage, "input_tokens", None):
                             input_tokens = event.usage.input_tokens
-        except anthropic.AnthropicError as exc:
-            err = self._map(exc)
+            if not stopped:
+                raise stream_cut_error("Anthropic", self._host, _received(stream))
+        except ProviderError as typed:
             if parts:
-                err.retryable = False  # text already reached the user; a retry would repeat it
+                typed.retryable = False  # text already reached the user; a retry would repeat it
+            raise
+        except Exception as exc:  # the SDK lets transport errors of a stream through unwrapped
+            err = self._map(exc, timeout=timeout, received=_received(stream))
+            if parts:
+                err.retryable = False
             raise err from None
         text = "".join(tool_json) if tool_json else "".join(parts)
         return text, Usage(input_tokens, output_tokens), model
+
+
+def _received(stream: Any) -> int | None:
+    """Body bytes read so far on a streamed response (None before it started)."""
+    response = getattr(stream, "response", None)
+    count = getattr(response, "num_bytes_downloaded", None)
+    return count if isinstance(count, int) else None

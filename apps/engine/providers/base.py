@@ -98,6 +98,33 @@ class ProviderBadRequest(ProviderError):
     code = "bad_request"
 
 
+class ProviderStreamCut(ProviderError):
+    """The connection closed before the response was complete (retried only before any text)."""
+
+    code = "stream_cut"
+    retryable = True
+
+
+class ProviderBadResponse(ProviderError):
+    """The provider answered 2xx with something that is not the API's format (a proxy's HTML page,
+    truncated or garbled JSON). Usually a transient fault between us and the provider."""
+
+    code = "bad_response"
+    retryable = True
+
+
+class ProviderEgressDenied(ProviderError):
+    """The egress policy refused the destination (``apps.engine.egress``); no byte was sent."""
+
+    code = "egress_denied"
+
+
+class ProviderRedirect(ProviderError):
+    """The provider answered 3xx. Redirects are never followed: the key would travel with them."""
+
+    code = "redirect"
+
+
 _KEYLIKE = re.compile(r"\b(sk|sk-ant|sk-proj|key|pk|rk)[-_][A-Za-z0-9_\-*]{6,}")
 
 
@@ -109,6 +136,91 @@ def redact(text: str, secrets: Iterable[str | None] = (), *, limit: int = 300) -
     text = _KEYLIKE.sub("[redacted]", text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# Transport failures by exception class name (anywhere in the MRO), so the engine needs no
+# import of the HTTP library the SDKs happen to use (httpx, httpx2, anyio, stdlib sockets).
+_TIMEOUT_NAMES = frozenset({"TimeoutException", "ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutError"})
+_CUT_NAMES = frozenset(
+    {
+        "RemoteProtocolError",
+        "ReadError",
+        "IncompleteRead",
+        "EndOfStream",
+        "BrokenResourceError",
+        "ClosedResourceError",
+        "ConnectionResetError",
+        "ChunkedEncodingError",
+    }
+)
+_CONNECT_NAMES = frozenset({"ConnectError", "ConnectTimeout", "ConnectionRefusedError"})
+_RECEIVED = re.compile(r"received (\d+) bytes")
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen and len(seen) < 8:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def transport_failure(exc: BaseException) -> tuple[str | None, int | None]:
+    """``(kind, bytes_received)`` for a transport failure anywhere in ``exc``'s cause chain:
+    kind ``"connect"`` (no connection), ``"timeout"`` or ``"cut"`` (closed mid-response), else None.
+    ``bytes_received`` is what the HTTP library reported, when it did."""
+    kind: str | None = None
+    received: int | None = None
+    for err in _chain(exc):
+        names = {cls.__name__ for cls in type(err).__mro__}
+        if names & _CONNECT_NAMES:
+            kind = "connect"
+        elif names & _TIMEOUT_NAMES and kind is None:
+            kind = "timeout"
+        elif names & _CUT_NAMES and kind is None:
+            kind = "cut"
+        match = _RECEIVED.search(str(err))
+        if match and received is None:
+            received = int(match.group(1))
+    if kind == "cut" and any("without sending a response" in str(err) for err in _chain(exc)):
+        received = 0
+    return kind, received
+
+
+def stream_cut_error(provider: str, host: str, received: int | None) -> ProviderStreamCut:
+    amount = f"after {received} bytes" if received is not None else "mid-response"
+    return ProviderStreamCut(
+        f"Stream cut {amount}: the {provider} provider at {host} closed the connection before "
+        "the response was complete.",
+        provider=provider,
+    )
+
+
+def timeout_error(
+    provider: str, host: str, timeout: float | None, received: int | None = None
+) -> ProviderTimeout:
+    after = f" after {timeout:.1f} s" if timeout is not None else ""
+    stalled = f" (the response stalled after {received} bytes)" if received else ""
+    return ProviderTimeout(f"The {provider} provider at {host} timed out{after}{stalled}.", provider=provider)
+
+
+def invalid_json_error(
+    provider: str,
+    host: str,
+    raw: str | bytes | None,
+    secrets: Iterable[str | None] = (),
+    *,
+    what: str = "JSON",
+) -> ProviderBadResponse:
+    """A 2xx answer we cannot read. Shows its first bytes (secrets redacted) so an operator can
+    tell a proxy's error page from a truncated body."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    first = redact(raw or "", secrets, limit=80)
+    return ProviderBadResponse(
+        f"Invalid {what} from the {provider} provider at {host} (first bytes: {first!r}, secrets redacted).",
+        provider=provider,
+    )
 
 
 def parse_retry_after(value: str | None) -> float | None:

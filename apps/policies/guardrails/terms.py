@@ -2,7 +2,8 @@
 each with the policy's own message (shown to the user, recorded in the audit).
 
 All keywords of a policy are compiled into one alternation, so the text is scanned once however
-many keywords there are; regular expressions run one by one."""
+many keywords there are (escaped literals: no backtracking blow-up, so `re` is safe); the
+policy's regular expressions run one by one on RE2 (`apps.policies.guardrails.regex`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
+from apps.policies.guardrails import regex as safe_regex
 from apps.policies.guardrails.base import Finding
 
 
@@ -24,10 +26,10 @@ def _keyword_re(word: str) -> str:
 @lru_cache(maxsize=256)
 def _compile(
     patterns: tuple[tuple[str, str], ...],
-) -> tuple[re.Pattern[str] | None, tuple[re.Pattern[str], ...]]:
+) -> tuple[re.Pattern[str] | None, tuple[Any, ...]]:
     words = sorted({p.strip().lower() for p, kind in patterns if kind == "keyword"}, key=len, reverse=True)
     keywords = re.compile("|".join(_keyword_re(w) for w in words), re.I) if words else None
-    return keywords, tuple(re.compile(p, re.I) for p, kind in patterns if kind == "regex")
+    return keywords, tuple(safe_regex.compile_pattern(p) for p, kind in patterns if kind == "regex")
 
 
 def scan(text: str, terms: Iterable[Any]) -> list[Finding]:
@@ -43,6 +45,8 @@ def scan(text: str, terms: Iterable[Any]) -> list[Finding]:
             label = messages.get(m.group().lower()) or "blocked term"
             out.append(Finding("term", m.start(), m.end(), label, "[REDACTED:term]"))
     regex_terms = [t for t in terms if t.kind == "regex"]
+    if regex_terms:
+        safe_regex.check_input_size(text)
     for term, pattern in zip(regex_terms, regexes, strict=True):
         for m in pattern.finditer(text):
             out.append(Finding("term", m.start(), m.end(), term.message or "blocked term", "[REDACTED:term]"))

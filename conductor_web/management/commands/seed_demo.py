@@ -1,7 +1,9 @@
-"""Create the demo world (idempotent): users, teams, pools and policies.
+"""Create the demo world: users, teams, pools and policies.
 
-Passwords: ``DEMO_PASSWORD`` from the environment, or one generated once, printed, and kept in
-``var/demo-credentials.txt`` so re-running prints the same credentials.
+Idempotent without overwriting: a re-run creates only what is missing and leaves every existing
+user, membership, policy, pool, grant and API key as an admin left it (``make demo`` runs it on
+every start). Passwords: ``DEMO_PASSWORD`` from the environment, or one generated once, printed,
+and kept in ``var/demo-credentials.txt``; a password is set only when its user is created.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.db import transaction
 
 DEMO_USERS = {
     "admin": "platform superuser",
+    "tom": "finance team admin (members, pools, API keys)",
     "alice": "finance policy admin",
     "bob": "finance member",
     "carol": "research member",
@@ -45,7 +48,8 @@ class Command(BaseCommand):
     help = "Create the demo users, teams, pools and policies (safe to re-run)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from apps.governance.demo import seed_teams
+        from apps.governance.demo import DEMO_TEAMS, seed_teams
+        from apps.governance.models import Team
         from apps.policies.demo import seed_policies
         from apps.workers.demo import seed_pools
 
@@ -53,25 +57,30 @@ class Command(BaseCommand):
         User = get_user_model()
         with transaction.atomic():
             users = {}
+            new_users: set[str] = set()
             for username in DEMO_USERS:
                 user, created = User.objects.get_or_create(
                     username=username, defaults={"email": f"{username}@example.com"}
                 )
-                if created or settings.DEMO_PASSWORD:
+                if created:
+                    new_users.add(username)
                     user.set_password(password)
-                if username == "admin":
-                    user.is_staff = user.is_superuser = True
-                user.save()
+                    if username == "admin":
+                        user.is_staff = user.is_superuser = True
+                    user.save()
                 users[username] = user
-            teams = seed_teams(users)
-            seed_pools(teams)
+            existing = set(Team.objects.filter(slug__in=DEMO_TEAMS).values_list("slug", flat=True))
+            teams = seed_teams(users, new_users=frozenset(new_users))
+            new_teams = frozenset(set(DEMO_TEAMS) - existing)
+            seed_pools(teams, new_teams=new_teams)
             seed_policies(teams)
 
         self.stdout.write(self.style.SUCCESS("Demo world ready."))
         for username, role in DEMO_USERS.items():
-            self.stdout.write(f"  {username:<6} {role}")
+            kept = "" if username in new_users else "  (existing account: left as it was)"
+            self.stdout.write(f"  {username:<6} {role}{kept}")
         if settings.DEMO_PASSWORD:
-            self.stdout.write("  password: the value of DEMO_PASSWORD")
+            self.stdout.write("  password of new accounts: the value of DEMO_PASSWORD")
         else:
             note = " (generated now)" if generated else ""
             self.stdout.write(f"  password: {password}{note}  — kept in var/demo-credentials.txt")

@@ -1,4 +1,4 @@
-"""``manage.py apikey_create --team SLUG --name NAME [--role run]``: prints the new key once."""
+"""``manage.py apikey_create --team SLUG --name NAME [--scope runs:write ...]``: prints the new key once."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from apps.api.models import ApiKeyRole
+from apps.api.models import DEFAULT_SCOPES, ApiScope
 from apps.api.services import apikey_create
 
 
@@ -20,7 +20,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--team", required=True, help="Team slug")
         parser.add_argument("--name", required=True, help="What the key is for")
-        parser.add_argument("--role", default=ApiKeyRole.RUN, choices=ApiKeyRole.values)
+        parser.add_argument(
+            "--scope",
+            action="append",
+            dest="scopes",
+            choices=ApiScope.values,
+            help=f"A scope the key carries (repeat; default: {' '.join(DEFAULT_SCOPES)}). Capped by the "
+            "role of the user it acts for in the team.",
+        )
         parser.add_argument(
             "--pool",
             action="append",
@@ -64,7 +71,7 @@ class Command(BaseCommand):
                 actor=None,
                 team=team,
                 name=options["name"],
-                role=options["role"],
+                scopes=options["scopes"],
                 expires_at=expires,
                 allowed_pools=pools,
                 requests_per_minute=options["rpm"],
@@ -74,9 +81,11 @@ class Command(BaseCommand):
         except ValidationError as exc:
             problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
             raise CommandError(problems) from None
+        except PermissionDenied as exc:
+            raise CommandError(str(exc)) from None
         key = created.api_key
         self.stderr.write(
-            f"Created key “{key.name}” (prefix {key.prefix}, role {key.role}) for team {team.slug}, "
+            f"Created key “{key.name}” (prefix {key.prefix}, scopes {' '.join(key.scopes)}) for team {team.slug}, "
             f"acting for {key.created_by.get_username() if key.created_by else '—'}. "
             "It is shown once; store it now."
         )

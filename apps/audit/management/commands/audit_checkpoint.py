@@ -20,9 +20,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--out", metavar="FILE", help="write here instead of standard output")
+        parser.add_argument(
+            "--since",
+            metavar="FILE",
+            help="an earlier checkpoint: include the consistency proof from it to this one",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        checkpoint = audit_checkpoint(actor=None)
+        since = json.loads(Path(options["since"]).read_text()) if options.get("since") else None
+        checkpoint = audit_checkpoint(actor=None, since=since)
         text = json.dumps(checkpoint, indent=2) + "\n"
         if options.get("out"):
             Path(options["out"]).write_text(text)

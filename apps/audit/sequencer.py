@@ -1,0 +1,281 @@
+"""The one sequencer: numbers pending audit rows, chains them, grows the Merkle tree, signs heads.
+
+Writers only INSERT pending rows (``seq`` NULL) inside their own transaction, so no writer waits
+on a global lock. A sequencing pass (one short transaction) takes the pending rows that have
+committed, in insert-id order, and gives each ``seq = head + 1``, the chain digest, its RFC 9162
+leaf hash and a ``created_at`` never earlier than its predecessor's (time filters map onto seq
+ranges, see ``apps.audit.filters``). The head row keeps the tree's right edge (``frontier``), so
+a pass costs O(batch + log n).
+
+Exactly one pass runs at a time anywhere: on PostgreSQL under a transaction-scoped advisory lock
+(every Celery worker process and daphne run a sequencer thread and contend for it); on SQLite the
+IMMEDIATE write transaction already serialises. A sequencer killed mid-pass rolls back: its rows
+stay pending and the next pass numbers them; ``sequencer_lag`` shows the gap meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from apps.audit import merkle
+from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest
+from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
+
+logger = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key: "audit-sequencer" as a stable 63-bit integer.
+ADVISORY_KEY = 0x61756469745F7371
+BATCH = 2000
+# Columns read for a pending row (the digest-covered content plus the id to update it by).
+_PENDING_FIELDS = (
+    "id",
+    "created_at",
+    "event_type",
+    "kind",
+    "actor_id",
+    "actor_label",
+    "api_key_id",
+    "ip",
+    "user_agent",
+    "team_id",
+    "object_type",
+    "object_id",
+    "object_repr",
+    "run_id",
+    "policy_version_id",
+    "payload",
+)
+
+
+def hmac_key() -> bytes:
+    return settings.AUDIT_HMAC_KEY.encode()
+
+
+def _lock(*, wait: bool) -> bool:
+    if connection.vendor != "postgresql":
+        return True  # SQLite: the IMMEDIATE transaction is the lock
+    with connection.cursor() as cur:
+        if not wait:
+            # A background pass gives way fast (well under deadlock_timeout) to anything holding
+            # table locks, e.g. a TRUNCATE: it is retried on the next tick anyway.
+            cur.execute("SET LOCAL lock_timeout = '100ms'")
+        if wait:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_KEY])
+            return True
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_KEY])
+        return bool(cur.fetchone()[0])
+
+
+def sequence_pass(
+    *, batch: int = BATCH, wait: bool = True, on_row: Callable[[int], None] | None = None
+) -> int:
+    """Sequence up to ``batch`` pending rows in one transaction; returns how many (-1: lock busy).
+
+    ``on_row(seq)`` is called after each row is numbered (before commit) — an observation hook.
+    """
+    key = hmac_key()
+    with transaction.atomic():
+        if not _lock(wait=wait):
+            return -1
+        rows = list(
+            AuditEvent.objects.filter(seq__isnull=True).order_by("id").values_list(*_PENDING_FIELDS)[:batch]
+        )
+        if not rows:
+            return 0
+        head, _ = AuditChainHead.objects.select_for_update().get_or_create(pk=1)
+        seq, prev, last_time = head.seq, head.digest or GENESIS_DIGEST, head.created_at
+        frontier: merkle.Frontier = list(head.frontier or [])
+        updates: list[tuple[Any, ...]] = []
+        for values in rows:
+            row = dict(zip(_PENDING_FIELDS, values, strict=True))
+            seq += 1
+            created_at: datetime = row["created_at"]
+            if last_time is not None and created_at < last_time:
+                created_at = last_time  # clock skew between writers must not reorder time
+            last_time = created_at
+            content = {**row, "seq": seq, "created_at": created_at}
+            content["run_id"] = str(row["run_id"]) if row["run_id"] else None
+            canonical = canonical_json(content)
+            digest = compute_digest(key, content, prev)
+            leaf = merkle.leaf_hash(canonical.encode())
+            frontier = merkle.frontier_append(frontier, leaf)
+            updates.append((seq, created_at, prev, digest, leaf.hex(), row["id"]))
+            prev = digest
+            if on_row is not None:
+                on_row(seq)
+        _write(updates)
+        AuditChainHead.objects.filter(pk=1).update(
+            seq=seq, digest=prev, created_at=last_time, frontier=frontier, sequenced_at=timezone.now()
+        )
+    return len(rows)
+
+
+def _write(updates: list[tuple[Any, ...]]) -> None:
+    # Raw SQL: the model refuses updates (append-only); the triggers allow exactly this shape.
+    table = AuditEvent._meta.db_table
+    field = AuditEvent._meta.get_field("created_at")
+    params = [(s, field.get_db_prep_value(t, connection), p, d, h, i) for s, t, p, d, h, i in updates]
+    with connection.cursor() as cur:
+        cur.executemany(
+            f"UPDATE {table} SET seq = %s, created_at = %s, prev_digest = %s, digest = %s, "  # noqa: S608
+            "leaf_hash = %s WHERE id = %s AND seq IS NULL",
+            params,
+        )
+
+
+def audit_flush() -> int:
+    """Sequence every pending row visible to this connection, now; returns how many.
+
+    Tests call it after an action, and verify/export call it before they read, so they see a
+    fully numbered log. Inside an open transaction it also numbers that transaction's own rows.
+    """
+    total = 0
+    while True:
+        n = sequence_pass(wait=True)
+        if n <= 0:
+            return total
+        total += n
+
+
+# --- lag ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lag:
+    pending: int
+    oldest_age_s: float | None
+    head_seq: int
+    sequenced_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pending": self.pending,
+            "oldest_pending_age_s": None if self.oldest_age_s is None else round(self.oldest_age_s, 3),
+            "head_seq": self.head_seq,
+            "last_pass_at": self.sequenced_at.isoformat() if self.sequenced_at else None,
+        }
+
+
+def sequencer_lag() -> Lag:
+    agg = AuditEvent.objects.filter(seq__isnull=True).aggregate(n=Count("id"), oldest=Min("created_at"))
+    head = AuditChainHead.objects.filter(pk=1).values_list("seq", "sequenced_at").first() or (0, None)
+    age = (timezone.now() - agg["oldest"]).total_seconds() if agg["oldest"] else None
+    return Lag(agg["n"] or 0, age, head[0], head[1])
+
+
+# --- signed tree heads -------------------------------------------------------------------------
+
+
+def sth_create() -> SignedTreeHead:
+    """Sign the current head (after a flush). Reuses the latest STH when the tree has not grown."""
+    audit_flush()
+    with transaction.atomic():
+        head, _ = AuditChainHead.objects.get_or_create(pk=1)
+        latest = SignedTreeHead.objects.order_by("-tree_size", "-id").first()
+        if latest is not None and latest.tree_size == head.seq:
+            return latest
+        root = merkle.frontier_root(list(head.frontier or [])).hex()
+        ts = int(time.time() * 1000)
+        return SignedTreeHead.objects.create(
+            tree_size=head.seq,
+            root_hash=root,
+            timestamp_ms=ts,
+            signature=merkle.sth_sign(hmac_key(), head.seq, root, ts),
+        )
+
+
+def publish_path() -> Path | None:
+    raw = str(getattr(settings, "AUDIT_STH_PUBLISH_PATH", "") or "")
+    return Path(raw) if raw else None
+
+
+def sth_publish() -> SignedTreeHead | None:
+    """Sign the head and append it as one JSON line to ``AUDIT_STH_PUBLISH_PATH`` (outside the DB).
+
+    Point that path at write-once storage (an append-only mount, ``chattr +a``, object-lock
+    bucket sync): ``verify`` then compares the database against the last line, which catches a
+    deleted tail together with a rolled-back head.
+    """
+    path = publish_path()
+    sth = sth_create()
+    if path is None:
+        return sth
+    if sth.published:
+        return sth
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(sth.as_dict(), sort_keys=True) + "\n")
+    SignedTreeHead.objects.filter(pk=sth.pk).update(published=True)
+    return sth
+
+
+def last_published_sth(path: Path | None = None) -> dict[str, Any] | None:
+    path = path or publish_path()
+    if path is None or not path.is_file():
+        return None
+    last = None
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                last = line
+    return json.loads(last) if last else None
+
+
+# --- the daemon thread ---------------------------------------------------------------------------
+
+_started = False
+_start_lock = threading.Lock()
+_wake = threading.Event()
+
+
+def nudge() -> None:
+    """Wake this process's sequencer (called on commit of an audit_record)."""
+    _wake.set()
+
+
+def start_sequencer_thread(*, publish: bool) -> bool:
+    """Start this process's sequencer thread once. ``publish``: also append STHs on a timer."""
+    global _started
+    with _start_lock:
+        if _started:
+            return False
+        _started = True
+    threading.Thread(target=_loop, args=(publish,), daemon=True, name="audit-sequencer").start()
+    return True
+
+
+def _loop(publish: bool) -> None:
+    poll_s = float(getattr(settings, "AUDIT_SEQUENCER_POLL_MS", 200)) / 1000
+    window_s = float(getattr(settings, "AUDIT_SEQUENCER_WINDOW_MS", 5)) / 1000
+    sth_every = float(getattr(settings, "AUDIT_STH_INTERVAL_S", 60))
+    last_sth = time.monotonic()
+    while True:
+        woke = _wake.wait(poll_s)
+        _wake.clear()
+        if woke:
+            time.sleep(window_s)  # let concurrent commits land in one batch
+        try:
+            close_old_connections()
+            while sequence_pass(wait=False) == BATCH:
+                pass
+            if publish and time.monotonic() - last_sth >= sth_every:
+                last_sth = time.monotonic()
+                sth_publish()
+        except Exception:  # a failed pass loses nothing: its rows stay pending for the next
+            logger.exception("audit sequencer pass failed")
+            time.sleep(1.0)
+        finally:
+            connection.close()
