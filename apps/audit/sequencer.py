@@ -31,7 +31,7 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from apps.audit import merkle
-from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest
+from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, canonical_json, compute_digest
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 
 logger = logging.getLogger(__name__)
@@ -39,25 +39,9 @@ logger = logging.getLogger(__name__)
 # pg_advisory_xact_lock key: "audit-sequencer" as a stable 63-bit integer.
 ADVISORY_KEY = 0x61756469745F7371
 BATCH = 2000
-# Columns read for a pending row (the digest-covered content plus the id to update it by).
-_PENDING_FIELDS = (
-    "id",
-    "created_at",
-    "event_type",
-    "kind",
-    "actor_id",
-    "actor_label",
-    "api_key_id",
-    "ip",
-    "user_agent",
-    "team_id",
-    "object_type",
-    "object_id",
-    "object_repr",
-    "run_id",
-    "policy_version_id",
-    "payload",
-)
+# Columns read for a pending row: the digest-covered content (less seq, which this assigns) plus the
+# id to update it by.
+_PENDING_FIELDS = ("id", *(name for name in DIGEST_FIELDS if name != "seq"))
 
 
 def hmac_key() -> bytes:

@@ -226,7 +226,7 @@ class ChunkResult:
     failure: tuple[dict[str, Any], int, str] | None = None  # (row, expected seq, expected prev)
     leaf_mismatch: int | None = None
     frontier: list[tuple[int, bytes]] | None = None  # perfect subtrees of this chunk
-    at_sizes: dict[int, list[tuple[int, bytes]]] | None = None  # frontier at requested sizes
+    at_sizes: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)  # frontier at requested sizes
 
 
 def _frontier_push(frontier: list[tuple[int, bytes]], size: int, node: bytes) -> None:

@@ -106,6 +106,7 @@ def event_export(request: HttpRequest, export_format: str) -> HttpResponse | Str
         )
         return redirect(reverse("audit:event_list"))
     recorded = services.audit_export_record(actor=request.user, export_format=export_format, filters=params)
+    assert recorded.seq is not None  # audit_export_record returns the event sequenced
     # The export is a fixed snapshot: everything before its own audit record.
     chunks = export.export_chunks(qs.filter(seq__lt=recorded.seq), export_format)
     content_type, ext = export.FORMATS[export_format]

@@ -132,12 +132,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.access = selectors.ViewerAccess(was.reviewer, holdable, holdable and not was.reviewer, True)
         elif kind == "run.finished" and (was.withheld or was.holdable or data.get("answer_held")):
             # Held or not (or released since)? The database says, per viewer.
-            self.access = await _db(_access, self.scope.get("user"), self.run_id)
-            if was.withheld and not self.access.withheld:
+            now = await _db(_access, self.scope.get("user"), self.run_id)
+            self.access = now
+            if was.withheld and not now.withheld:
                 await self._send_snapshot()  # the answer was not held: show everything
                 return
-            event = {**event, "data": {**data, "answer_held": self.access.answer_held}}
-        if self.access.withheld:
+            event = {**event, "data": {**data, "answer_held": now.answer_held}}
+        if self.access is not None and self.access.withheld:
             if kind == "step.delta":
                 return  # nothing left to show of it
             event = selectors.withhold_event(event)

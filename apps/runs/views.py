@@ -7,13 +7,13 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from apps.governance import selectors as gov
 from apps.runs import selectors, services
@@ -159,6 +159,19 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "review_panel": "audit/_review_panel.html" if _template_exists("audit/_review_panel.html") else None,
     }
     return render(request, "runs/run_detail.html", context)
+
+
+@require_GET
+def run_snapshot(request: HttpRequest, run_id: str) -> JsonResponse:
+    """The websocket's opening snapshot over plain HTTP: what the run page polls while the channel
+    layer is unreachable (Redis down), withheld per viewer exactly as on the websocket."""
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    snapshot, _access = selectors.run_snapshot(user=request.user, run_id=run.pk)
+    response = JsonResponse(snapshot)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def _may_cancel(request: HttpRequest, run: object) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -106,7 +107,7 @@ class KeyStatus:
 def key_status(provider: Provider) -> KeyStatus:
     """Whether the provider has a usable key, and where it comes from, without revealing it."""
     if provider.kind == "local":
-        return KeyStatus(True, "", "none")
+        return _local_runtime_status()
     if provider.api_key_encrypted:
         try:
             decrypt(provider.api_key_encrypted)
@@ -137,3 +138,21 @@ def resolve_api_key(provider: Provider) -> str | None:
             raise SecretError(refusal)
         return os.environ.get(provider.api_key_env, "").strip() or None
     return None
+
+
+def _local_runtime_status() -> KeyStatus:
+    """The local worker needs no key, but it needs llama-cpp-python: on a fresh `make demo` that is
+    still compiling in the background while every other page already works."""
+    from apps.engine.providers.local import runtime_missing
+
+    missing = runtime_missing()
+    if missing is None:
+        return KeyStatus(True, "", "none")
+    if Path(settings.LOCAL_MODEL_BUILD_MARKER).exists():
+        return KeyStatus(
+            False,
+            "The local model is still building: llama-cpp-python compiles once in the background "
+            "(progress in var/local-model-build.log). Other pools work meanwhile.",
+            "none",
+        )
+    return KeyStatus(False, f"The local model cannot run: {missing} (run `make install-local`).", "none")

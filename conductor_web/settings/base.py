@@ -17,6 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(environ.Env().str("CONDUCTOR_VAR_DIR", default=str(BASE_DIR / "var")))
+# scripts/build_local_model.sh --background holds this file while llama-cpp-python compiles.
+LOCAL_MODEL_BUILD_MARKER = BASE_DIR / "var" / "local-model.building"
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 env = environ.Env()

@@ -32,6 +32,9 @@
     this.root = root;
     this.runId = root.getAttribute("data-run-id");
     this.replayUrl = root.getAttribute("data-replay-url") || "";
+    this.snapshotUrl = root.getAttribute("data-snapshot-url") || "";
+    this.failedOpens = 0; // websocket handshakes in a row that never opened
+    this.polling = null;  // interval id while following the run over HTTP
     this.run = null;
     this.steps = {};      // index -> step dict
     this.decisions = [];  // guardrail / plan events
@@ -61,7 +64,15 @@
     var after = this.run ? "?after=" + this.lastSeq : "";
     var ws = new WebSocket(proto + "://" + window.location.host + "/ws/runs/" + this.runId + "/" + after);
     this.ws = ws;
-    ws.onopen = function () { self.retry = 0; self.root.setAttribute("data-connected", "true"); };
+    var opened = false;
+    ws.onopen = function () {
+      opened = true;
+      self.retry = 0;
+      self.failedOpens = 0;
+      self.stopPolling();
+      self.root.setAttribute("data-live", "websocket");
+      self.root.setAttribute("data-connected", "true");
+    };
     ws.onmessage = function (m) {
       try { self.onMessage(JSON.parse(m.data)); } catch (err) { if (window.console) console.error(err); }
     };
@@ -69,9 +80,38 @@
       self.root.setAttribute("data-connected", "false");
       if (e.code === 4403) { self.q("status").textContent = "You may not view this run."; return; }
       if (self.isDone()) return;
-      var delay = Math.min(5000, 250 * Math.pow(2, self.retry++));
+      // Two handshakes in a row that never opened: the live channel is down (e.g. Redis). Follow
+      // the run by polling its snapshot over HTTP, and keep trying the websocket meanwhile.
+      if (!opened && ++self.failedOpens >= 2) self.startPolling();
+      var delay = self.polling ? 10000 : Math.min(5000, 250 * Math.pow(2, self.retry++));
       window.setTimeout(function () { self.connect(); }, delay);
     };
+  };
+
+  RunView.prototype.startPolling = function () {
+    if (this.polling || !this.snapshotUrl) return;
+    var self = this;
+    this.root.setAttribute("data-live", "polling");
+    var poll = function () {
+      fetch(self.snapshotUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (snap) {
+          if (!snap || snap.type !== "snapshot") return;
+          // A snapshot is the whole truth at its seq; re-applying an equal one is harmless.
+          if (!self.run || snap.last_seq > self.lastSeq || snap.run.answer_held !== self.run.answer_held ||
+              snap.run.status !== self.run.status) self.onMessage(snap);
+          if (self.isDone()) self.stopPolling();
+        })
+        .catch(function () { /* next tick */ });
+    };
+    poll();
+    this.polling = window.setInterval(poll, 1500);
+  };
+
+  RunView.prototype.stopPolling = function () {
+    if (!this.polling) return;
+    window.clearInterval(this.polling);
+    this.polling = null;
   };
 
   RunView.prototype.onMessage = function (msg) {
@@ -251,7 +291,8 @@
     var status = this.q("status");
     if (status) {
       status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "") +
-        (run.answer_held ? " · held for review" : "");
+        (run.answer_held ? " · held for review" : "") +
+        (this.polling ? " · live channel down, polling" : "");
       status.setAttribute("data-held", run.answer_held ? "true" : "false");
       status.setAttribute("data-status", run.status);
       status.className = "badge badge-" + run.status;

@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +30,12 @@ from django.conf import settings
 from apps.runs.models import Run
 from tests.faults.proxy import TcpProxy
 from tests.fixtures.api import CONDUCTOR_ANSWER, PLAN_TEXT
-from tests.fixtures.core import ROOT, LiveServer, _stop, _wait_for_port, free_port, subprocess_env
+from tests.fixtures.core import (
+    LiveServer,
+    _stop,
+    start_daphne,
+    subprocess_env,
+)
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -107,30 +111,9 @@ class ProxiedServer(LiveServer):
 def start_proxied_daphne(log: Path, proxy: TcpProxy, **env: str) -> tuple[str, subprocess.Popen[bytes]]:
     """A daphne process like `tests.fixtures.core.daphne_server`, with Redis behind `proxy`."""
     _, _, path = redis_target()
-    port = free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "conductor_web.asgi:application",
-            ],
-            cwd=ROOT,
-            env=subprocess_env(REDIS_URL=f"redis://127.0.0.1:{proxy.listen_port}{path}", **env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_for_port(port, proc, 60, log)
-    except Exception:
-        _stop(proc)
-        raise
-    return f"http://127.0.0.1:{port}", proc
+    env = subprocess_env(REDIS_URL=f"redis://127.0.0.1:{proxy.listen_port}{path}", **env)
+    server = start_daphne(log, env)
+    return server.url, server.proc
 
 
 @pytest.fixture

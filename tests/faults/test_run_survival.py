@@ -35,7 +35,13 @@ from apps.runs.execution import executor_id, reap_runs
 from apps.runs.models import Run, RunDispatch, RunEvent, RunStatus
 from tests.factories.runs import RunFactory, StepFactory
 from tests.faults.proxy import TcpProxy
-from tests.fixtures.core import ROOT, LiveServer, _stop, _wait_for_port, free_port, subprocess_env
+from tests.fixtures.core import (
+    ROOT,
+    LiveServer,
+    _stop,
+    start_daphne,
+    subprocess_env,
+)
 from tests.fixtures.runs import scripted_plan
 from tests.runtime import MODE
 
@@ -60,28 +66,9 @@ class Procs:
         return subprocess_env(**LEASE_ENV, CELERY_RUN_QUEUE=self.queue, RUN_THREAD_WORKERS="1", **extra)
 
     def daphne(self, **extra: str) -> LiveServer:
-        port = free_port()
-        log = self.tmp / f"daphne-{len(self.started)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "daphne",
-                    "-b",
-                    "127.0.0.1",
-                    "-p",
-                    str(port),
-                    "conductor_web.asgi:application",
-                ],
-                cwd=ROOT,
-                env=self.env(**extra),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.started.append(proc)
-        _wait_for_port(port, proc, 60, log)
-        return LiveServer(f"http://127.0.0.1:{port}", proc, log)
+        server = start_daphne(self.tmp / f"daphne-{len(self.started)}.log", self.env(**extra))
+        self.started.append(server.proc)
+        return server
 
     def worker(self, **extra: str) -> subprocess.Popen[bytes]:
         log = self.tmp / f"celery-{len(self.started)}.log"
@@ -292,7 +279,22 @@ def test_run_accepted_while_broker_down_completes_after_it_returns(
         assert outbox.dispatched_at is None and outbox.last_error  # kept, with why
         assert Run.objects.get(pk=run_id).status == RunStatus.QUEUED
 
-        proxy.resume()
+        # /v1 while the broker is down: the client learns its run id at once and gets the answer
+        # once the broker is back, never a 500.
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/chat/completions",
+            json={"model": "fake", "messages": [{"role": "user", "content": "Down?"}], "stream": True},
+            headers={"Authorization": f"Bearer {api_key[1]}"},
+            timeout=120,
+        ) as stream:
+            assert stream.status_code == 200
+            v1_run = stream.headers["X-Conductor-Run"]
+            assert Run.objects.get(pk=v1_run).status == RunStatus.QUEUED  # accepted, not yet handed off
+            proxy.resume()
+            body = b"".join(stream.iter_bytes())
+        assert b'"finish_reason":"stop"' in body and body.rstrip().endswith(b"data: [DONE]"), body[-500:]
+        assert Run.objects.get(pk=v1_run).status == RunStatus.SUCCEEDED
         poll_until(lambda: terminal(run_id), 90, "the run terminal after the broker came back")
         run = Run.objects.get(pk=run_id)
         assert run.status == RunStatus.SUCCEEDED, (run.status, run.error)

@@ -61,6 +61,7 @@ RULES: dict[str, Any] = {
     ],
     "runs:list": SIGNED_IN,
     "runs:detail": {"kwargs": _run_kwargs, **READ_RUN},
+    "runs:snapshot": {"kwargs": _run_kwargs, **READ_RUN},
     "runs:cancel": {"kwargs": _run_kwargs, "method": "POST", **ACT_RUN},
     "runs:step_replay": {"kwargs": lambda ctx: {**_run_kwargs(ctx), "index": 0}, "method": "POST", **ACT_RUN},
     "ws:run-stream": {

@@ -262,6 +262,12 @@ def test_changing_base_url_forgets_the_stored_key_form_and_rest(
         )
         assert resp.status_code == 200 and resp.json()["api_key_set"] is True
         assert resp.json()["api_key_hint"].endswith(NEW_KEY[-4:]) and NEW_KEY not in resp.text
+        # REST: a kind change forgets the key like the form does.
+        p5 = _provider_with_key(alpha, recorder, "rekind-rest")
+        resp = rest.patch(f"/api/providers/{p5.slug}/", json={"kind": "openai"})
+        assert resp.status_code == 200 and resp.json()["api_key_set"] is False
+        p5.refresh_from_db()
+        assert p5.kind == "openai" and _last_update(p5).payload["stored_key_cleared"] == "endpoint_changed"
         # A rename keeps the key: only the endpoint and the key reference matter.
         resp = rest.patch(f"/api/providers/{p4.slug}/", json={"name": "Renamed"})
         assert resp.status_code == 200 and resp.json()["api_key_set"] is True

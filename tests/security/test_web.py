@@ -20,7 +20,13 @@ from django.urls import reverse
 from apps.runs.models import Run, RunStatus
 from conductor_web.views import server_error
 from tests.factories.audit import make_run
-from tests.fixtures.core import ROOT, LiveServer, _stop, _wait_for_port, free_port, subprocess_env
+from tests.fixtures.core import (
+    ROOT,
+    LiveServer,
+    _stop,
+    start_daphne,
+    subprocess_env,
+)
 
 PASSWORD = "pw-for-tests-123"
 HUGE = "9" * 30
@@ -239,30 +245,11 @@ def start_demo_server(tmp_path: Any, **extra: str) -> Iterator[LiveServer]:
     )
     env["DJANGO_SETTINGS_MODULE"] = "conductor_web.settings.local"
     env.pop("DEBUG", None)
-    port = free_port()
-    log = tmp_path / "demo-daphne.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daphne",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "conductor_web.asgi:application",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    server = start_daphne(tmp_path / "demo-daphne.log", env)
     try:
-        _wait_for_port(port, proc, 60, log)
-        yield LiveServer(f"http://127.0.0.1:{port}", proc, log)
+        yield server
     finally:
-        _stop(proc)
+        _stop(server.proc)
 
 
 def demo_password_for(*users: Any) -> None:

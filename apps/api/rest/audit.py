@@ -119,6 +119,7 @@ class AuditExport(ApiView):
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict) from None
         recorded = audit_export_record(actor=request.user, export_format=export_format, filters=params)
+        assert recorded.seq is not None  # audit_export_record returns the event sequenced
         chunks = export.export_chunks(qs.filter(seq__lt=recorded.seq), export_format)
         content_type, ext = export.FORMATS[export_format]
         django_request = request._request

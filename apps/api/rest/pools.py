@@ -68,6 +68,7 @@ class ProviderCreateInput(serializers.Serializer):
 
 class ProviderUpdateInput(serializers.Serializer):
     name = serializers.CharField(max_length=100, required=False)
+    kind = serializers.ChoiceField(choices=ProviderKind.choices, required=False)
     base_url = serializers.CharField(max_length=300, required=False, allow_blank=True)
     model_path = serializers.CharField(max_length=500, required=False, allow_blank=True)
     api_key_env = serializers.CharField(max_length=100, required=False, allow_blank=True)

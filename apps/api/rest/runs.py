@@ -96,7 +96,7 @@ class RunOutput(serializers.ModelSerializer):
         return run_absolute_url(self.context["request"], obj)
 
     def _visible(self, obj: Run) -> bool:
-        cache = self.context.setdefault("_content_visible", {})
+        cache = self.context.setdefault("_content_visible", {})  # type: ignore[attr-defined]  # DRF passes a dict
         if obj.pk not in cache:
             cache[obj.pk] = run_content_visible(user=self.context["request"].user, run=obj)
         return bool(cache[obj.pk])

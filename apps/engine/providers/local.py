@@ -82,6 +82,25 @@ def _close_models() -> None:
                 del _MODELS[key]
 
 
+_RUNTIME_PRESENT = False
+
+
+def runtime_missing() -> str | None:
+    """Why llama-cpp-python cannot be imported here, or None. Cheap: loads no model.
+
+    Looked up afresh until found, so a server started before a background build finished sees the
+    runtime as soon as it is installed (no restart).
+    """
+    global _RUNTIME_PRESENT
+    if _RUNTIME_PRESENT:
+        return None
+    importlib.invalidate_caches()
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed"
+    _RUNTIME_PRESENT = True
+    return None
+
+
 def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
     """The process-wide instance for this model file and shape (loaded on first use)."""
     key = (os.path.realpath(path), n_ctx, n_threads)
