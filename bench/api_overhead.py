@@ -70,6 +70,9 @@ SETTINGS_DIR.mkdir(exist_ok=True)
 sys.path.insert(0, str(SETTINGS_DIR))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(SETTINGS_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")])
 os.environ["DJANGO_SETTINGS_MODULE"] = "api_bench_settings"
+# The fake provider listens on its own loopback address (tests/fakes); egress to it is opened,
+# like the test settings do, and to nothing else.
+os.environ.setdefault("EGRESS_ALLOW", "127.0.13.1")
 
 if ARGS.mode == "embedded":
     for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):

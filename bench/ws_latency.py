@@ -37,6 +37,15 @@ parser.add_argument("--viewers", default="1,10,100")
 parser.add_argument("--db", default="sqlite:////tmp/conductor_ws_bench.sqlite3")
 parser.add_argument("--chunks", type=int, default=60, help="streamed chunks per worker answer")
 parser.add_argument("--chunk-delay", type=float, default=0.01)
+parser.add_argument(
+    "--burst",
+    type=int,
+    default=0,
+    help="instead: open this many sockets at once on --runs runs; time each handshake (connect to snapshot)",
+)
+parser.add_argument("--plan-delay", type=float, default=3.0, help="seconds the conductor takes to plan")
+parser.add_argument("--backlog", type=int, default=2048, help="daphne's listen backlog")
+parser.add_argument("--runs", type=int, default=5, help="runs the --burst sockets spread over")
 ARGS = parser.parse_args()
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_web.settings.local"
@@ -59,6 +68,9 @@ if ARGS.layer == "redis-pubsub":
     os.environ["PYTHONPATH"] = "/tmp" + os.pathsep + os.environ.get("PYTHONPATH", "")
     os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_ws_bench_settings"
 os.environ.setdefault("DEBUG", "false")
+# The fake provider listens on its own loopback address (tests/fakes); egress to it is opened,
+# like the test settings do, and to nothing else.
+os.environ.setdefault("EGRESS_ALLOW", "127.0.13.1")
 
 import django  # noqa: E402
 
@@ -173,6 +185,68 @@ async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
     }
 
 
+async def burst_viewer(url: str, cookie: str, origin: str, out: dict[str, Any]) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with websockets.connect(
+            url,
+            additional_headers={"Cookie": f"sessionid={cookie}", "Origin": origin},
+            max_size=None,
+            open_timeout=120,
+        ) as ws:
+            snapshot = json.loads(await ws.recv())
+            assert snapshot["type"] == "snapshot"
+            out["handshake_s"] = time.perf_counter() - t0
+            seqs: list[int] = []
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                seqs.append(event["seq"])
+                if event["type"] == "run.finished":
+                    break
+            out["events"] = seqs
+            out["from_seq"] = snapshot["last_seq"]
+    except Exception as exc:  # counted, not raised: the figure is how many made it
+        out["error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def burst(base: str, cookie: str, pool: Any, n: int, runs: int) -> dict[str, Any]:
+    run_ids = [await asyncio.to_thread(start_run, base, cookie, pool) for _ in range(runs)]
+    ws_base = base.replace("http://", "ws://")
+    outs: list[dict[str, Any]] = [{} for _ in range(n)]
+    t0 = time.perf_counter()
+    await asyncio.wait_for(
+        asyncio.gather(
+            *(
+                burst_viewer(f"{ws_base}/ws/runs/{run_ids[i % runs]}/", cookie, base, outs[i])
+                for i in range(n)
+            )
+        ),
+        timeout=600,
+    )
+    wall = time.perf_counter() - t0
+    hs = sorted(o["handshake_s"] for o in outs if "handshake_s" in o)
+    complete = [
+        o
+        for o in outs
+        if "error" not in o
+        and o.get("events")
+        and o["events"] == list(range(o["from_seq"] + 1, o["events"][-1] + 1))
+    ]
+    return {
+        "sockets": n,
+        "runs": runs,
+        "connected": len(hs),
+        "failed": sum(1 for o in outs if "error" in o),
+        "first_error": next((o["error"] for o in outs if "error" in o), None),
+        "handshake_p50_s": round(statistics.median(hs), 3) if hs else None,
+        "handshake_p95_s": round(hs[min(len(hs) - 1, int(len(hs) * 0.95))], 3) if hs else None,
+        "handshake_max_s": round(hs[-1], 3) if hs else None,
+        "all_connected_within_s": round(hs[-1], 3) if hs else None,
+        "every_event_to_the_end_no_gaps": len(complete),
+        "wall_s": round(wall, 1),
+    }
+
+
 def main() -> None:
     server = FakeOpenAIServer()
     server.start()
@@ -181,7 +255,7 @@ def main() -> None:
     def respond(req: dict[str, Any]) -> Any:
         if req.get("model") == "conductor":
             # Long enough for 100 viewers to connect before the first counted event.
-            return FakeReply(json.dumps(PLAN), delay=3.0)
+            return FakeReply(json.dumps(PLAN), delay=ARGS.plan_delay)
         return FakeReply("".join(words), chunks=words, chunk_delay=ARGS.chunk_delay)
 
     server.responder = respond
@@ -195,10 +269,9 @@ def main() -> None:
             sys.executable,
             "-m",
             "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
+            # The listen backlog (Twisted's default is 50) is what a burst of connects queues in.
+            "-e",
+            f"tcp:port={port}:interface=127.0.0.1:backlog={ARGS.backlog}",
             "conductor_web.asgi:application",
         ],
         cwd=ROOT,
@@ -216,11 +289,18 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         db = "postgresql" if "postgres" in os.environ["DATABASE_URL"] else "sqlite"
         print(f"layer={ARGS.layer} db={db} chunks/step={ARGS.chunks} chunk_delay={ARGS.chunk_delay}s")
+        if ARGS.burst:
+            print(json.dumps(asyncio.run(burst(base, cookie, pool, ARGS.burst, ARGS.runs))))
+            return
         for n in [int(v) for v in ARGS.viewers.split(",")]:
             print(json.dumps(asyncio.run(measure(base, cookie, pool, n))))
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:  # a thousand open sockets can outlast a polite stop
+            proc.kill()
+            proc.wait(10)
         server.stop()
 
 

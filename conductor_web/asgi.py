@@ -8,15 +8,17 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
 # Django must be set up before the routing imports consumers (they import models).
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
+from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(
+            ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
     }
 )

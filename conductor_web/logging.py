@@ -33,3 +33,15 @@ class RedactSecretsFilter(logging.Filter):
         if cleaned != message:
             record.msg, record.args = cleaned, None
         return True
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` to every record: `` [req_…]`` while a /v1 request (or a run it started)
+    is being handled, else empty. The ``plain`` formatter prints it after the logger name."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from conductor_web.request_context import current_request_meta
+
+        request_id = current_request_meta().request_id
+        record.request_id = f" [{request_id}]" if request_id else ""
+        return True

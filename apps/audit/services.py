@@ -62,6 +62,8 @@ def audit_record(
         event_type = AuditEventType(event_type)
     meta = current_request_meta()
     body = mask_secrets(dict(payload or {}))
+    if meta.request_id and "request_id" not in body:
+        body["request_id"] = meta.request_id  # the /v1 x-request-id this change answered
     if before is not None or after is not None:
         body["changes"] = diff_values(before, after)
     user: Any = actor if actor is not None and getattr(actor, "is_authenticated", False) else None
@@ -341,6 +343,7 @@ CONTENT_KEYS = frozenset(
         "final",
         "raw",
         "reasoning",
+        "tool_calls",  # /v1 tool calls: their arguments are model output (issue 22)
     }
 )
 
@@ -374,7 +377,7 @@ def run_payload_erase(
     Idempotent (a run already erased is left alone; returns False). The chain is untouched:
     audit payloads never held the text.
     """
-    from apps.runs.models import Run, RunEvent, Step
+    from apps.runs.models import Run, RunCall, RunEvent, Step
 
     with transaction.atomic():
         locked = Run.objects.select_for_update().filter(pk=run.pk).first()
@@ -399,6 +402,7 @@ def run_payload_erase(
                 }
             )
         Step.objects.filter(run=locked).update(instruction="", output="", messages=[], error="")
+        RunCall.objects.filter(run=locked).delete()  # a resume journal's output goes too
         changed_events, event_chars = [], 0
         for ev in RunEvent.objects.filter(run=locked).only("pk", "data"):
             data, n = _erase_content(ev.data)
@@ -409,8 +413,19 @@ def run_payload_erase(
         RunEvent.objects.bulk_update(changed_events, ["data"], batch_size=500)
         locked.question = locked.answer = locked.error = ""
         locked.replay_messages = None
+        # A /v1 run's stored conversation and tools are content too (issue 22).
+        locked.api_request, _ = _erase_content(locked.api_request, under_content=False)
         locked.payload_erased_at = now
-        locked.save(update_fields=["question", "answer", "error", "replay_messages", "payload_erased_at"])
+        locked.save(
+            update_fields=[
+                "question",
+                "answer",
+                "error",
+                "replay_messages",
+                "api_request",
+                "payload_erased_at",
+            ]
+        )
         audit_run_event(
             event_type=AuditEventType.RUN_PAYLOAD_ERASED,
             run=locked,

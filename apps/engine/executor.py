@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from apps.engine.events import EventType, RunStatus, StepStatus
+from apps.engine.generation import StepEnding, final_index, step_call_kwargs
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
 from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
@@ -43,6 +44,8 @@ _attempt_ids = itertools.count(1)
 
 def build_messages(question: str, step: PlanStep, records: dict[int, StepRecord]) -> list[Message]:
     """The whole context a worker receives for `step` (see module docstring)."""
+    if step.messages is not None:  # a pool model's chat, passed through as it is (issue 22)
+        return [dict(m) for m in step.messages]
     messages: list[Message] = [{"role": "user", "content": question}]
     for i in step.reads():
         rec = records.get(i)
@@ -90,6 +93,8 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
     done: dict[int, StepStatus] = {}
     inbox: queue.Queue[_Outcome] = queue.Queue()
     limits = session.limits
+    # The step that writes the answer gets the API client's generation options (issue 22).
+    answer_index = final_index(steps, plan.recurses)
 
     def deps_ready(step: PlanStep) -> bool:
         return all(done.get(i) == StepStatus.SUCCEEDED for i in step.reads() if i in in_plan)
@@ -142,6 +147,11 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         max_tokens = limits.max_tokens_per_step or worker.info.max_output_tokens
         if limits.max_tokens_per_step is not None:
             max_tokens = min(max_tokens, worker.info.max_output_tokens)
+        extra = step_call_kwargs(
+            session.ctx.generation, is_final=step.index == answer_index, max_tokens=max_tokens
+        )
+        if extra:
+            max_tokens = extra["options"].max_tokens or max_tokens
 
         def on_delta(text: str) -> None:
             if att.live and text:
@@ -157,6 +167,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
                     max_tokens=max_tokens,
                     timeout=timeout,
                     on_delta=on_delta if limits.stream else None,
+                    **extra,
                 )
             except ProviderError as err:
                 error = err
@@ -250,6 +261,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
 
     def on_success(att: _Attempt, result: WorkerResult, elapsed_ms: float) -> None:
         session.add_usage(result.usage, result.cost_usd, result.priced)
+        session.ctx.endings[att.step.index] = StepEnding(result.finish_reason, list(result.tool_calls))
         guard = session.hooks.check_step_output(session.ctx, att.step, result.text)
         if guard.checks:
             session.emitter.emit(
@@ -278,6 +290,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
                 priced=result.priced,
                 latency_ms=result.latency_ms or elapsed_ms,
                 messages=att.messages,
+                replayed=result.replayed,
             )
         )
         if guard.blocked and state.abort is None:

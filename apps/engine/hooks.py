@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from apps.engine.events import CheckStatus
+from apps.engine.generation import GenerationOptions, StepEnding
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.types import Limits, Totals, WorkerInfo
 
@@ -44,6 +45,10 @@ class RunContext:
     limits: Limits = field(default_factory=Limits)
     metadata: dict[str, Any] = field(default_factory=dict)
     started_monotonic: float = 0.0  # set by the runner; lets time caps compute elapsed time
+    # What the API client asked of the worker that writes the answer (apps.engine.generation),
+    # and how each step's call ended (finish reason, tool calls), by step index.
+    generation: GenerationOptions | None = None
+    endings: dict[int, StepEnding] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -56,6 +56,8 @@ class PlanStep:
     worker: int  # pool index, or CONDUCTOR_SELF
     instruction: str
     access: Access
+    # A chat to send as it is instead of the built context (a pool model's tool conversation).
+    messages: tuple[dict[str, Any], ...] | None = None
 
     @property
     def is_self(self) -> bool:

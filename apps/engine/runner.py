@@ -18,8 +18,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.engine.events import Emitter, EventSink, EventType, RunStatus
-from apps.engine.hooks import GovernanceHooks, GuardrailOutcome, NoGovernance, RunContext
+from apps.engine.events import CheckStatus, Emitter, EventSink, EventType, RunStatus, StepStatus
+from apps.engine.generation import (
+    GenerationOptions,
+    ResponseFormat,
+    json_error,
+    repair_messages,
+    strip_json_fence,
+)
+from apps.engine.hooks import CheckResult, GovernanceHooks, GuardrailOutcome, NoGovernance, RunContext
 from apps.engine.plan import Plan
 from apps.engine.pool import WorkerPool
 from apps.engine.providers.base import ProviderError
@@ -82,8 +89,14 @@ def run_request(
     cancel: CancelToken | None = None,
     limits: Limits | None = None,
     metadata: dict[str, Any] | None = None,
+    generation: GenerationOptions | None = None,
 ) -> RunResult:
-    """Run one request synchronously on the calling thread (steps fan out to helper threads)."""
+    """Run one request synchronously on the calling thread (steps fan out to helper threads).
+
+    ``generation``: an API client's options for the worker that writes the answer (see
+    ``apps.engine.generation``); its tool calls end the run with ``finish_reason`` ``tool_calls``
+    (their arguments pass the output guardrails), a JSON ``response_format`` is checked (one
+    repair, else the run fails with reason ``response_format_invalid``)."""
     hooks = hooks if hooks is not None else NoGovernance()
     limits = strategy.narrow_limits(limits if limits is not None else Limits())
     emitter = Emitter(run_id, sink)
@@ -95,9 +108,11 @@ def run_request(
         limits=limits,
         metadata=dict(metadata or {}),
         started_monotonic=time.monotonic(),
+        generation=generation,
     )
     session = RunSession(ctx=ctx, pool=pool, limits=limits, emitter=emitter, hooks=hooks, cancel=cancel)
     status, answer, error, reason = RunStatus.FAILED, None, None, "internal_error"
+    ending: dict[str, Any] = {}
     try:
         conductor = pool.conductor
         emitter.emit(
@@ -133,11 +148,26 @@ def run_request(
                 "input_blocked",
                 f"The request was blocked: {checked.block_reason or 'input guardrail'}",
             )
+        if checked.text != question:
+            _redact_conversation(strategy, hooks, ctx)
         session.question = checked.text
         raw_answer = strategy.run(session)
         session.checkpoint()
-        out = hooks.check_output(ctx, raw_answer)
-        _emit_guardrail(session, "output", out)
+        record = _answer_record(session)
+        step_ending = ctx.endings.get(record.step.index) if record is not None else None
+        if step_ending is not None and step_ending.tool_calls:
+            ending["tool_calls"] = _guard_tool_calls(session, hooks, ctx, step_ending.tool_calls)
+            ending["finish_reason"] = "tool_calls"
+        elif step_ending is not None and step_ending.finish_reason == "length":
+            ending["finish_reason"] = "length"
+        fmt = generation.response_format if generation is not None else None
+        if fmt is not None and not ending.get("tool_calls") and ending.get("finish_reason") != "length":
+            raw_answer = _check_format(session, fmt, raw_answer, record, generation)
+        if ending.get("tool_calls") and not raw_answer.strip():
+            out = GuardrailOutcome([], raw_answer)  # the tool calls were the answer, checked above
+        else:
+            out = hooks.check_output(ctx, raw_answer)
+            _emit_guardrail(session, "output", out)
         if out.blocked:
             raise RunAborted(
                 RunStatus.BLOCKED,
@@ -167,6 +197,7 @@ def run_request(
                 "error": error,
                 "reason": reason,
                 "totals": totals.to_dict(),
+                **(ending if status == RunStatus.SUCCEEDED else {}),
             },
         )
     except Exception:  # pragma: no cover — Emitter already swallows sink errors
@@ -183,3 +214,107 @@ def run_request(
         flags=list(session.flags),
         last_seq=emitter.last_seq,
     )
+
+
+# --- the answer step's extras (issue 22) ------------------------------------------------------------
+
+
+def _answer_record(session: RunSession) -> StepRecord | None:
+    """The record whose output is the answer (as ``RunSession.answer`` picks it)."""
+    for index in sorted(session.records, reverse=True):
+        rec = session.records[index]
+        if not rec.step.is_self and rec.status == StepStatus.SUCCEEDED:
+            return rec
+    return None
+
+
+def _guard_tool_calls(
+    session: RunSession, hooks: GovernanceHooks, ctx: RunContext, calls: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Tool-call arguments are model output: each passes the output guardrails like an answer
+    (redacted or blocked); one guardrail event per call, so each is audited."""
+    guarded = []
+    for call in calls:
+        fn = dict(call.get("function") or {})
+        out = hooks.check_output(ctx, str(fn.get("arguments") or ""))
+        _emit_guardrail(session, "output", out)
+        if out.blocked:
+            raise RunAborted(
+                RunStatus.BLOCKED,
+                "output_blocked",
+                f"The arguments of the tool call {fn.get('name')!r} were blocked: "
+                f"{out.block_reason or 'output guardrail'}",
+            )
+        fn["arguments"] = out.text
+        guarded.append({"id": call.get("id"), "type": "function", "function": fn})
+    return guarded
+
+
+def _check_format(
+    session: RunSession,
+    fmt: ResponseFormat,
+    answer: str,
+    record: StepRecord | None,
+    generation: GenerationOptions | None,
+) -> str:
+    """The answer as valid JSON for ``fmt``: checked, repaired once by the worker that wrote it,
+    else the run fails naming the rule. The check is a guardrail event (audited)."""
+    candidate = strip_json_fence(answer)
+    problem = json_error(candidate, fmt)
+    rule = f"response_format {fmt.type}"
+    if problem is None:
+        check = CheckResult("response_format", "output", CheckStatus.PASSED, "none", f"{rule}: valid")
+        _emit_guardrail(session, "output", GuardrailOutcome([check], candidate))
+        return candidate
+    worker = session.pool.get(record.worker_key) if record is not None else None
+    repaired: str | None = None
+    if worker is not None and record is not None:
+        try:
+            result = session.call_conductor(
+                repair_messages(list(record.messages), answer, problem),
+                json_schema=fmt.schema if fmt.type == "json_schema" else None,
+                max_tokens=generation.max_tokens if generation is not None else None,
+                worker=worker,
+            )
+        except ProviderError as err:
+            logger.info("response_format repair call failed: %s", err)
+        else:
+            repaired = strip_json_fence(result.text)
+    still = json_error(repaired, fmt) if repaired is not None else problem
+    status = CheckStatus.INTERVENED if still is None else CheckStatus.FAILED
+    detail = f"{rule}: {problem}; " + (
+        "repaired by the worker" if still is None else f"repair failed: {still}"
+    )
+    check = CheckResult("response_format", "output", status, "repair" if still is None else "block", detail)
+    _emit_guardrail(
+        session, "output", GuardrailOutcome([check], repaired or candidate, blocked=still is not None)
+    )
+    if still is not None or repaired is None:
+        raise RunAborted(
+            RunStatus.FAILED,
+            "response_format_invalid",
+            f"The answer does not satisfy the requested {rule} (rule: response_format, one repair tried): {still}.",
+        )
+    return repaired
+
+
+def _redact_conversation(strategy: Strategy, hooks: GovernanceHooks, ctx: RunContext) -> None:
+    """The input guardrail changed the question (redaction): a chat passed through as it is must
+    carry the same redactions, message by message."""
+    conversation = getattr(strategy, "conversation", None)
+    if not conversation:
+        return
+    redacted = []
+    for message in conversation:
+        m = dict(message)
+        if m.get("content"):
+            m["content"] = hooks.check_input(ctx, str(m["content"])).text
+        calls = []
+        for call in m.get("tool_calls") or []:
+            fn = dict(call.get("function") or {})
+            fn["arguments"] = hooks.check_input(ctx, str(fn.get("arguments") or "")).text
+            calls.append({**call, "function": fn})
+        if calls:
+            m["tool_calls"] = calls
+        redacted.append(m)
+    strategy.conversation = tuple(redacted)  # type: ignore[attr-defined]

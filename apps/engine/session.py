@@ -71,8 +71,10 @@ class StepRecord:
     priced: bool = True
     latency_ms: float = 0.0
     messages: list[Message] = field(default_factory=list)
+    replayed: bool = False  # answered from the resume journal (see apps.runs.journal)
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"replayed": True} if self.replayed else {}
         return {
             "index": self.step.index,
             "round": self.round,
@@ -85,6 +87,7 @@ class StepRecord:
             "cost_usd": str(self.cost_usd) if self.cost_usd is not None else None,
             "priced": self.priced,
             "latency_ms": round(self.latency_ms, 3),
+            **extra,
         }
 
 
@@ -274,6 +277,7 @@ class RunSession:
                 "latency_ms": float(f"{result.latency_ms:.3f}")
                 if result
                 else 0.0,  # `round` is shadowed here
+                **({"replayed": True} if result is not None and result.replayed else {}),
             },
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from apps.engine.events import EventType, StepStatus
 from apps.engine.plan import (
@@ -99,9 +99,17 @@ def _run_fixed(session: RunSession, plan: Plan) -> str:
 class SingleStrategy(_Base):
     name = "single"
 
-    def __init__(self, worker: int | str | None = None, *, instruction: str = "Answer the question.") -> None:
+    def __init__(
+        self,
+        worker: int | str | None = None,
+        *,
+        instruction: str = "Answer the question.",
+        conversation: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.worker = worker  # pool index, worker key, or None for the pool default
         self.instruction = instruction
+        # A chat the worker receives as it is (an API pool model's tool conversation).
+        self.conversation = tuple(dict(m) for m in conversation) if conversation else None
 
     def run(self, session: RunSession) -> str:
         if self.worker is None:
@@ -113,7 +121,7 @@ class SingleStrategy(_Base):
             index = found
         else:
             index = self.worker
-        return _run_fixed(session, Plan((PlanStep(0, index, self.instruction, ()),)))
+        return _run_fixed(session, Plan((PlanStep(0, index, self.instruction, (), self.conversation),)))
 
 
 class MixtureOfAgentsStrategy(_Base):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 # A chat message: {"role": "system"|"user"|"assistant", "content": "..."}.
 Message = dict[str, str]
@@ -62,6 +63,11 @@ class WorkerResult:
     model: str
     cost_usd: Decimal | None
     priced: bool
+    replayed: bool = False  # served from a resumed run's journal: no provider call this time
+    # How the call ended ("stop", "length": cut at max_tokens, "tool_calls") and the tool calls it
+    # made (OpenAI's shape: id, type, function {name, arguments}) when given tools (issue 22).
+    finish_reason: str = "stop"
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,12 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.db import connection
 
 from apps.governance import selectors as gov
 from apps.runs import selectors
 from apps.runs.models import Run
 from apps.runs.sink import group_name, register_server_loop
+from conductor_web.executor_db import in_executor
 
 T = TypeVar("T")
 
@@ -35,26 +35,14 @@ CLOSE_FORBIDDEN = 4403
 
 async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """The ORM off the event loop AND off daphne's one thread-sensitive worker thread, which every
-    sync HTTP view and middleware shares: a hundred handshakes arriving together read in parallel
-    threads instead of queueing there past daphne's websocket connect timeout (5 s)."""
+    sync HTTP view and middleware shares: a burst of handshakes reads in parallel threads instead
+    of queueing there past daphne's websocket connect timeout (conductor_web.executor_db)."""
     try:
-        return await database_sync_to_async(_closing(fn), thread_sensitive=False)(*args, **kwargs)  # type: ignore[no-any-return]
+        return await in_executor(fn, *args, **kwargs)
     except Run.DoesNotExist:
         # Another thread's connection cannot see a run still uncommitted on the thread-sensitive
         # one (only tests hold such rows open): look there before calling it missing.
         return await database_sync_to_async(fn)(*args, **kwargs)  # type: ignore[no-any-return]
-
-
-def _closing(fn: Callable[..., T]) -> Callable[..., T]:
-    # Executor threads are shared and long-lived: don't leave a connection parked in each
-    # (CONN_MAX_AGE is 0 by default anyway, i.e. one connection per unit of work).
-    def call(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            connection.close()
-
-    return call
 
 
 def _may_view(user: Any, run_id: str) -> bool:

@@ -35,7 +35,9 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from apps.runs.models import Run, RunDispatch, RunStatus
+from apps.runs.api_request import generation_for, passthrough_strategy
+from apps.runs.models import Run, RunCall, RunDispatch, RunStatus
+from conductor_web.request_context import set_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -285,11 +287,15 @@ class FencedSink:
 def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
     from apps.engine.runner import run_request
     from apps.runs import integration
+    from apps.runs.journal import CallJournal, journal_pool
     from apps.runs.sink import RunSink
 
     run = Run.objects.select_related("team", "pool", "worker").get(pk=run_id)
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
-    engine_pool = integration.build_pool(run.pool)
+    journal = CallJournal(run.id, attempt=run.attempts or 1)
+    if journal.loaded:
+        logger.info("run %s attempt %s resumes with %s journaled calls", run.id, run.attempts, journal.loaded)
+    engine_pool = journal_pool(integration.build_pool(run.pool), journal)
     policy = integration.policy_in_force(run.team)
     remaining = (
         max(1.0, (run.deadline_at - timezone.now()).total_seconds())
@@ -298,6 +304,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     )
     limits = integration.engine_limits(policy, run_timeout_s=remaining)
     strategy = build_run_strategy(run, engine_pool)
+    set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
     run_request(
         run_id=str(run.id),
         question=run.question or _replay_question(run),
@@ -312,6 +319,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
             "user_id": run.created_by_id,
             "policy_version_id": run.policy_version_id,
         },
+        generation=generation_for(run),
     )
 
 
@@ -325,6 +333,8 @@ def build_run_strategy(run: Run, engine_pool: Any) -> Any:
 
     if run.replay_messages:
         return _replay_strategy(run, engine_pool)
+    if (passthrough := passthrough_strategy(run, engine_pool)) is not None:
+        return passthrough
     if run.strategy == "conductor":
         return build_strategy("conductor", preset=run.preset or "mini")
     if run.strategy == "single":
@@ -530,7 +540,11 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
                 ),
             )
             return RunStatus.FAILED
-        # Clean restart: the lost attempt's steps and usage go; the audit trail keeps them.
+        # Resume: the next attempt runs the strategy again and replays every call the journal
+        # holds (apps.runs.journal), so steps and usage are rebuilt, each billed once; only the
+        # call in flight at the loss goes to the provider again. The audit trail keeps the
+        # lost attempt's rows.
+        journaled = RunCall.objects.filter(run_id=run.id).count()
         discarded = {
             "steps": run.steps.count(),
             "input_tokens": run.input_tokens,
@@ -563,7 +577,8 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
                 "previous_owner": owner,
                 "attempt": run.attempts,
                 "max_attempts": limit,
-                "restart": "clean",
+                "restart": "resume" if journaled else "clean",
+                "journaled_calls": journaled,
                 "discarded": discarded,
             },
         )

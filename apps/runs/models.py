@@ -84,6 +84,11 @@ class Run(models.Model):
     question = models.TextField()
     # Replay of one step: the exact messages to send instead of planning.
     replay_messages = models.JSONField(null=True, blank=True)
+    # /v1 (issue 22): the x-request-id of the request that started the run, and what the run must
+    # honour of it: {"options": GenerationOptions.to_dict(), "metadata": {...}, "conversation":
+    # [...] (a pool model with tools: the chat the worker receives as it is)}.
+    request_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    api_request = models.JSONField(null=True, blank=True)
     answer = models.TextField(blank=True)
     status = models.CharField(max_length=12, choices=RunStatus.choices, default=RunStatus.QUEUED)
     status_reason = models.TextField(blank=True)
@@ -201,3 +206,24 @@ class RunDispatch(models.Model):
 
     def __str__(self) -> str:
         return f"Dispatch of {self.run_id}"
+
+
+class RunCall(models.Model):
+    """Resume journal: every completed provider call of a running run (planning and steps),
+    written the moment it returns. A re-queued run replays matching calls from here instead of
+    calling (and paying) the provider again, so it resumes after its last completed step. Rows
+    hold model output like Step rows do, and go when the run ends (`apps.runs.journal.forget`)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="calls")
+    # sha256 of (worker key, messages, generation options): the same call asked again
+    digest = models.CharField(max_length=64)
+    worker_key = models.CharField(max_length=100)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    result = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "digest"], name="runcall_run_digest")]
+
+    def __str__(self) -> str:
+        return f"Call {self.digest[:12]} of {self.run_id}"

@@ -333,6 +333,8 @@ def withhold_event_data(kind: str, data: Any) -> Any:
         out["output"] = ""
     elif kind == "run.finished":
         out["answer"] = None
+        if data.get("tool_calls"):
+            out["tool_calls"] = None  # tool-call arguments are model output (issue 22)
     elif kind == "plan.proposed":
         out["raw"] = ""
         if _later_round(data.get("round")):

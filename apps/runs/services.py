@@ -16,6 +16,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.governance import selectors as gov
 from apps.runs import integration
+from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunEvent, RunSource, RunStatus, Strategy
 
 MAX_QUESTION_CHARS = 32_000
@@ -70,6 +71,8 @@ def run_create(
     api_key: Any = None,
     classification: str = "",
     replay_messages: list[dict[str, Any]] | None = None,
+    request_id: str = "",
+    api_request: dict[str, Any] | None = None,
 ) -> Run:
     """Accept a request: store it `queued` with its audit event and dispatch it on commit.
 
@@ -154,6 +157,8 @@ def run_create(
             classification=classification,
             question=question,
             replay_messages=replay_messages,
+            request_id=request_id[:64],
+            api_request=api_request,
             status=RunStatus.QUEUED,
             deadline_at=now + timedelta(seconds=settings.RUN_TIMEOUT_S),
         )
@@ -311,6 +316,7 @@ def run_finish_externally(*, run_id: UUID | str, status: str, reason: str, error
         run.steps.filter(status__in=["pending", "running"]).update(
             status="timed_out" if status == RunStatus.TIMED_OUT else "failed", finished_at=now
         )
+        forget_calls(run.id)
         event = _terminal_event(run, now)
         audit_record(
             event_type=AuditEventType.RUN_TIMED_OUT

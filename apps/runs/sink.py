@@ -25,6 +25,7 @@ from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.engine.events import Event
+from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.workers.models import Worker
 
@@ -166,7 +167,7 @@ class RunSink:
         close_old_connections()
         # Viewers who may not see a held answer must not see it streamed before the output
         # guardrail decides: the events of a run whose policy can hold it say so (see
-        # apps.runs.selectors.run_may_be_held and apps.api.openai_views.progress).
+        # apps.runs.selectors.run_may_be_held and apps.api.v1.bridge.progress).
         if kind == "run.started":
             data["holdable"] = self.holdable
         elif self.holdable:
@@ -418,6 +419,7 @@ class RunSink:
             },
         )
         if ended:
+            forget_calls(self.run_id)  # the resume journal is done with (and holds output)
             self._queue_for_review()
 
     def _queue_for_review(self) -> None:

@@ -102,6 +102,11 @@ JSON_MAX_BYTES = env.int("JSON_MAX_BYTES", default=DATA_UPLOAD_MAX_MEMORY_SIZE)
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
 # Right after SecurityMiddleware: before sessions, CSRF and auth read or store anything.
 MIDDLEWARE.insert(1, "conductor_web.input_limits.InputLimitsMiddleware")
+# /v1 (issue 22): x-request-id, openai-processing-ms, x-ratelimit-* and CORS on every response,
+# wrapping the input limits so their refusals carry them too.
+MIDDLEWARE.insert(1, "apps.api.v1.middleware.V1Middleware")
+# Browser origins allowed to call /v1 directly (CORS), e.g. https://app.example.com; "*" for any.
+V1_CORS_ALLOWED_ORIGINS = env.list("V1_CORS_ALLOWED_ORIGINS", default=[])
 
 ROOT_URLCONF = "conductor_web.urls"
 ASGI_APPLICATION = "conductor_web.asgi.application"
@@ -312,10 +317,17 @@ LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact_secrets": {"()": "conductor_web.logging.RedactSecretsFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "redact_secrets": {"()": "conductor_web.logging.RedactSecretsFilter"},
+        "request_id": {"()": "conductor_web.logging.RequestIdFilter"},
+    },
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s%(request_id)s %(message)s"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact_secrets"]},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_secrets", "request_id"],
+        },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {

@@ -108,6 +108,31 @@ RULES: dict[str, Any] = {
         "json": True,
         "data": {"model": "conductor-mini", "messages": [{"role": "user", "content": "hi"}]},
     },
+    "api:v1_responses": {
+        **SESSION_REFUSED,
+        "method": "POST",
+        "json": True,
+        "data": {"model": "conductor-mini", "input": "hi"},
+    },
+    "api:v1_response": {
+        **SESSION_REFUSED,
+        "kwargs": {"response_id": "resp_0123456789abcdef0123456789abcdef"},
+    },
+    "api:v1_messages": {
+        **SESSION_REFUSED,
+        "method": "POST",
+        "json": True,
+        "data": {
+            "model": "conductor-mini",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    },
+    "api:v1_unknown": {
+        **{role: 404 for role in SESSION_REFUSED if role != "note"},
+        "kwargs": {"rest": "embeddings"},
+        "note": "any other /v1 path: 404 in OpenAI's shape naming the endpoints that exist, for everyone",
+    },
     # --- schema and docs: a session or a key (issue 13: not public) ---
     "api:schema": {**EVERYONE, "note": "the OpenAPI document maps the whole API: signed-in callers only"},
     "api:docs": EVERYONE,

@@ -34,6 +34,8 @@ class FakeReply:
     chunks: list[str] | None = None  # explicit stream chunks; default: split text into words
     include_usage: bool = True  # OpenAI: send usage (JSON) / the usage chunk (stream)
     tool_input: dict[str, Any] | None = None  # Anthropic forced tool call input
+    # OpenAI: tool calls to answer with ([{"id", "name", "arguments"}]); finish_reason tool_calls.
+    tool_calls: list[dict[str, Any]] | None = None
     model: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
 

@@ -167,6 +167,23 @@ class FakeOpenAIServer(FakeServerBase):
         model = reply.model or model
         chunks = reply.chunks if reply.chunks is not None else split_chunks(reply.text)
         text = "".join(chunks) if reply.chunks is not None else reply.text
+        finish = "stop"
+        # Like the real API: max_tokens cuts the answer (one chunk ~ one token) with "length".
+        limit = req.get("max_tokens") or req.get("max_completion_tokens")
+        if isinstance(limit, int) and len(chunks) > limit:
+            chunks = chunks[:limit]
+            text = "".join(chunks)
+            finish = "length"
+        calls = [
+            {
+                "id": call.get("id") or f"call_fake{next(_ids)}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call.get("arguments", "{}")},
+            }
+            for call in reply.tool_calls or []
+        ]
+        if calls:
+            finish = "tool_calls"
         prompt = (
             reply.input_tokens
             if reply.input_tokens is not None
@@ -191,9 +208,14 @@ class FakeOpenAIServer(FakeServerBase):
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": text, "refusal": None},
+                        "message": {
+                            "role": "assistant",
+                            "content": text or (None if calls else ""),
+                            "refusal": None,
+                            **({"tool_calls": calls} if calls else {}),
+                        },
                         "logprobs": None,
-                        "finish_reason": "stop",
+                        "finish_reason": finish,
                     }
                 ],
                 "system_fingerprint": "fp_fake",
@@ -221,7 +243,14 @@ class FakeOpenAIServer(FakeServerBase):
             if reply.chunk_delay:
                 time.sleep(reply.chunk_delay)
             self.write_sse(handler, chunk({"content": piece}, None))
-        self.write_sse(handler, chunk({}, "stop"))
+        for i, call in enumerate(calls):
+            head = {**call, "index": i, "function": {"name": call["function"]["name"], "arguments": ""}}
+            self.write_sse(handler, chunk({"tool_calls": [head]}, None))
+            arguments = call["function"]["arguments"]
+            for start in range(0, len(arguments), 8):
+                piece = {"index": i, "function": {"arguments": arguments[start : start + 8]}}
+                self.write_sse(handler, chunk({"tool_calls": [piece]}, None))
+        self.write_sse(handler, chunk({}, finish))
         include = bool((req.get("stream_options") or {}).get("include_usage")) and reply.include_usage
         if include:
             self.write_sse(

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.runs.execution import executor_id, reap_runs
-from apps.runs.models import Run, RunDispatch, RunEvent, RunStatus
+from apps.runs.models import Run, RunCall, RunDispatch, RunEvent, RunStatus
 from tests.factories.runs import RunFactory, StepFactory
 from tests.faults.proxy import TcpProxy
 from tests.fixtures.core import (
@@ -42,7 +42,7 @@ from tests.fixtures.core import (
     start_daphne,
     subprocess_env,
 )
-from tests.fixtures.runs import scripted_plan
+from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN, scripted_plan
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -193,6 +193,35 @@ def assert_billed_once(run_id: str) -> None:
         assert run.cost_usd == sum(costs, Decimal(0))
 
 
+def provider_calls(server: Any, question: str, instruction: str | None = None) -> list[Any]:
+    """What the fake provider was asked for the run of `question`: the conductor's planning
+    calls, or the worker calls whose own subtask (the last message) is `instruction`."""
+    calls = [c for c in server.chat_requests() if any(question in str(m.get("content")) for m in c.messages)]
+    if instruction is None:
+        return [c for c in calls if (c.json or {}).get("model") == CONDUCTOR_MODEL]
+    return [c for c in calls if c.messages[-1].get("content") == instruction]
+
+
+def assert_resumed(run_id: str, server: Any, *, done_before: list[int]) -> None:
+    """The re-queued attempt resumed: planning and every step finished before the loss were
+    answered from the journal (each asked of the provider exactly once across both attempts),
+    the final attempt's events mark them replayed, and the journal is gone once the run ended."""
+    question = Run.objects.get(pk=run_id).question
+    assert len(provider_calls(server, question)) == 1, "the conductor was asked to plan again"
+    subtasks = THREE_STEP_PLAN["subtasks"]
+    for index in done_before:
+        assert len(provider_calls(server, question, subtasks[index])) == 1, f"step {index} called again"
+    for index in range(len(subtasks)):
+        assert len(provider_calls(server, question, subtasks[index])) in (1, 2)  # in flight: twice
+    events = list(RunEvent.objects.filter(run_id=run_id).order_by("seq"))
+    last_start = max(i for i, e in enumerate(events) if e.type == "run.started")
+    final = events[last_start:]
+    replayed = {e.data["index"] for e in final if e.type == "step.finished" and e.data.get("replayed")}
+    assert set(done_before) <= replayed
+    assert any(e.type == "plan.proposed" and e.data.get("replayed") for e in final)
+    assert not RunCall.objects.filter(run_id=run_id).exists()
+
+
 def requeues(run_id: str) -> list[AuditEvent]:
     return list(AuditEvent.objects.filter(run_id=run_id, event_type="run.requeued").order_by("seq"))
 
@@ -226,6 +255,8 @@ def test_killed_embedded_server_loses_no_run(procs: Procs, run_pool: Any, api_ke
     (requeued,) = requeues(in_flight)
     assert "is gone" in requeued.payload["reason"] and str(first.proc.pid) in requeued.payload["reason"]
     assert requeued.payload["discarded"]["steps"] >= 1
+    assert requeued.payload["restart"] == "resume" and requeued.payload["journaled_calls"] >= 2
+    assert_resumed(in_flight, run_pool.server, done_before=[0])
     assert requeued.payload["discarded"]["input_tokens"] >= billed_before
     assert Run.objects.get(pk=in_flight).attempts == 2
     assert not RunDispatch.objects.filter(run_id__in=[in_flight, waiting]).exists()
@@ -255,6 +286,8 @@ def test_killed_celery_worker_loses_no_run(procs: Procs, run_pool: Any, api_key:
     assert len(found) == 1, ([(e.payload["reason"], e.payload["attempt"]) for e in found], procs.logs())
     assert str(first.pid) in found[0].payload["reason"]
     assert run.attempts == 2
+    assert found[0].payload["restart"] == "resume"
+    assert_resumed(run_id, run_pool.server, done_before=[0])
 
 
 @pytest.mark.skipif(MODE != "distributed", reason="a broker exists only in the distributed mode")

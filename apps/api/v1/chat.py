@@ -1,0 +1,592 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``) and the model list (``GET /v1/models``).
+
+Existing OpenAI clients drop in unchanged: requests and responses follow OpenAI's wire format,
+errors use its shape and status codes, and a streamed answer is server-sent events in the chunk
+format ending with ``data: [DONE]``. Every parameter is honoured or refused by name (400 with
+``param``), never silently ignored: see ``parse_chat_request``.
+
+Models: ``conductor-mini`` / ``conductor-ultra`` run the conductor (that preset) on the key's
+team's default pool; ``conductor-mini:<pool>`` / ``conductor-ultra:<pool>`` or a bare ``<pool>``
+slug pick another pool the key may use. Every response names its run (``X-Conductor-Run`` header,
+``conductor`` field) so a developer can open its live graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.api.v1 import bridge
+from apps.api.v1.errors import OpenAIError, error_response, method_not_allowed
+from apps.engine.generation import GenerationOptions, ResponseFormat
+
+MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
+MAX_STOP_SEQUENCES = 4
+# Accepted and honoured, or accepted because they change nothing a client can observe.
+KNOWN_PARAMS = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",  # recorded in the run's metadata
+    "metadata",  # recorded in the run's metadata
+    "store",  # runs are always stored (audit); accepted either way
+    "service_tier",  # one tier here; "auto" / "default" accepted
+}
+# Parameters a run cannot honour: refused by name unless they hold their neutral value.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "functions": (None, []),
+    "function_call": (None,),
+}
+REFUSAL_REASONS = {
+    "logprobs": "token log-probabilities are not available from a multi-model run",
+    "top_logprobs": "token log-probabilities are not available from a multi-model run",
+    "frequency_penalty": "not every worker provider supports it",
+    "presence_penalty": "not every worker provider supports it",
+    "logit_bias": "token ids differ between the pool's models",
+    "modalities": "only text output is supported",
+    "audio": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "reasoning effort is set by the conductor preset (conductor-mini / conductor-ultra)",
+    "web_search_options": "web search is not available",
+    "functions": "use 'tools' (the legacy 'functions' parameter is not supported)",
+    "function_call": "use 'tool_choice' (the legacy 'function_call' parameter is not supported)",
+}
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+# --- request validation ----------------------------------------------------------------------------
+
+
+def _text_content(content: Any, index: int, role: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") not in ("text", "refusal"):
+                raise _bad(
+                    "Only text content parts ({'type': 'text', 'text': …}) are supported.",
+                    f"messages[{index}].content[{j}]",
+                )
+            key = "text" if part.get("type") == "text" else "refusal"
+            if not isinstance(part.get(key), str):
+                raise _bad(
+                    f"A {part.get('type')} part needs a string '{key}'.", f"messages[{index}].content[{j}]"
+                )
+            parts.append(part[key])
+        return "\n".join(parts)
+    raise _bad(
+        "Message content must be a string or a list of text parts.",
+        f"messages[{index}].content",
+        "invalid_type",
+    )
+
+
+def _tool_calls(value: Any, index: int) -> list[dict[str, Any]]:
+    param = f"messages[{index}].tool_calls"
+    if not isinstance(value, list):
+        raise _bad("'tool_calls' must be an array.", param, "invalid_type")
+    calls = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or call.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", ""), str)
+        ):
+            raise _bad(
+                "Each tool call needs 'id', 'type': 'function' and 'function': {'name', 'arguments'}.",
+                f"{param}[{j}]",
+            )
+        calls.append(
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": fn.get("arguments") or ""},
+            }
+        )
+    return calls
+
+
+def parse_messages(messages: Any) -> list[dict[str, Any]]:
+    """Chat messages, validated and normalised (text content; tool calls and results kept)."""
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty array.", "messages")
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad("Each message must be an object.", f"messages[{i}]", "invalid_type")
+        role = message.get("role")
+        if role not in MESSAGE_ROLES:
+            raise _bad(
+                f"Invalid role {role!r}; expected one of {', '.join(sorted(MESSAGE_ROLES))}.",
+                f"messages[{i}].role",
+            )
+        normal: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), i, role)}
+        if message.get("tool_calls") is not None:
+            if role != "assistant":
+                raise _bad("Only assistant messages carry 'tool_calls'.", f"messages[{i}].tool_calls")
+            normal["tool_calls"] = _tool_calls(message["tool_calls"], i)
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str) or not message["tool_call_id"]:
+                raise _bad(
+                    "A tool message needs the 'tool_call_id' it answers.",
+                    f"messages[{i}].tool_call_id",
+                    "missing_required_parameter",
+                )
+            normal["tool_call_id"] = message["tool_call_id"]
+        if isinstance(message.get("name"), str) and message["name"]:
+            normal["name"] = message["name"]
+        out.append(normal)
+    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+        raise _bad("At least one user message with text is required.", "messages")
+    return out
+
+
+def _positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise _bad(f"'{name}' must be a positive integer.", name)
+    return value
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
+    ):
+        raise _bad(f"'{name}' must be a number between {low:g} and {high:g}.", name)
+    return float(value) if value is not None else None
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in value)
+    ):
+        raise _bad(
+            f"'stop' must be a non-empty string or an array of up to {MAX_STOP_SEQUENCES} of them.", "stop"
+        )
+    return tuple(value)
+
+
+def parse_response_format(value: Any, param: str = "response_format") -> ResponseFormat | None:
+    """OpenAI's ``response_format``: text (None), json_object, or json_schema with a schema."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("'response_format' must be an object.", param, "invalid_type")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise _bad(
+                "'response_format.json_schema.schema' must be a JSON schema object.", f"{param}.json_schema"
+            )
+        try:
+            import jsonschema
+
+            jsonschema.Draft202012Validator.check_schema(spec["schema"])
+        except jsonschema.SchemaError as err:
+            raise _bad(
+                f"The JSON schema is invalid: {err.message[:200]}", f"{param}.json_schema.schema"
+            ) from None
+        name = spec.get("name") or "response"
+        if not isinstance(name, str):
+            raise _bad("'response_format.json_schema.name' must be a string.", f"{param}.json_schema.name")
+        return ResponseFormat("json_schema", spec["schema"], name, bool(spec.get("strict")))
+    raise _bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'.", f"{param}.type")
+
+
+def parse_tools(value: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _bad("'tools' must be an array.", param, "invalid_type")
+    tools = []
+    for i, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise _bad(
+                "Only function tools ({'type': 'function', 'function': {...}}) are supported.",
+                f"{param}[{i}]",
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad("A function tool needs a 'name'.", f"{param}[{i}].function.name")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise _bad("'parameters' must be a JSON schema object.", f"{param}[{i}].function.parameters")
+        tools.append({"type": "function", "function": dict(fn)})
+    return tuple(tools)
+
+
+def parse_tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> Any:
+    if value is None:
+        return None
+    names = {t["function"]["name"] for t in tools}
+    if value in ("none", "auto", "required"):
+        if value != "none" and not tools:
+            raise _bad(f"tool_choice '{value}' needs 'tools'.", "tool_choice")
+        return value
+    fn = value.get("function") if isinstance(value, dict) else None
+    if not isinstance(fn, dict) or value.get("type") != "function" or fn.get("name") not in names:
+        raise _bad(
+            "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+            "{'name': <one of the tools>}}.",
+            "tool_choice",
+        )
+    return {"type": "function", "function": {"name": fn["name"]}}
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, str]:
+    metadata = body.get("metadata")
+    if metadata is not None and (
+        not isinstance(metadata, dict)
+        or len(metadata) > 16
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            for k, v in metadata.items()
+        )
+    ):
+        raise _bad("'metadata' must be an object of up to 16 string values.", "metadata")
+    out = dict(metadata or {})
+    user = body.get("user")
+    if user is not None:
+        if not isinstance(user, str):
+            raise _bad("'user' must be a string.", "user", "invalid_type")
+        out["user"] = user[:256]
+    return out
+
+
+def parse_chat_request(raw: bytes) -> bridge.RunRequest:
+    """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises OpenAIError."""
+    try:
+        from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
+
+        body = safe_json_loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    if "model" not in body:
+        raise _bad("'model' is required.", "model", "missing_required_parameter")
+    if "messages" not in body:
+        raise _bad("'messages' is required.", "messages", "missing_required_parameter")
+    for name, neutral in NEUTRAL_VALUES.items():
+        if name in body and body[name] not in neutral:
+            raise OpenAIError(
+                400,
+                f"'{name}' is not supported: {REFUSAL_REASONS[name]}.",
+                param=name,
+                code="unsupported_parameter",
+            )
+    unknown = sorted(set(body) - KNOWN_PARAMS - set(NEUTRAL_VALUES))
+    if unknown:
+        raise OpenAIError(
+            400,
+            f"Unrecognized request argument supplied: {unknown[0]}.",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean.", "stream", "invalid_type")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad("Only n=1 is supported: the conductor returns one answer per run.", "n")
+    tier = body.get("service_tier")
+    if tier not in (None, "auto", "default"):
+        raise _bad("'service_tier' must be 'auto' or 'default': there is one tier here.", "service_tier")
+    max_tokens = _positive_int(body, "max_tokens")
+    max_completion = _positive_int(body, "max_completion_tokens")
+    caps = [v for v in (max_tokens, max_completion) if v is not None]
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _bad("'seed' must be an integer.", "seed")
+    tools = parse_tools(body.get("tools"))
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls", "invalid_type")
+    options = GenerationOptions(
+        max_tokens=min(caps) if caps else None,
+        stop=_stop(body.get("stop")),
+        temperature=_number(body, "temperature", 0, 2),
+        top_p=_number(body, "top_p", 0, 1),
+        seed=seed,
+        response_format=parse_response_format(body.get("response_format")),
+        tools=tools,
+        tool_choice=parse_tool_choice(body.get("tool_choice"), tools),
+        parallel_tool_calls=parallel if tools else None,
+    )
+    if options.tools and options.response_format is not None:
+        raise _bad("Use either 'tools' or a JSON 'response_format', not both.", "response_format")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise _bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+    messages = parse_messages(body.get("messages"))
+    return bridge.RunRequest(
+        model=body.get("model"),
+        question=bridge.question_from_turns(messages),
+        messages=messages,
+        options=options,
+        stream=bool(stream),
+        metadata=_metadata(body),
+        extra={"include_usage": bool((stream_options or {}).get("include_usage", False))},
+    )
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    id: str
+    created: int
+    model: str
+    conductor: dict[str, Any]
+
+
+def _usage(run: Any) -> dict[str, int]:
+    used = bridge.usage(run)
+    return {
+        "prompt_tokens": used.input_tokens,
+        "completion_tokens": used.output_tokens,
+        "total_tokens": used.total_tokens,
+    }
+
+
+def completion_body(env: Envelope, run: Any, answer: bridge.FinalAnswer) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+    if answer.tool_calls:
+        message["tool_calls"] = answer.tool_calls
+        message["content"] = answer.text or None
+    return {
+        "id": env.id,
+        "object": "chat.completion",
+        "created": env.created,
+        "model": env.model,
+        "system_fingerprint": None,
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": answer.finish_reason}
+        ],
+        "usage": _usage(run),
+        "conductor": env.conductor,
+    }
+
+
+def _chunk(env: Envelope, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": env.id,
+        "object": "chat.completion.chunk",
+        "created": env.created,
+        "model": env.model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    body.update(extra)
+    return body
+
+
+TOOL_ARGUMENT_PIECE = 48  # characters of arguments per streamed tool-call delta
+
+
+def tool_call_deltas(calls: list[dict[str, Any]]) -> Iterable[dict[str, Any]]:
+    """Streamed tool calls as OpenAI sends them: the call's id and name first, then its
+    arguments in pieces, each delta naming the call's ``index``."""
+    for i, call in enumerate(calls):
+        fn = call.get("function") or {}
+        yield {
+            "tool_calls": [
+                {
+                    "index": i,
+                    "id": call.get("id"),
+                    "type": "function",
+                    "function": {"name": fn.get("name"), "arguments": ""},
+                }
+            ]
+        }
+        arguments = str(fn.get("arguments") or "")
+        for start in range(0, len(arguments), TOOL_ARGUMENT_PIECE):
+            piece = arguments[start : start + TOOL_ARGUMENT_PIECE]
+            yield {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
+
+
+DONE = bridge.sse("[DONE]")
+
+
+async def stream_run(
+    request: HttpRequest, started: bridge.Started, env: Envelope
+) -> AsyncGenerator[bytes, None]:
+    yield bridge.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
+    final: Any = None
+    async for update in bridge.follow_run(started.run):
+        if update.kind == "event":
+            assert update.event is not None
+            info = bridge.progress(update.event)
+            if info is not None:
+                yield bridge.sse(_chunk(env, {}, conductor=info))
+        elif update.kind == "keepalive":
+            yield bridge.SSE_KEEPALIVE
+        else:
+            final = update.run
+    await bridge.count_tokens(started.key, final)
+    conductor = bridge.conductor_info(request, final, started.target)
+    error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
+    if error is not None:
+        yield bridge.sse(error.body())
+        yield DONE
+        return
+    usage = _usage(final)
+    answer = await sync_to_async(bridge.final_answer)(final)
+    if answer.held:
+        held = await sync_to_async(bridge.held_info)(final.id)
+        yield bridge.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
+    else:
+        if answer.text:
+            yield bridge.sse(_chunk(env, {"content": answer.text}))
+        for delta in tool_call_deltas(answer.tool_calls):
+            yield bridge.sse(_chunk(env, delta))
+        yield bridge.sse(_chunk(env, {}, answer.finish_reason, conductor={**conductor, "usage": usage}))
+    if started.req.extra.get("include_usage"):
+        yield bridge.sse(
+            {
+                "id": env.id,
+                "object": "chat.completion.chunk",
+                "created": env.created,
+                "model": env.model,
+                "system_fingerprint": None,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    yield DONE
+
+
+# --- views --------------------------------------------------------------------------------------------
+
+
+@csrf_exempt
+async def models_view(request: HttpRequest) -> HttpResponse:
+    if request.method != "GET":
+        return method_not_allowed("GET")
+    try:
+        key = await sync_to_async(bridge.authenticate)(request)
+        payload = await sync_to_async(bridge.models_payload)(key)
+    except OpenAIError as err:
+        return error_response(err)
+    return JsonResponse(payload)
+
+
+@csrf_exempt
+async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
+    if request.method != "GET":
+        return method_not_allowed("GET")
+    try:
+        key = await sync_to_async(bridge.authenticate)(request)
+        payload = await sync_to_async(bridge.models_payload)(key)
+    except OpenAIError as err:
+        return error_response(err)
+    for entry in payload["data"]:
+        if entry["id"] == model:
+            return JsonResponse(entry)
+    return error_response(
+        OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+    )
+
+
+@csrf_exempt
+async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
+    if request.method != "POST":
+        return method_not_allowed("POST")
+    try:
+        started = await sync_to_async(bridge.start_run)(request, parse_chat_request)
+    except OpenAIError as err:
+        return error_response(err)
+    run, target = started.run, started.target
+    env = Envelope(
+        id=f"chatcmpl-{run.id.hex}",
+        created=int(run.created_at.timestamp()),
+        model=target.model,
+        conductor=bridge.conductor_info(request, run, target),
+    )
+    headers = bridge.run_headers(run, env.conductor["url"])
+    if started.req.stream:
+        # The run id travels in the headers and the first chunk, which go out before the run's
+        # first event is read: a client that loses this server still knows which run it started.
+        def on_failure(exc: BaseException) -> list[bytes]:
+            return [bridge.sse(bridge.follow_failure_error(request, run, target, exc).body()), DONE]
+
+        response: HttpResponseBase = StreamingHttpResponse(
+            bridge.guarded_stream(
+                stream_run(request, started, env), is_end=lambda piece: piece == DONE, on_failure=on_failure
+            ),
+            content_type="text/event-stream",
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
+    else:
+        # A plain response cannot send its headers early: its status depends on the outcome.
+        # Whatever breaks while waiting, the answer still names the run (header and body).
+        try:
+            final = await bridge.wait_for_run(run)
+            await bridge.count_tokens(started.key, final)
+            conductor = bridge.conductor_info(request, final, target)
+            error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
+            if final.answer_held:
+                conductor["held"] = await sync_to_async(bridge.held_info)(final.id)
+            if error is not None:
+                response = error_response(error)
+            else:
+                answer = await sync_to_async(bridge.final_answer)(final)
+                response = JsonResponse(
+                    completion_body(Envelope(env.id, env.created, env.model, conductor), final, answer)
+                )
+        except Exception as exc:
+            response = error_response(bridge.follow_failure_error(request, run, target, exc))
+    for name, value in headers.items():
+        response[name] = value
+    return response

@@ -1,0 +1,351 @@
+"""Anthropic Messages (``POST /v1/messages``) on the run bridge.
+
+The Anthropic SDK and the tools built on it drop in: ``x-api-key`` (or bearer) auth, the
+``anthropic-version`` header accepted, Anthropic's request and response shapes, its streaming
+event sequence (``message_start`` … ``message_stop``) and its error shape, plain and as an
+``error`` event. A message is a run like any other: same policy, budget, audit, review hold and
+live graph (``conductor`` field, ``X-Conductor-Run`` header). A held answer has no text and
+``stop_reason: "refusal"`` with the held rules under ``conductor.held``.
+
+Tools (``tools``, ``tool_choice``, ``tool_use`` / ``tool_result`` blocks) are refused with a 400
+naming them: use ``/v1/chat/completions`` or ``/v1/responses`` for tool calling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from apps.api.v1 import bridge
+from apps.api.v1.chat import parse_response_format
+from apps.api.v1.errors import OpenAIError, error_body, error_response, method_not_allowed
+from apps.engine.generation import GenerationOptions, ResponseFormat
+
+SHAPE = "anthropic"
+KNOWN_PARAMS = {
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "stop_sequences",
+    "temperature",
+    "top_p",
+    "metadata",
+    "stream",
+    "output_config",  # its JSON-schema ``format`` only
+}
+REFUSED = {
+    "tools": "tool calling is not available on /v1/messages; use /v1/chat/completions or /v1/responses",
+    "tool_choice": "tool calling is not available on /v1/messages; use /v1/chat/completions or /v1/responses",
+    "top_k": "not every worker provider supports it",
+    "thinking": "extended thinking is set by the conductor preset (conductor-mini / conductor-ultra)",
+    "container": "code execution containers are not available",
+    "mcp_servers": "MCP servers are not available",
+    "service_tier": "there is one tier here",
+}
+# Neutral values of refused parameters: sent by some clients and harmless.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None,),
+    "top_k": (None,),
+    "thinking": (None, {"type": "disabled"}),
+    "container": (None,),
+    "mcp_servers": (None, []),
+    "service_tier": (None, "auto", "standard_only"),
+}
+MAX_STOP_SEQUENCES = 8
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+    return OpenAIError(400, message, param=param, code=code)
+
+
+def _text(content: Any, param: str) -> str:
+    """A string, or a list of ``text`` blocks; anything else (image, document, tool blocks) is
+    refused by name."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad("Content must be a string or a list of content blocks.", param, "invalid_type")
+    parts = []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            raise _bad(
+                f"Content blocks of type {kind!r} are not supported here: only 'text' blocks.",
+                f"{param}.{j}.type",
+                "unsupported_parameter",
+            )
+        if not isinstance(block.get("text"), str):
+            raise _bad("A text block needs a string 'text'.", f"{param}.{j}.text")
+        parts.append(block["text"])
+    return "\n".join(parts)
+
+
+def _messages(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        raise _bad("messages: at least one message is required.", "messages")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise _bad(f"messages.{i}.role: expected 'user' or 'assistant'.", f"messages.{i}.role")
+        out.append(
+            {"role": message["role"], "content": _text(message.get("content"), f"messages.{i}.content")}
+        )
+    if not any(m["role"] == "user" and m["content"].strip() for m in out):
+        raise _bad("messages: at least one user message with text is required.", "messages")
+    return out
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
+    ):
+        raise _bad(f"{name}: must be a number between {low:g} and {high:g}.", name)
+    return float(value) if value is not None else None
+
+
+def _output_format(value: Any) -> ResponseFormat | None:
+    """``output_config.format`` (structured outputs): a JSON schema the answer must match."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("output_config: must be an object.", "output_config", "invalid_type")
+    other = sorted(set(value) - {"format"})
+    if other:
+        raise _bad(
+            f"output_config.{other[0]}: not supported (only 'format' is).",
+            f"output_config.{other[0]}",
+            "unsupported_parameter",
+        )
+    fmt = value.get("format")
+    if fmt is None:
+        return None
+    if (
+        not isinstance(fmt, dict)
+        or fmt.get("type") != "json_schema"
+        or not isinstance(fmt.get("schema"), dict)
+    ):
+        raise _bad(
+            "output_config.format: must be {'type': 'json_schema', 'schema': {...}}.", "output_config.format"
+        )
+    return parse_response_format(
+        {"type": "json_schema", "json_schema": {"schema": fmt["schema"], "strict": True}},
+        "output_config.format",
+    )
+
+
+def parse_messages_request(raw: bytes) -> bridge.RunRequest:
+    """Validate a Messages body into the bridge's ``RunRequest``. Raises OpenAIError."""
+    try:
+        from conductor_web.input_limits import safe_json_loads
+
+        body = safe_json_loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    for name in ("model", "messages", "max_tokens"):
+        if name not in body:
+            raise _bad(f"{name}: Field required", name, "missing_required_parameter")
+    for name, neutral in NEUTRAL.items():
+        if name in body and body[name] not in neutral:
+            raise OpenAIError(
+                400, f"{name}: not supported: {REFUSED[name]}.", param=name, code="unsupported_parameter"
+            )
+    unknown = sorted(set(body) - KNOWN_PARAMS - set(NEUTRAL))
+    if unknown:
+        raise _bad(f"{unknown[0]}: Extra inputs are not permitted", unknown[0], "unknown_parameter")
+    max_tokens = body["max_tokens"]
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise _bad("max_tokens: must be a positive integer.", "max_tokens")
+    stop = body.get("stop_sequences") or []
+    if (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise _bad(
+            f"stop_sequences: must be a list of up to {MAX_STOP_SEQUENCES} non-empty strings.",
+            "stop_sequences",
+        )
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise _bad("stream: must be a boolean.", "stream", "invalid_type")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _bad("metadata: must be an object.", "metadata", "invalid_type")
+    user_id = (metadata or {}).get("user_id")
+    if user_id is not None and not isinstance(user_id, str):
+        raise _bad("metadata.user_id: must be a string.", "metadata.user_id", "invalid_type")
+    unknown_meta = sorted(set(metadata or {}) - {"user_id"})
+    if unknown_meta:
+        raise _bad(
+            f"metadata.{unknown_meta[0]}: Extra inputs are not permitted", f"metadata.{unknown_meta[0]}"
+        )
+    system = body.get("system")
+    system_text = _text(system, "system") if system is not None else ""
+    turns = _messages(body["messages"])
+    messages = ([{"role": "system", "content": system_text}] if system_text else []) + turns
+    options = GenerationOptions(
+        max_tokens=max_tokens,
+        stop=tuple(stop),
+        temperature=_number(body, "temperature", 0, 1),
+        top_p=_number(body, "top_p", 0, 1),
+        response_format=_output_format(body.get("output_config")),
+    )
+    return bridge.RunRequest(
+        model=body["model"],
+        question=bridge.question_from_turns(messages),
+        messages=messages,
+        options=options,
+        stream=bool(body.get("stream")),
+        metadata={"user_id": user_id[:256]} if user_id else {},
+        extra={"stop_sequences": tuple(stop)},
+        keep={"api": "messages"},
+    )
+
+
+# --- answers -----------------------------------------------------------------------------------------
+
+
+def _msg_id(run: Any) -> str:
+    return f"msg_{run.id.hex}"
+
+
+def shape_answer(answer: bridge.FinalAnswer, stops: tuple[str, ...]) -> tuple[str, str, str | None]:
+    """(text, stop_reason, stop_sequence). A worker whose provider ignored a stop sequence is cut
+    here, so the client sees Anthropic's semantics whichever provider wrote the answer."""
+    if answer.held:
+        return "", "refusal", None
+    text = answer.text or ""
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if hits:
+        at, seq = min(hits)
+        return text[:at], "stop_sequence", seq
+    return text, ("max_tokens" if answer.finish_reason == "length" else "end_turn"), None
+
+
+def message_body(
+    run: Any,
+    model: str,
+    text: str,
+    stop_reason: str | None,
+    stop_sequence: str | None,
+    conductor: dict[str, Any],
+) -> dict[str, Any]:
+    used = bridge.usage(run)
+    return {
+        "id": _msg_id(run),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if text else [],
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        "conductor": conductor,
+    }
+
+
+async def outcome(
+    request: HttpRequest, started: bridge.Started, final: Any
+) -> tuple[dict[str, Any], str, str | None, str | None, OpenAIError | None]:
+    """(conductor, text, stop_reason, stop_sequence, error) for the run as it ended."""
+    await bridge.count_tokens(started.key, final)
+    conductor = bridge.conductor_info(request, final, started.target)
+    error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
+    if final.answer_held:
+        conductor["held"] = await sync_to_async(bridge.held_info)(final.id)
+    if error is not None:
+        if error.param == "response_format":
+            error.param = "output_config.format"  # this protocol's name for it
+        return conductor, "", None, None, error
+    answer = await sync_to_async(bridge.final_answer)(final)
+    text, reason, seq = shape_answer(answer, started.req.extra.get("stop_sequences") or ())
+    return conductor, text, reason, seq, None
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return bridge.sse({"type": kind, **fields}, event=kind)
+
+
+PING = _event("ping")
+MESSAGE_STOP = _event("message_stop")
+
+
+async def stream_message(request: HttpRequest, started: bridge.Started) -> AsyncGenerator[bytes, None]:
+    run, model = started.run, started.target.model
+    conductor = bridge.conductor_info(request, run, started.target)
+    start = message_body(run, model, "", None, None, conductor)
+    start["usage"] = {"input_tokens": 0, "output_tokens": 0}
+    yield _event("message_start", message=start)
+    yield PING
+    final: Any = None
+    async for update in bridge.follow_run(run):
+        if update.kind == "keepalive":
+            yield PING
+        elif update.kind == "final":
+            final = update.run
+    conductor, text, reason, seq, error = await outcome(request, started, final)
+    if error is not None:
+        yield _event("error", **{k: v for k, v in error_body(error, SHAPE).items() if k != "type"})
+        return
+    if text:
+        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+        yield _event("content_block_stop", index=0)
+    used = bridge.usage(final)
+    yield _event(
+        "message_delta",
+        delta={"stop_reason": reason, "stop_sequence": seq},
+        usage={"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        conductor=conductor,
+    )
+    yield MESSAGE_STOP
+
+
+def _ends(piece: bytes) -> bool:
+    return piece == MESSAGE_STOP or piece.startswith(b"event: error\n")
+
+
+@csrf_exempt
+async def messages_view(request: HttpRequest) -> HttpResponseBase:
+    if request.method != "POST":
+        return method_not_allowed("POST", shape=SHAPE)
+    try:
+        started = await sync_to_async(bridge.start_run)(request, parse_messages_request)
+    except OpenAIError as err:
+        return error_response(err, shape=SHAPE)
+    run, target = started.run, started.target
+    headers = bridge.run_headers(run, bridge.run_url(request, run.id))
+    response: HttpResponseBase
+    if started.req.stream:
+
+        def on_failure(exc: BaseException) -> list[bytes]:
+            body = error_body(bridge.follow_failure_error(request, run, target, exc), SHAPE)
+            return [_event("error", **{k: v for k, v in body.items() if k != "type"})]
+
+        response = StreamingHttpResponse(
+            bridge.guarded_stream(stream_message(request, started), is_end=_ends, on_failure=on_failure),
+            content_type="text/event-stream",
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        try:
+            final = await bridge.wait_for_run(run)
+            conductor, text, reason, seq, error = await outcome(request, started, final)
+            if error is not None:
+                response = error_response(error, shape=SHAPE)
+            else:
+                response = JsonResponse(message_body(final, target.model, text, reason, seq, conductor))
+        except Exception as exc:
+            response = error_response(bridge.follow_failure_error(request, run, target, exc), shape=SHAPE)
+    for name, value in headers.items():
+        response[name] = value
+    return response

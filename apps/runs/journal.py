@@ -1,0 +1,143 @@
+"""Resume journal (issue 14): a re-queued run continues after its last completed call.
+
+Every provider call a run makes (the conductor's planning, each step, a verifier) is written to
+`RunCall` the moment it returns, keyed by what was asked: the worker, the exact messages and the
+generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
+the engine is deterministic given the same answers, so it asks the same questions in the same
+shape, and each one already answered is served from the journal — no provider call, billed once
+(the run's totals are reset at re-queue and the replayed usage counted again exactly once). The
+first call that was in flight when the executor died, and everything after it, go to the
+provider as usual. A journal row is only a cache of real answers, so fencing it is unnecessary.
+
+The journal holds model output like `Step` rows do; it is deleted when the run ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+from collections import defaultdict, deque
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+
+from apps.engine.types import Usage, WorkerResult
+from apps.runs.models import RunCall
+
+logger = logging.getLogger(__name__)
+
+# Per-call options that change nothing about the answer (so they don't key the journal).
+_NOT_KEYED = {"timeout", "on_delta"}
+
+
+def call_digest(worker_key: str, messages: Any, options: dict[str, Any]) -> str:
+    keyed = {k: v for k, v in options.items() if k not in _NOT_KEYED and v is not None}
+    blob = json.dumps([worker_key, messages, keyed], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def result_to_json(result: WorkerResult) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, Usage):
+            value = value.to_dict()
+        elif isinstance(value, Decimal):
+            value = str(value)
+        out[f.name] = value
+    return out
+
+
+def result_from_json(data: dict[str, Any]) -> WorkerResult:
+    known = {f.name for f in dataclasses.fields(WorkerResult)}
+    values = {k: v for k, v in data.items() if k in known}
+    values["usage"] = Usage(**values.get("usage", {}))
+    cost = values.get("cost_usd")
+    values["cost_usd"] = Decimal(cost) if cost is not None else None
+    values["replayed"] = True
+    return WorkerResult(**values)
+
+
+class CallJournal:
+    """The run's journal, loaded once per attempt; lookups pop so a call asked twice in one run
+    is replayed twice only if it was answered twice."""
+
+    def __init__(self, run_id: UUID | str, attempt: int) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self._lock = threading.Lock()
+        self._answers: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
+        for digest, result in (
+            RunCall.objects.filter(run_id=run_id).order_by("id").values_list("digest", "result")
+        ):
+            self._answers[digest].append(result)
+        self.loaded = sum(len(q) for q in self._answers.values())
+        self.replayed = 0
+
+    def take(self, digest: str) -> WorkerResult | None:
+        with self._lock:
+            queue = self._answers.get(digest)
+            if not queue:
+                return None
+            self.replayed += 1
+            return result_from_json(queue.popleft())
+
+    def record(self, digest: str, worker_key: str, result: WorkerResult) -> None:
+        """Called on the provider call's own thread: a short autocommit insert on that thread's
+        connection, closed afterwards because the thread ends with the call."""
+        try:
+            RunCall.objects.create(
+                run_id=self.run_id,
+                digest=digest,
+                worker_key=worker_key[:100],
+                attempt=self.attempt,
+                result=result_to_json(result),
+            )
+        except Exception:
+            # A lost journal row costs a repeated call on resume, never the run itself.
+            logger.exception("run %s: could not journal a call of %s", self.run_id, worker_key)
+        finally:
+            if not connection.in_atomic_block:
+                connection.close()
+
+
+class JournaledWorker:
+    """A pool worker whose answers are journaled, and replayed on a resumed attempt."""
+
+    def __init__(self, inner: Any, journal: CallJournal) -> None:
+        self.inner = inner
+        self.info = inner.info
+        self.journal = journal
+
+    def complete(self, messages: Any, **options: Any) -> WorkerResult:
+        digest = call_digest(self.info.key, messages, options)
+        replay = self.journal.take(digest)
+        if replay is not None:
+            on_delta = options.get("on_delta")
+            if on_delta is not None and replay.text:
+                on_delta(replay.text)  # a live viewer still sees the text arrive
+            return replay
+        result: WorkerResult = self.inner.complete(messages, **options)
+        self.journal.record(digest, self.info.key, result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def journal_pool(engine_pool: Any, journal: CallJournal) -> Any:
+    """Wrap every worker of the engine pool (and its conductor) in the run's journal."""
+    engine_pool.workers = [JournaledWorker(w, journal) for w in engine_pool.workers]
+    if engine_pool.conductor is not None:
+        engine_pool.conductor = JournaledWorker(engine_pool.conductor, journal)
+    return engine_pool
+
+
+def forget(run_id: UUID | str) -> None:
+    """The run ended: its journal is no longer needed (and holds model output)."""
+    RunCall.objects.filter(run_id=run_id).delete()

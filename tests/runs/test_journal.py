@@ -1,0 +1,95 @@
+"""The resume journal (issue 14): a completed call is written when it returns and replayed, not
+re-asked, by the run's next attempt; the killed-process tests in tests/faults/test_run_survival.py
+prove it end to end."""
+
+from __future__ import annotations
+
+import threading
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from apps.audit.services import run_payload_erase
+from apps.engine.types import Usage, WorkerInfo, WorkerResult
+from apps.runs.journal import CallJournal, JournaledWorker, call_digest, forget
+from apps.runs.models import RunCall
+from tests.factories.runs import RunFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class CountingWorker:
+    """An in-process worker double: the journal wraps any engine worker, this one counts calls."""
+
+    def __init__(self) -> None:
+        self.info = WorkerInfo(key="w1", name="W1", model="m", provider="test")
+        self.calls: list[list[dict[str, str]]] = []
+
+    def complete(self, messages: Any, **options: Any) -> WorkerResult:
+        self.calls.append(messages)
+        return WorkerResult(
+            text=f"answer {len(self.calls)}",
+            usage=Usage(11, 4),
+            latency_ms=3.0,
+            model="m",
+            cost_usd=Decimal("0.0012"),
+            priced=True,
+        )
+
+
+def _in_thread(fn: Any) -> Any:
+    """Engine calls run on their own threads; so does this one (the journal closes its connection)."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()))
+    t.start()
+    t.join(10)
+    return box[0]
+
+
+def test_completed_call_is_replayed_by_the_next_attempt_without_asking_again(
+    run_pool: Any, owner: Any, alpha: Any
+) -> None:
+    run = RunFactory(team=alpha, pool=run_pool.pool, created_by=owner)
+    inner = CountingWorker()
+    q = [{"role": "user", "content": "Q"}]
+    first = JournaledWorker(inner, CallJournal(run.id, attempt=1))
+    original = _in_thread(lambda: first.complete(q, max_tokens=50, timeout=5.0))
+    assert len(inner.calls) == 1 and RunCall.objects.filter(run=run).count() == 1
+
+    second = JournaledWorker(inner, CallJournal(run.id, attempt=2))
+    deltas: list[str] = []
+    replayed = second.complete(q, max_tokens=50, timeout=1.0, on_delta=deltas.append)
+    assert len(inner.calls) == 1  # not asked again
+    assert replayed.replayed and not original.replayed
+    assert (replayed.text, replayed.usage, replayed.cost_usd) == (
+        original.text,
+        original.usage,
+        original.cost_usd,
+    )
+    assert deltas == [original.text]  # live viewers still see the text
+
+    # A different question, or different options, is a different call; a repeat is asked anew.
+    _in_thread(lambda: second.complete(q, max_tokens=60, timeout=1.0))
+    _in_thread(lambda: second.complete(q, max_tokens=50, timeout=1.0))
+    assert len(inner.calls) == 3
+
+
+def test_digest_ignores_timeouts_but_not_what_shapes_the_answer() -> None:
+    q = [{"role": "user", "content": "Q"}]
+    assert call_digest("w", q, {"timeout": 1}) == call_digest("w", q, {"timeout": 9, "on_delta": print})
+    assert call_digest("w", q, {}) != call_digest("w2", q, {})
+    assert call_digest("w", q, {"json_schema": {"type": "object"}}) != call_digest("w", q, {})
+
+
+def test_journal_goes_when_the_run_ends_or_is_erased(run_pool: Any, owner: Any, alpha: Any) -> None:
+    run = RunFactory(team=alpha, pool=run_pool.pool, created_by=owner)
+    worker = JournaledWorker(CountingWorker(), CallJournal(run.id, attempt=1))
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "secret text"}]))
+    assert RunCall.objects.filter(run=run).exists()
+    forget(run.id)
+    assert not RunCall.objects.filter(run=run).exists()
+
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "secret text 2"}]))
+    assert run_payload_erase(run=run)
+    assert not RunCall.objects.filter(run=run).exists()
