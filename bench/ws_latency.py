@@ -241,7 +241,6 @@ async def burst(base: str, cookie: str, pool: Any, n: int, runs: int) -> dict[st
         "handshake_p50_s": round(statistics.median(hs), 3) if hs else None,
         "handshake_p95_s": round(hs[min(len(hs) - 1, int(len(hs) * 0.95))], 3) if hs else None,
         "handshake_max_s": round(hs[-1], 3) if hs else None,
-        "all_connected_within_s": round(hs[-1], 3) if hs else None,
         "every_event_to_the_end_no_gaps": len(complete),
         "wall_s": round(wall, 1),
     }

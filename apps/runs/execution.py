@@ -268,8 +268,11 @@ class FencedSink:
     """Wraps the RunSink: drops events once another executor owns the run (fencing), and
     shifts `seq` past the events of earlier attempts so a re-queued run's log continues."""
 
-    def __init__(self, inner: Any, *, run_id: UUID | str, owner: str, seq_offset: int) -> None:
+    def __init__(
+        self, inner: Any, *, run_id: UUID | str, owner: str, seq_offset: int, journal: Any = None
+    ) -> None:
         self.inner = inner
+        self.journal = journal
         self.run_id = run_id
         self.owner = owner
         self.seq_offset = seq_offset
@@ -279,6 +282,8 @@ class FencedSink:
         if event.type != "step.delta" and not _still_owner(self.run_id, self.owner):
             self.dropped += 1
             return
+        if self.journal is not None and event.type != "step.delta":
+            self.journal.flush()  # the answers this event reports are journaled before it
         if self.seq_offset:
             event = dataclasses.replace(event, seq=event.seq + self.seq_offset)
         self.inner.emit(event)
@@ -310,7 +315,9 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
         question=run.question or _replay_question(run),
         pool=engine_pool,
         strategy=strategy,
-        sink=FencedSink(RunSink(run), run_id=run.id, owner=cancel.owner, seq_offset=run.last_seq),
+        sink=FencedSink(
+            RunSink(run), run_id=run.id, owner=cancel.owner, seq_offset=run.last_seq, journal=journal
+        ),
         hooks=integration.governance_hooks(run.team, policy, str(run.id)),
         cancel=cancel,  # type: ignore[arg-type]  # duck-typed CancelToken
         limits=limits,

@@ -1,8 +1,8 @@
 """Resume journal (issue 14): a re-queued run continues after its last completed call.
 
 Every provider call a run makes (the conductor's planning, each step, a verifier) is written to
-`RunCall` the moment it returns, keyed by what was asked: the worker, the exact messages and the
-generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
+`RunCall` on the run's thread just before the event that reports it (`CallJournal.flush`), keyed
+by what was asked: the worker, the exact messages and the generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
 the engine is deterministic given the same answers, so it asks the same questions in the same
 shape, and each one already answered is served from the journal — no provider call, billed once
 (the run's totals are reset at re-queue and the replayed usage counted again exactly once). The
@@ -17,19 +17,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import threading
 from collections import defaultdict, deque
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
-
 from apps.engine.types import Usage, WorkerResult
 from apps.runs.models import RunCall
-
-logger = logging.getLogger(__name__)
 
 # Per-call options that change nothing about the answer (so they don't key the journal).
 _NOT_KEYED = {"timeout", "on_delta"}
@@ -77,33 +72,35 @@ class CallJournal:
         ):
             self._answers[digest].append(result)
         self.loaded = sum(len(q) for q in self._answers.values())
-        self.replayed = 0
+        self._pending: list[RunCall] = []
 
     def take(self, digest: str) -> WorkerResult | None:
         with self._lock:
             queue = self._answers.get(digest)
             if not queue:
                 return None
-            self.replayed += 1
             return result_from_json(queue.popleft())
 
     def record(self, digest: str, worker_key: str, result: WorkerResult) -> None:
-        """Called on the provider call's own thread: a short autocommit insert on that thread's
-        connection, closed afterwards because the thread ends with the call."""
-        try:
-            RunCall.objects.create(
-                run_id=self.run_id,
-                digest=digest,
-                worker_key=worker_key[:100],
-                attempt=self.attempt,
-                result=result_to_json(result),
+        """Called on the provider call's own thread: queued, not written there (that thread has
+        no connection and ends with the call). The run's thread writes it with its next event."""
+        with self._lock:
+            self._pending.append(
+                RunCall(
+                    run_id=self.run_id,
+                    digest=digest,
+                    worker_key=worker_key[:100],
+                    attempt=self.attempt,
+                    result=result_to_json(result),
+                )
             )
-        except Exception:
-            # A lost journal row costs a repeated call on resume, never the run itself.
-            logger.exception("run %s: could not journal a call of %s", self.run_id, worker_key)
-        finally:
-            if not connection.in_atomic_block:
-                connection.close()
+
+    def flush(self) -> None:
+        """Write the queued answers (on the run's thread, before the event that reports them)."""
+        with self._lock:
+            rows, self._pending = self._pending, []
+        if rows:
+            RunCall.objects.bulk_create(rows)
 
 
 class JournaledWorker:

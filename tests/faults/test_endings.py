@@ -155,6 +155,15 @@ class HeldSolver:
             assert self.held.acquire(timeout=CLIENT_TIMEOUT_S), "a run never reached its solver step"
 
 
+@pytest.fixture
+def held(conductor_fake: Any) -> Iterator[HeldSolver]:
+    """The fake provider plays a HeldSolver; released at teardown so no call outlives the test."""
+    solver = HeldSolver()
+    conductor_fake.server.responder = solver
+    yield solver
+    solver.release.set()
+
+
 class PlainClient(threading.Thread):
     def __init__(self, url: str, key: str) -> None:
         super().__init__(daemon=True)
@@ -242,10 +251,8 @@ def assert_truthful_success(plain: PlainClient, stream: StreamClient) -> None:
 
 
 def test_redis_going_down_while_clients_wait_still_gives_both_their_answer(
-    proxied_server: ProxiedServer, conductor_fake: Any, api_key: tuple[Any, str]
+    proxied_server: ProxiedServer, held: HeldSolver, api_key: tuple[Any, str]
 ) -> None:
-    held = HeldSolver()
-    conductor_fake.server.responder = held
     _key, plaintext = api_key
     plain, stream = start_waiting_clients(proxied_server, plaintext, held)
 
@@ -264,12 +271,10 @@ def test_redis_going_down_while_clients_wait_still_gives_both_their_answer(
 
 @pytest.mark.distributed
 def test_redis_hanging_while_clients_wait_still_gives_both_their_answer(
-    proxied_server: ProxiedServer, conductor_fake: Any, api_key: tuple[Any, str]
+    proxied_server: ProxiedServer, held: HeldSolver, api_key: tuple[Any, str]
 ) -> None:
     # Distributed only: in the embedded mode the run's own event publishing would wait on the
     # hung Redis too (that is the sink's timeout, not the client's ending under test).
-    held = HeldSolver()
-    conductor_fake.server.responder = held
     _key, plaintext = api_key
     plain, stream = start_waiting_clients(proxied_server, plaintext, held)
 
@@ -281,10 +286,8 @@ def test_redis_hanging_while_clients_wait_still_gives_both_their_answer(
 
 
 def test_run_deleted_while_clients_wait_ends_both_with_an_error_naming_the_run(
-    proxied_server: ProxiedServer, conductor_fake: Any, api_key: tuple[Any, str]
+    proxied_server: ProxiedServer, held: HeldSolver, api_key: tuple[Any, str]
 ) -> None:
-    held = HeldSolver()
-    conductor_fake.server.responder = held
     _key, plaintext = api_key
     plain, stream = start_waiting_clients(proxied_server, plaintext, held)
 
@@ -312,11 +315,9 @@ def test_run_deleted_while_clients_wait_ends_both_with_an_error_naming_the_run(
 
 @pytest.mark.distributed
 def test_streaming_client_knows_its_run_before_the_server_dies(
-    proxied_server: ProxiedServer, conductor_fake: Any, api_key: tuple[Any, str]
+    proxied_server: ProxiedServer, held: HeldSolver, api_key: tuple[Any, str]
 ) -> None:
     # Distributed: the run lives on in Celery after its web process is SIGKILLed.
-    held = HeldSolver()
-    conductor_fake.server.responder = held
     _key, plaintext = api_key
     stream = StreamClient(proxied_server.url, plaintext)
     stream.start()

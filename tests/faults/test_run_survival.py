@@ -36,9 +36,9 @@ from apps.runs.models import Run, RunCall, RunDispatch, RunEvent, RunStatus
 from tests.factories.runs import RunFactory, StepFactory
 from tests.faults.proxy import TcpProxy
 from tests.fixtures.core import (
-    ROOT,
     LiveServer,
     _stop,
+    start_celery_worker,
     start_daphne,
     subprocess_env,
 )
@@ -71,41 +71,15 @@ class Procs:
         return server
 
     def worker(self, **extra: str) -> subprocess.Popen[bytes]:
-        log = self.tmp / f"celery-{len(self.started)}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "conductor_web",
-                    "worker",
-                    "-l",
-                    "info",
-                    "-Q",
-                    self.queue,
-                    "--pool",
-                    "threads",
-                    "--concurrency",
-                    "2",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-n",
-                    f"survival-{uuid.uuid4().hex[:6]}@%h",
-                ],
-                cwd=ROOT,
-                env=self.env(**extra),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.started.append(proc)
-        poll_until(
-            lambda: proc.poll() is not None or b"ready." in log.read_bytes(), 60, "celery worker ready"
+        proc = start_celery_worker(
+            self.tmp / f"celery-{len(self.started)}.log",
+            self.env(**extra),
+            queue=self.queue,
+            name=f"survival-{uuid.uuid4().hex[:6]}",
+            concurrency=2,
+            extra_args=("--without-heartbeat",),
         )
-        if proc.poll() is not None:
-            raise RuntimeError(f"celery worker exited:\n{log.read_text()[-3000:]}")
+        self.started.append(proc)
         return proc
 
     def logs(self) -> str:

@@ -39,7 +39,7 @@ class CountingWorker:
 
 
 def _in_thread(fn: Any) -> Any:
-    """Engine calls run on their own threads; so does this one (the journal closes its connection)."""
+    """Engine calls run on their own threads; so does this one (the run's thread flushes)."""
     box: list[Any] = []
     t = threading.Thread(target=lambda: box.append(fn()))
     t.start()
@@ -53,8 +53,11 @@ def test_completed_call_is_replayed_by_the_next_attempt_without_asking_again(
     run = RunFactory(team=alpha, pool=run_pool.pool, created_by=owner)
     inner = CountingWorker()
     q = [{"role": "user", "content": "Q"}]
-    first = JournaledWorker(inner, CallJournal(run.id, attempt=1))
+    journal = CallJournal(run.id, attempt=1)
+    first = JournaledWorker(inner, journal)
     original = _in_thread(lambda: first.complete(q, max_tokens=50, timeout=5.0))
+    assert not RunCall.objects.filter(run=run).exists()  # written by the run's thread, with its event
+    journal.flush()
     assert len(inner.calls) == 1 and RunCall.objects.filter(run=run).count() == 1
 
     second = JournaledWorker(inner, CallJournal(run.id, attempt=2))
@@ -84,12 +87,16 @@ def test_digest_ignores_timeouts_but_not_what_shapes_the_answer() -> None:
 
 def test_journal_goes_when_the_run_ends_or_is_erased(run_pool: Any, owner: Any, alpha: Any) -> None:
     run = RunFactory(team=alpha, pool=run_pool.pool, created_by=owner)
-    worker = JournaledWorker(CountingWorker(), CallJournal(run.id, attempt=1))
+    journal = CallJournal(run.id, attempt=1)
+    worker = JournaledWorker(CountingWorker(), journal)
     _in_thread(lambda: worker.complete([{"role": "user", "content": "secret text"}]))
+    journal.flush()
     assert RunCall.objects.filter(run=run).exists()
     forget(run.id)
     assert not RunCall.objects.filter(run=run).exists()
 
     _in_thread(lambda: worker.complete([{"role": "user", "content": "secret text 2"}]))
+    journal.flush()
+    assert RunCall.objects.filter(run=run).exists()
     assert run_payload_erase(run=run)
     assert not RunCall.objects.filter(run=run).exists()

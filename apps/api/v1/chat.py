@@ -22,7 +22,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.v1 import bridge
-from apps.api.v1.errors import OpenAIError, error_response, method_not_allowed
+from apps.api.v1.errors import (
+    BodyRules,
+    OpenAIError,
+    bad_param,
+    error_response,
+    json_body,
+    method_not_allowed,
+)
 from apps.engine.generation import GenerationOptions, ResponseFormat
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -80,8 +87,7 @@ REFUSAL_REASONS = {
 }
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
+BODY_RULES = BodyRules(("model", "messages"), frozenset(KNOWN_PARAMS), NEUTRAL_VALUES, REFUSAL_REASONS)
 
 
 # --- request validation ----------------------------------------------------------------------------
@@ -96,18 +102,18 @@ def _text_content(content: Any, index: int, role: str) -> str:
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") not in ("text", "refusal"):
-                raise _bad(
+                raise bad_param(
                     "Only text content parts ({'type': 'text', 'text': …}) are supported.",
                     f"messages[{index}].content[{j}]",
                 )
             key = "text" if part.get("type") == "text" else "refusal"
             if not isinstance(part.get(key), str):
-                raise _bad(
+                raise bad_param(
                     f"A {part.get('type')} part needs a string '{key}'.", f"messages[{index}].content[{j}]"
                 )
             parts.append(part[key])
         return "\n".join(parts)
-    raise _bad(
+    raise bad_param(
         "Message content must be a string or a list of text parts.",
         f"messages[{index}].content",
         "invalid_type",
@@ -117,7 +123,7 @@ def _text_content(content: Any, index: int, role: str) -> str:
 def _tool_calls(value: Any, index: int) -> list[dict[str, Any]]:
     param = f"messages[{index}].tool_calls"
     if not isinstance(value, list):
-        raise _bad("'tool_calls' must be an array.", param, "invalid_type")
+        raise bad_param("'tool_calls' must be an array.", param, "invalid_type")
     calls = []
     for j, call in enumerate(value):
         fn = call.get("function") if isinstance(call, dict) else None
@@ -129,7 +135,7 @@ def _tool_calls(value: Any, index: int) -> list[dict[str, Any]]:
             or not isinstance(fn.get("name"), str)
             or not isinstance(fn.get("arguments", ""), str)
         ):
-            raise _bad(
+            raise bad_param(
                 "Each tool call needs 'id', 'type': 'function' and 'function': {'name', 'arguments'}.",
                 f"{param}[{j}]",
             )
@@ -146,25 +152,25 @@ def _tool_calls(value: Any, index: int) -> list[dict[str, Any]]:
 def parse_messages(messages: Any) -> list[dict[str, Any]]:
     """Chat messages, validated and normalised (text content; tool calls and results kept)."""
     if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' must be a non-empty array.", "messages")
+        raise bad_param("'messages' must be a non-empty array.", "messages")
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _bad("Each message must be an object.", f"messages[{i}]", "invalid_type")
+            raise bad_param("Each message must be an object.", f"messages[{i}]", "invalid_type")
         role = message.get("role")
         if role not in MESSAGE_ROLES:
-            raise _bad(
+            raise bad_param(
                 f"Invalid role {role!r}; expected one of {', '.join(sorted(MESSAGE_ROLES))}.",
                 f"messages[{i}].role",
             )
         normal: dict[str, Any] = {"role": role, "content": _text_content(message.get("content"), i, role)}
         if message.get("tool_calls") is not None:
             if role != "assistant":
-                raise _bad("Only assistant messages carry 'tool_calls'.", f"messages[{i}].tool_calls")
+                raise bad_param("Only assistant messages carry 'tool_calls'.", f"messages[{i}].tool_calls")
             normal["tool_calls"] = _tool_calls(message["tool_calls"], i)
         if role == "tool":
             if not isinstance(message.get("tool_call_id"), str) or not message["tool_call_id"]:
-                raise _bad(
+                raise bad_param(
                     "A tool message needs the 'tool_call_id' it answers.",
                     f"messages[{i}].tool_call_id",
                     "missing_required_parameter",
@@ -174,14 +180,14 @@ def parse_messages(messages: Any) -> list[dict[str, Any]]:
             normal["name"] = message["name"]
         out.append(normal)
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
-        raise _bad("At least one user message with text is required.", "messages")
+        raise bad_param("At least one user message with text is required.", "messages")
     return out
 
 
 def _positive_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise _bad(f"'{name}' must be a positive integer.", name)
+        raise bad_param(f"'{name}' must be a positive integer.", name)
     return value
 
 
@@ -190,7 +196,7 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> float |
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
     ):
-        raise _bad(f"'{name}' must be a number between {low:g} and {high:g}.", name)
+        raise bad_param(f"'{name}' must be a number between {low:g} and {high:g}.", name)
     return float(value) if value is not None else None
 
 
@@ -204,7 +210,7 @@ def _stop(value: Any) -> tuple[str, ...]:
         or len(value) > MAX_STOP_SEQUENCES
         or not all(isinstance(s, str) and s for s in value)
     ):
-        raise _bad(
+        raise bad_param(
             f"'stop' must be a non-empty string or an array of up to {MAX_STOP_SEQUENCES} of them.", "stop"
         )
     return tuple(value)
@@ -215,7 +221,7 @@ def parse_response_format(value: Any, param: str = "response_format") -> Respons
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _bad("'response_format' must be an object.", param, "invalid_type")
+        raise bad_param("'response_format' must be an object.", param, "invalid_type")
     kind = value.get("type")
     if kind == "text":
         return None
@@ -224,7 +230,7 @@ def parse_response_format(value: Any, param: str = "response_format") -> Respons
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise _bad(
+            raise bad_param(
                 "'response_format.json_schema.schema' must be a JSON schema object.", f"{param}.json_schema"
             )
         try:
@@ -232,34 +238,36 @@ def parse_response_format(value: Any, param: str = "response_format") -> Respons
 
             jsonschema.Draft202012Validator.check_schema(spec["schema"])
         except jsonschema.SchemaError as err:
-            raise _bad(
+            raise bad_param(
                 f"The JSON schema is invalid: {err.message[:200]}", f"{param}.json_schema.schema"
             ) from None
         name = spec.get("name") or "response"
         if not isinstance(name, str):
-            raise _bad("'response_format.json_schema.name' must be a string.", f"{param}.json_schema.name")
+            raise bad_param(
+                "'response_format.json_schema.name' must be a string.", f"{param}.json_schema.name"
+            )
         return ResponseFormat("json_schema", spec["schema"], name, bool(spec.get("strict")))
-    raise _bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'.", f"{param}.type")
+    raise bad_param("'response_format.type' must be 'text', 'json_object' or 'json_schema'.", f"{param}.type")
 
 
 def parse_tools(value: Any, param: str = "tools") -> tuple[dict[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise _bad("'tools' must be an array.", param, "invalid_type")
+        raise bad_param("'tools' must be an array.", param, "invalid_type")
     tools = []
     for i, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
-            raise _bad(
+            raise bad_param(
                 "Only function tools ({'type': 'function', 'function': {...}}) are supported.",
                 f"{param}[{i}]",
             )
         if not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise _bad("A function tool needs a 'name'.", f"{param}[{i}].function.name")
+            raise bad_param("A function tool needs a 'name'.", f"{param}[{i}].function.name")
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
-            raise _bad("'parameters' must be a JSON schema object.", f"{param}[{i}].function.parameters")
+            raise bad_param("'parameters' must be a JSON schema object.", f"{param}[{i}].function.parameters")
         tools.append({"type": "function", "function": dict(fn)})
     return tuple(tools)
 
@@ -270,11 +278,11 @@ def parse_tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> Any:
     names = {t["function"]["name"] for t in tools}
     if value in ("none", "auto", "required"):
         if value != "none" and not tools:
-            raise _bad(f"tool_choice '{value}' needs 'tools'.", "tool_choice")
+            raise bad_param(f"tool_choice '{value}' needs 'tools'.", "tool_choice")
         return value
     fn = value.get("function") if isinstance(value, dict) else None
     if not isinstance(fn, dict) or value.get("type") != "function" or fn.get("name") not in names:
-        raise _bad(
+        raise bad_param(
             "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
             "{'name': <one of the tools>}}.",
             "tool_choice",
@@ -292,65 +300,38 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
             for k, v in metadata.items()
         )
     ):
-        raise _bad("'metadata' must be an object of up to 16 string values.", "metadata")
+        raise bad_param("'metadata' must be an object of up to 16 string values.", "metadata")
     out = dict(metadata or {})
     user = body.get("user")
     if user is not None:
         if not isinstance(user, str):
-            raise _bad("'user' must be a string.", "user", "invalid_type")
+            raise bad_param("'user' must be a string.", "user", "invalid_type")
         out["user"] = user[:256]
     return out
 
 
 def parse_chat_request(raw: bytes) -> bridge.RunRequest:
     """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises OpenAIError."""
-    try:
-        from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
-
-        body = safe_json_loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
-    if "model" not in body:
-        raise _bad("'model' is required.", "model", "missing_required_parameter")
-    if "messages" not in body:
-        raise _bad("'messages' is required.", "messages", "missing_required_parameter")
-    for name, neutral in NEUTRAL_VALUES.items():
-        if name in body and body[name] not in neutral:
-            raise OpenAIError(
-                400,
-                f"'{name}' is not supported: {REFUSAL_REASONS[name]}.",
-                param=name,
-                code="unsupported_parameter",
-            )
-    unknown = sorted(set(body) - KNOWN_PARAMS - set(NEUTRAL_VALUES))
-    if unknown:
-        raise OpenAIError(
-            400,
-            f"Unrecognized request argument supplied: {unknown[0]}.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    body = json_body(raw, BODY_RULES)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean.", "stream", "invalid_type")
+        raise bad_param("'stream' must be a boolean.", "stream", "invalid_type")
     n = body.get("n")
     if n is not None and n != 1:
-        raise _bad("Only n=1 is supported: the conductor returns one answer per run.", "n")
+        raise bad_param("Only n=1 is supported: the conductor returns one answer per run.", "n")
     tier = body.get("service_tier")
     if tier not in (None, "auto", "default"):
-        raise _bad("'service_tier' must be 'auto' or 'default': there is one tier here.", "service_tier")
+        raise bad_param("'service_tier' must be 'auto' or 'default': there is one tier here.", "service_tier")
     max_tokens = _positive_int(body, "max_tokens")
     max_completion = _positive_int(body, "max_completion_tokens")
     caps = [v for v in (max_tokens, max_completion) if v is not None]
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _bad("'seed' must be an integer.", "seed")
+        raise bad_param("'seed' must be an integer.", "seed")
     tools = parse_tools(body.get("tools"))
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls", "invalid_type")
+        raise bad_param("'parallel_tool_calls' must be a boolean.", "parallel_tool_calls", "invalid_type")
     options = GenerationOptions(
         max_tokens=min(caps) if caps else None,
         stop=_stop(body.get("stop")),
@@ -363,10 +344,10 @@ def parse_chat_request(raw: bytes) -> bridge.RunRequest:
         parallel_tool_calls=parallel if tools else None,
     )
     if options.tools and options.response_format is not None:
-        raise _bad("Use either 'tools' or a JSON 'response_format', not both.", "response_format")
+        raise bad_param("Use either 'tools' or a JSON 'response_format', not both.", "response_format")
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
-        raise _bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+        raise bad_param("'stream_options' must be an object.", "stream_options", "invalid_type")
     messages = parse_messages(body.get("messages"))
     return bridge.RunRequest(
         model=body.get("model"),

@@ -9,10 +9,13 @@ answers picks the shape: ``error_response(err)`` is OpenAI's ``{"error": {"messa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.http import JsonResponse
+
+from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
 
 
 class OpenAIError(Exception):
@@ -128,3 +131,44 @@ def unknown_url_error(method: str, path: str, endpoints: list[str]) -> OpenAIErr
         f"Unknown request URL: {method} {path}. This server implements {endpoints_text(endpoints)}.",
         code="unknown_url",
     )
+
+
+def bad_param(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+    """A 400 naming the request parameter that caused it."""
+    return OpenAIError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class BodyRules:
+    """The top-level checks every /v1 adapter makes on its JSON body; the wording is the
+    protocol's own (OpenAI's sentences, or Anthropic's `field: reason`)."""
+
+    required: tuple[str, ...]
+    known: frozenset[str]
+    neutral: Mapping[str, tuple[Any, ...]]  # accepted only at these values (refused otherwise)
+    reasons: Mapping[str, str]  # why each `neutral` parameter is refused
+    missing: str = "'{name}' is required."
+    unsupported: str = "'{name}' is not supported: {reason}."
+    unknown: str = "Unrecognized request argument supplied: {name}."
+
+
+def json_body(raw: bytes, rules: BodyRules) -> dict[str, Any]:
+    """Parse a /v1 body within the input limits (size, depth, NUL) and apply `rules`: required
+    parameters, parameters refused unless neutral, and unknown ones — each a 400 naming it."""
+    try:
+        body = safe_json_loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+    for name in rules.required:
+        if name not in body:
+            raise bad_param(rules.missing.format(name=name), name, "missing_required_parameter")
+    for name, neutral in rules.neutral.items():
+        if name in body and body[name] not in neutral:
+            message = rules.unsupported.format(name=name, reason=rules.reasons[name])
+            raise bad_param(message, name, "unsupported_parameter")
+    unknown = sorted(set(body) - rules.known - set(rules.neutral))
+    if unknown:
+        raise bad_param(rules.unknown.format(name=unknown[0]), unknown[0], "unknown_parameter")
+    return body

@@ -22,7 +22,15 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.v1 import bridge
 from apps.api.v1.chat import parse_response_format
-from apps.api.v1.errors import OpenAIError, error_body, error_response, method_not_allowed
+from apps.api.v1.errors import (
+    BodyRules,
+    OpenAIError,
+    bad_param,
+    error_body,
+    error_response,
+    json_body,
+    method_not_allowed,
+)
 from apps.engine.generation import GenerationOptions, ResponseFormat
 
 SHAPE = "anthropic"
@@ -60,8 +68,16 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 MAX_STOP_SEQUENCES = 8
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
+# Anthropic's own wording (`field: reason`).
+BODY_RULES = BodyRules(
+    ("model", "messages", "max_tokens"),
+    frozenset(KNOWN_PARAMS),
+    NEUTRAL,
+    REFUSED,
+    missing="{name}: Field required",
+    unsupported="{name}: not supported: {reason}.",
+    unknown="{name}: Extra inputs are not permitted",
+)
 
 
 def _text(content: Any, param: str) -> str:
@@ -70,34 +86,34 @@ def _text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad("Content must be a string or a list of content blocks.", param, "invalid_type")
+        raise bad_param("Content must be a string or a list of content blocks.", param, "invalid_type")
     parts = []
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind != "text":
-            raise _bad(
+            raise bad_param(
                 f"Content blocks of type {kind!r} are not supported here: only 'text' blocks.",
                 f"{param}.{j}.type",
                 "unsupported_parameter",
             )
         if not isinstance(block.get("text"), str):
-            raise _bad("A text block needs a string 'text'.", f"{param}.{j}.text")
+            raise bad_param("A text block needs a string 'text'.", f"{param}.{j}.text")
         parts.append(block["text"])
     return "\n".join(parts)
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
-        raise _bad("messages: at least one message is required.", "messages")
+        raise bad_param("messages: at least one message is required.", "messages")
     out = []
     for i, message in enumerate(value):
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise _bad(f"messages.{i}.role: expected 'user' or 'assistant'.", f"messages.{i}.role")
+            raise bad_param(f"messages.{i}.role: expected 'user' or 'assistant'.", f"messages.{i}.role")
         out.append(
             {"role": message["role"], "content": _text(message.get("content"), f"messages.{i}.content")}
         )
     if not any(m["role"] == "user" and m["content"].strip() for m in out):
-        raise _bad("messages: at least one user message with text is required.", "messages")
+        raise bad_param("messages: at least one user message with text is required.", "messages")
     return out
 
 
@@ -106,7 +122,7 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> float |
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high
     ):
-        raise _bad(f"{name}: must be a number between {low:g} and {high:g}.", name)
+        raise bad_param(f"{name}: must be a number between {low:g} and {high:g}.", name)
     return float(value) if value is not None else None
 
 
@@ -115,10 +131,10 @@ def _output_format(value: Any) -> ResponseFormat | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _bad("output_config: must be an object.", "output_config", "invalid_type")
+        raise bad_param("output_config: must be an object.", "output_config", "invalid_type")
     other = sorted(set(value) - {"format"})
     if other:
-        raise _bad(
+        raise bad_param(
             f"output_config.{other[0]}: not supported (only 'format' is).",
             f"output_config.{other[0]}",
             "unsupported_parameter",
@@ -131,7 +147,7 @@ def _output_format(value: Any) -> ResponseFormat | None:
         or fmt.get("type") != "json_schema"
         or not isinstance(fmt.get("schema"), dict)
     ):
-        raise _bad(
+        raise bad_param(
             "output_config.format: must be {'type': 'json_schema', 'schema': {...}}.", "output_config.format"
         )
     return parse_response_format(
@@ -142,49 +158,31 @@ def _output_format(value: Any) -> ResponseFormat | None:
 
 def parse_messages_request(raw: bytes) -> bridge.RunRequest:
     """Validate a Messages body into the bridge's ``RunRequest``. Raises OpenAIError."""
-    try:
-        from conductor_web.input_limits import safe_json_loads
-
-        body = safe_json_loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
-    for name in ("model", "messages", "max_tokens"):
-        if name not in body:
-            raise _bad(f"{name}: Field required", name, "missing_required_parameter")
-    for name, neutral in NEUTRAL.items():
-        if name in body and body[name] not in neutral:
-            raise OpenAIError(
-                400, f"{name}: not supported: {REFUSED[name]}.", param=name, code="unsupported_parameter"
-            )
-    unknown = sorted(set(body) - KNOWN_PARAMS - set(NEUTRAL))
-    if unknown:
-        raise _bad(f"{unknown[0]}: Extra inputs are not permitted", unknown[0], "unknown_parameter")
+    body = json_body(raw, BODY_RULES)
     max_tokens = body["max_tokens"]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _bad("max_tokens: must be a positive integer.", "max_tokens")
+        raise bad_param("max_tokens: must be a positive integer.", "max_tokens")
     stop = body.get("stop_sequences") or []
     if (
         not isinstance(stop, list)
         or len(stop) > MAX_STOP_SEQUENCES
         or not all(isinstance(s, str) and s for s in stop)
     ):
-        raise _bad(
+        raise bad_param(
             f"stop_sequences: must be a list of up to {MAX_STOP_SEQUENCES} non-empty strings.",
             "stop_sequences",
         )
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise _bad("stream: must be a boolean.", "stream", "invalid_type")
+        raise bad_param("stream: must be a boolean.", "stream", "invalid_type")
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
-        raise _bad("metadata: must be an object.", "metadata", "invalid_type")
+        raise bad_param("metadata: must be an object.", "metadata", "invalid_type")
     user_id = (metadata or {}).get("user_id")
     if user_id is not None and not isinstance(user_id, str):
-        raise _bad("metadata.user_id: must be a string.", "metadata.user_id", "invalid_type")
+        raise bad_param("metadata.user_id: must be a string.", "metadata.user_id", "invalid_type")
     unknown_meta = sorted(set(metadata or {}) - {"user_id"})
     if unknown_meta:
-        raise _bad(
+        raise bad_param(
             f"metadata.{unknown_meta[0]}: Extra inputs are not permitted", f"metadata.{unknown_meta[0]}"
         )
     system = body.get("system")

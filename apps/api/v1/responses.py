@@ -25,7 +25,15 @@ from django.views.decorators.csrf import csrf_exempt
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1 import bridge
 from apps.api.v1.chat import _metadata, _number, _positive_int, parse_response_format
-from apps.api.v1.errors import OpenAIError, error_body, error_response, method_not_allowed
+from apps.api.v1.errors import (
+    BodyRules,
+    OpenAIError,
+    bad_param,
+    error_body,
+    error_response,
+    json_body,
+    method_not_allowed,
+)
 from apps.engine.generation import GenerationOptions
 
 KNOWN_PARAMS = {
@@ -78,8 +86,7 @@ REFUSAL_REASONS = {
 INPUT_ROLES = {"user", "assistant", "system", "developer"}
 
 
-def _bad(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
-    return OpenAIError(400, message, param=param, code=code)
+BODY_RULES = BodyRules(("model", "input"), frozenset(KNOWN_PARAMS), NEUTRAL_VALUES, REFUSAL_REASONS)
 
 
 # --- ids ---------------------------------------------------------------------------------------------
@@ -109,18 +116,18 @@ def _content_text(content: Any, param: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise _bad("'content' must be a string or a list of text parts.", param, "invalid_type")
+        raise bad_param("'content' must be a string or a list of text parts.", param, "invalid_type")
     parts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text"):
             if not isinstance(part.get("text"), str):
-                raise _bad(f"An {kind} part needs a string 'text'.", f"{param}[{j}].text")
+                raise bad_param(f"An {kind} part needs a string 'text'.", f"{param}[{j}].text")
             parts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             parts.append(part["refusal"])
         else:
-            raise _bad(
+            raise bad_param(
                 f"Only text content parts (input_text, output_text) are supported, not {kind!r}.",
                 f"{param}[{j}]",
             )
@@ -132,27 +139,27 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
     function call outputs → tool messages)."""
     if isinstance(value, str):
         if not value.strip():
-            raise _bad("'input' must not be empty.", "input")
+            raise bad_param("'input' must not be empty.", "input")
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise _bad("'input' must be a string or a non-empty array of input items.", "input")
+        raise bad_param("'input' must be a string or a non-empty array of input items.", "input")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         param = f"input[{i}]"
         if not isinstance(item, dict):
-            raise _bad("Each input item must be an object.", param, "invalid_type")
+            raise bad_param("Each input item must be an object.", param, "invalid_type")
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
             if role not in INPUT_ROLES:
-                raise _bad(
+                raise bad_param(
                     f"Invalid role {role!r}; expected one of {', '.join(sorted(INPUT_ROLES))}.",
                     f"{param}.role",
                 )
             out.append({"role": role, "content": _content_text(item.get("content"), f"{param}.content")})
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name")):
-                raise _bad("A function_call item needs 'call_id', 'name' and 'arguments'.", param)
+                raise bad_param("A function_call item needs 'call_id', 'name' and 'arguments'.", param)
             call = {
                 "id": item["call_id"],
                 "type": "function",
@@ -164,12 +171,14 @@ def parse_input(value: Any) -> list[dict[str, Any]]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise _bad("A function_call_output item needs the 'call_id' it answers.", f"{param}.call_id")
+                raise bad_param(
+                    "A function_call_output item needs the 'call_id' it answers.", f"{param}.call_id"
+                )
             output = item.get("output")
             text = output if isinstance(output, str) else _content_text(output, f"{param}.output")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
         else:
-            raise _bad(
+            raise bad_param(
                 f"Input items of type {kind!r} are not supported: use message, function_call or "
                 "function_call_output items.",
                 f"{param}.type",
@@ -182,16 +191,16 @@ def parse_tools(value: Any) -> tuple[dict[str, Any], ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise _bad("'tools' must be an array.", "tools", "invalid_type")
+        raise bad_param("'tools' must be an array.", "tools", "invalid_type")
     tools = []
     for i, tool in enumerate(value):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else None
-            raise _bad(f"Only function tools are supported, not {kind!r}.", f"tools[{i}]")
+            raise bad_param(f"Only function tools are supported, not {kind!r}.", f"tools[{i}]")
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise _bad("A function tool needs a 'name'.", f"tools[{i}].name")
+            raise bad_param("A function tool needs a 'name'.", f"tools[{i}].name")
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            raise _bad("'parameters' must be a JSON schema object.", f"tools[{i}].parameters")
+            raise bad_param("'parameters' must be a JSON schema object.", f"tools[{i}].parameters")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         tools.append({"type": "function", "function": fn})
     return tuple(tools)
@@ -202,12 +211,12 @@ def parse_tool_choice(value: Any, tools: tuple[dict[str, Any], ...]) -> Any:
         return None
     if value in ("none", "auto", "required"):
         if value != "none" and not tools:
-            raise _bad(f"tool_choice '{value}' needs 'tools'.", "tool_choice")
+            raise bad_param(f"tool_choice '{value}' needs 'tools'.", "tool_choice")
         return value
     names = {t["function"]["name"] for t in tools}
     if isinstance(value, dict) and value.get("type") == "function" and value.get("name") in names:
         return {"type": "function", "function": {"name": value["name"]}}
-    raise _bad(
+    raise bad_param(
         "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'name': <a tool>}.",
         "tool_choice",
     )
@@ -218,19 +227,19 @@ def parse_text(value: Any) -> Any:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _bad("'text' must be an object.", "text", "invalid_type")
+        raise bad_param("'text' must be an object.", "text", "invalid_type")
     unknown = sorted(set(value) - {"format", "verbosity"})
     if unknown:
-        raise _bad(f"Unrecognized field 'text.{unknown[0]}'.", f"text.{unknown[0]}", "unknown_parameter")
+        raise bad_param(f"Unrecognized field 'text.{unknown[0]}'.", f"text.{unknown[0]}", "unknown_parameter")
     if value.get("verbosity") not in (None, "medium"):
-        raise _bad(
+        raise bad_param(
             "'text.verbosity' is not supported: length is set by 'max_output_tokens'.", "text.verbosity"
         )
     fmt = value.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise _bad("'text.format' must be an object.", "text.format", "invalid_type")
+        raise bad_param("'text.format' must be an object.", "text.format", "invalid_type")
     if fmt.get("type") == "json_schema":
         spec = {k: fmt.get(k) for k in ("name", "schema", "strict") if k in fmt}
         return parse_response_format({"type": "json_schema", "json_schema": spec}, "text.format")
@@ -240,44 +249,18 @@ def parse_text(value: Any) -> Any:
 def parse_responses_request(raw: bytes) -> bridge.RunRequest:
     """Validate a Responses body into the bridge's ``RunRequest`` (the history of a
     ``previous_response_id`` is added by ``with_history`` once the key is known)."""
-    try:
-        from conductor_web.input_limits import safe_json_loads
-
-        body = safe_json_loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
-    for name in ("model", "input"):
-        if name not in body:
-            raise _bad(f"'{name}' is required.", name, "missing_required_parameter")
-    for name, neutral in NEUTRAL_VALUES.items():
-        if name in body and body[name] not in neutral:
-            raise OpenAIError(
-                400,
-                f"'{name}' is not supported: {REFUSAL_REASONS[name]}.",
-                param=name,
-                code="unsupported_parameter",
-            )
-    unknown = sorted(set(body) - KNOWN_PARAMS - set(NEUTRAL_VALUES))
-    if unknown:
-        raise OpenAIError(
-            400,
-            f"Unrecognized request argument supplied: {unknown[0]}.",
-            param=unknown[0],
-            code="unknown_parameter",
-        )
+    body = json_body(raw, BODY_RULES)
     for name in ("stream", "store", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
-            raise _bad(f"'{name}' must be a boolean.", name, "invalid_type")
+            raise bad_param(f"'{name}' must be a boolean.", name, "invalid_type")
     if body.get("service_tier") not in (None, "auto", "default"):
-        raise _bad("'service_tier' must be 'auto' or 'default': there is one tier here.", "service_tier")
+        raise bad_param("'service_tier' must be 'auto' or 'default': there is one tier here.", "service_tier")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise _bad("'instructions' must be a string.", "instructions", "invalid_type")
+        raise bad_param("'instructions' must be a string.", "instructions", "invalid_type")
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
-        raise _bad("'previous_response_id' must be a string.", "previous_response_id", "invalid_type")
+        raise bad_param("'previous_response_id' must be a string.", "previous_response_id", "invalid_type")
     tools = parse_tools(body.get("tools"))
     options = GenerationOptions(
         max_tokens=_positive_int(body, "max_output_tokens"),
@@ -289,7 +272,7 @@ def parse_responses_request(raw: bytes) -> bridge.RunRequest:
         parallel_tool_calls=body.get("parallel_tool_calls") if tools else None,
     )
     if options.tools and options.response_format is not None:
-        raise _bad("Use either 'tools' or a JSON 'text.format', not both.", "text.format")
+        raise bad_param("Use either 'tools' or a JSON 'text.format', not both.", "text.format")
     turns = parse_input(body["input"])
     store = body.get("store") is not False
     return _assemble(
@@ -317,7 +300,7 @@ def _assemble(req: bridge.RunRequest, history: list[dict[str, Any]]) -> bridge.R
     instructions = req.extra.get("instructions")
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + turns
     if not any(m["role"] in ("user", "tool") and str(m.get("content") or "").strip() for m in turns):
-        raise _bad("'input' needs at least one user message with text.", "input")
+        raise bad_param("'input' needs at least one user message with text.", "input")
     keep = {**req.keep, "messages": turns, "instructions": instructions or ""}
     return dataclasses.replace(
         req, question=bridge.question_from_turns(messages), messages=messages, keep=keep
@@ -354,13 +337,13 @@ def with_history(req: bridge.RunRequest, key: ApiKey) -> bridge.RunRequest:
         return req
     run = stored_run(key, previous, "previous_response_id")
     if not run.is_terminal or run.status != "succeeded":
-        raise _bad(
+        raise bad_param(
             f"The response '{previous}' has no answer to continue from (its run is {run.status}).",
             "previous_response_id",
         )
     if run.answer_held:
         # Its answer is held for review: a follow-up run would carry it into a visible question.
-        raise _bad(
+        raise bad_param(
             f"The response '{previous}' is held for review; continue once a reviewer releases it.",
             "previous_response_id",
             "response_held",
