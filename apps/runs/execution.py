@@ -447,6 +447,7 @@ def start_sweeper() -> None:
 # -- leases: identity, heartbeat, re-queue --------------------------------------------------------
 
 _identity: tuple[int, str] | None = None
+_identity_lock = threading.Lock()
 _inflight: set[str] = set()
 _inflight_lock = threading.Lock()
 _keepers: dict[str, tuple[int, threading.Thread]] = {}
@@ -458,10 +459,17 @@ def executor_id() -> str:
     process on the same host tell a dead owner without waiting for its lease to expire."""
     global _identity
     pid = os.getpid()
-    if _identity is None or _identity[0] != pid:
-        node = settings.RUN_EXECUTOR_NODE or socket.gethostname()
-        _identity = (pid, f"{node}:{pid}:{uuid.uuid4().hex[:8]}")
-    return _identity[1]
+    identity = _identity
+    if identity is None or identity[0] != pid:
+        # Made once under a lock: two threads racing here (a run's and the lease keeper's) each
+        # made a nonce, and the reaper then took the run from its own process as "an earlier
+        # incarnation" (seen in test_killed_celery_worker_loses_no_run).
+        with _identity_lock:
+            if _identity is None or _identity[0] != pid:
+                node = settings.RUN_EXECUTOR_NODE or socket.gethostname()
+                _identity = (pid, f"{node}:{pid}:{uuid.uuid4().hex[:8]}")
+            identity = _identity
+    return identity[1]
 
 
 def _owner_is_dead(owner: str) -> bool:

@@ -391,3 +391,32 @@ def test_run_fails_truthfully_after_max_attempts(run_pool: Any, owner: Any, alph
     assert RunEvent.objects.get(run=run).type == "run.finished"
     assert not run_pool.server.chat_requests()  # not executed again
     assert json.dumps(run.error)  # plain text for users
+
+
+def test_executor_identity_is_one_per_process_even_when_threads_race(monkeypatch: Any) -> None:
+    """A run's thread and the lease keeper asked for the identity at once and got two nonces; the
+    reaper then re-queued the process's own run as an 'earlier incarnation'."""
+    from apps.runs import execution
+
+    real = uuid.uuid4
+
+    def slow_uuid4() -> uuid.UUID:
+        threading.Event().wait(0.02)  # widen the window every racing thread would fall into
+        return real()
+
+    monkeypatch.setattr(execution, "_identity", None)
+    monkeypatch.setattr(execution.uuid, "uuid4", slow_uuid4)
+    barrier = threading.Barrier(8)
+    seen: list[str] = []
+
+    def ask() -> None:
+        barrier.wait()
+        seen.append(execution.executor_id())
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(seen) == 8 and len(set(seen)) == 1, seen
+    assert not execution._owner_is_dead(seen[0])
