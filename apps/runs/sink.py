@@ -25,6 +25,7 @@ from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.engine.events import Event
+from apps.runs import observers
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.workers.models import Worker
@@ -181,11 +182,14 @@ class RunSink:
                 if handler is not None:
                     handler(event, data)
                 Run.objects.filter(pk=self.run_id, last_seq__lt=event["seq"]).update(last_seq=event["seq"])
+                view = observers.RunEventView(self.run_id, self.team_id, self.policy_version_id, event)
+                observers.notify_in_transaction(view)
         except IntegrityError:
             # A second delivery of the same seq (should not happen: runs are claimed once).
             logger.warning("duplicate event seq=%s for run %s ignored", event["seq"], self.run_id)
             return
         transaction.on_commit(lambda: publish(self.run_id, event))
+        transaction.on_commit(lambda: observers.notify_after_commit(view))
         if kind == "run.finished":
             self.finished = True
 

@@ -1,0 +1,69 @@
+"""Who else hears a run's events once the sink has stored them.
+
+Higher layers (insights rollups, telemetry, metrics, learning) register here at app ready instead
+of editing the sink. Two moments:
+
+- ``in_transaction``: called inside the event's transaction, after the RunEvent/Step/Run rows are
+  written. Use it for derived rows that must never disagree with the run (rollups). An exception
+  rolls the event back, so keep these small and correct.
+- ``after_commit``: called once the transaction committed. Use it for side effects that must
+  never slow or break a run (span export, metric counters): exceptions are logged and swallowed.
+
+``RunEventView`` carries what the sink already knows, so observers need no extra query for the
+common fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunEventView:
+    run_id: UUID
+    team_id: int
+    policy_version_id: int | None
+    event: dict[str, Any]  # the engine event as stored: type, seq, ts, data
+
+    @property
+    def type(self) -> str:
+        return str(self.event["type"])
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.event.get("data") or {}
+
+
+RunObserver = Callable[[RunEventView], None]
+
+_in_transaction: dict[str, RunObserver] = {}
+_after_commit: dict[str, RunObserver] = {}
+
+
+def register(name: str, observer: RunObserver, *, in_transaction: bool = False) -> None:
+    """Register once by name (app ready may run twice in tests; the name keeps it single)."""
+    (_in_transaction if in_transaction else _after_commit)[name] = observer
+
+
+def unregister(name: str) -> None:
+    _in_transaction.pop(name, None)
+    _after_commit.pop(name, None)
+
+
+def notify_in_transaction(view: RunEventView) -> None:
+    for observer in list(_in_transaction.values()):
+        observer(view)
+
+
+def notify_after_commit(view: RunEventView) -> None:
+    for name, observer in list(_after_commit.items()):
+        try:
+            observer(view)
+        except Exception:  # an observer must never cost a run anything
+            logger.exception("run observer %s failed on %s", name, view.type)
