@@ -57,6 +57,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy apps conductor_web
+	$(BIN)/lint-imports
 
 format: install-dev
 	$(BIN)/ruff format .

@@ -32,6 +32,7 @@ from apps.engine import (
     WorkerResult,
     run_request,
 )
+from apps.engine.executor import execute_round
 
 
 class InstantWorker:
@@ -57,7 +58,7 @@ class FixedPlan:
 
     def run(self, session: RunSession) -> str:
         session.propose(round=1, attempt=1, source="fixed", plan=self.plan)
-        session.execute_round(self.plan, round=1)
+        execute_round(session, self.plan, round=1)
         return session.answer()
 
 

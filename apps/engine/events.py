@@ -16,6 +16,13 @@ guardrail.checked
     statuses: passed intervened failed not_run bypassed. Without governance the engine reports
     a single `not_run` check for the input and output stages, never `passed`; step_output
     events are only emitted when some check actually ran.
+plan.started
+    {round, worker_key, worker_name, model, first}
+    Emitted the moment a conductor planning call (or a re-plan in recursion) begins, before
+    any model call, so a viewer sees planning as a live node long before plan.proposed; `first`
+    is the global index the round's steps will start at. Strategies without a conductor call
+    (single, moa, pev, a pool without a conductor) emit none. Its usage and cost arrive on the
+    round's plan.proposed events.
 plan.proposed
     {round, attempt, source: "conductor"|"repair"|"fallback"|"fixed",
      plan: {steps: [{index, worker, worker_key, instruction, access}]} | None,
@@ -65,6 +72,7 @@ logger = logging.getLogger(__name__)
 class EventType(StrEnum):
     RUN_STARTED = "run.started"
     GUARDRAIL_CHECKED = "guardrail.checked"
+    PLAN_STARTED = "plan.started"
     PLAN_PROPOSED = "plan.proposed"
     PLAN_VALIDATED = "plan.validated"
     STEP_STARTED = "step.started"

@@ -84,6 +84,17 @@ class _RoundState:
     abort: RunAborted | None = None
 
 
+def execute_round(session: RunSession, plan: Plan, *, round: int, allow_self: bool = True) -> Plan:
+    """Validate through the session's hooks, then execute every non-conductor step.
+
+    Returns the plan that ran (the validated, possibly repaired one).
+    """
+    final = session.validate(plan, round=round, allow_self=allow_self)
+    session.plans.append(final)
+    execute_plan(session, final, round=round)
+    return final
+
+
 def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
     """Run the plan's worker steps (a trailing CONDUCTOR_SELF step is left to the strategy).
     Returns when every step has a terminal record; raises RunAborted for a run-ending outcome."""

@@ -2,8 +2,9 @@
 
 A `RunSession` owns the emitter, the totals, the step records (by global index) and the
 cancel/deadline checks. Strategies use three helpers: `call_conductor` (a planning call counted
-in the totals), `propose` (emit plan.proposed) and `execute_round` (validate through the
-governance hooks, then run the plan). Terminal conditions travel as `RunAborted`.
+in the totals), `propose` (emit plan.proposed) and `validate` (through the governance hooks);
+`apps.engine.executor.execute_round` validates and runs a plan. Terminal conditions travel as
+`RunAborted`.
 """
 
 from __future__ import annotations
@@ -363,15 +364,6 @@ class RunSession:
                 verdict.violations[0].message if verdict.violations else "blocked by policy"
             )
             raise RunAborted(RunStatus.BLOCKED, "plan_blocked", f"The plan was blocked: {reason}")
-        return final
-
-    def execute_round(self, plan: Plan, *, round: int, allow_self: bool = True) -> Plan:
-        """Validate, then execute every non-conductor step. Returns the plan that ran."""
-        final = self.validate(plan, round=round, allow_self=allow_self)
-        self.plans.append(final)
-        from apps.engine.executor import execute_plan  # local: executor imports this module
-
-        execute_plan(self, final, round=round)
         return final
 
     def answer(self) -> str:

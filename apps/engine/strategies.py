@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from apps.engine.events import EventType, StepStatus
+from apps.engine.executor import execute_round
 from apps.engine.plan import (
     Plan,
     PlanError,
@@ -89,7 +90,7 @@ def _strongest(session: RunSession) -> int:
 
 def _run_fixed(session: RunSession, plan: Plan) -> str:
     session.propose(round=1, attempt=1, source="fixed", plan=plan)
-    session.execute_round(plan, round=1, allow_self=False)
+    execute_round(session, plan, round=1, allow_self=False)
     return session.answer()
 
 
@@ -362,7 +363,19 @@ class ConductorStrategy(_Base):
         results: list[WorkerResult] = []
         last_error = "no conductor model is configured"
         attempts = 1 + max(0, session.limits.repair_rounds)
-        if session.pool.conductor is not None:
+        conductor = session.pool.conductor
+        if conductor is not None:
+            # Announced before the (possibly long) call, so the live graph shows planning at once.
+            session.emitter.emit(
+                EventType.PLAN_STARTED,
+                {
+                    "round": round,
+                    "worker_key": session.conductor_key,
+                    "worker_name": conductor.info.name,
+                    "model": conductor.info.model,
+                    "first": first,
+                },
+            )
             for attempt in range(1, attempts + 1):
                 source = "conductor" if attempt == 1 else "repair"
                 try:
@@ -432,7 +445,7 @@ class ConductorStrategy(_Base):
             )
             if self_step is not None:
                 self._finish_self_step(session, self_step, round_ - 1, plan, calls, messages)
-            final = session.execute_round(plan, round=round_, allow_self=allow_self)
+            final = execute_round(session, plan, round=round_, allow_self=allow_self)
             if not final.recurses:
                 return session.answer()
             # The conductor named itself: re-plan with the outputs its access list allows.

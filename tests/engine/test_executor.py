@@ -8,6 +8,7 @@ import time
 from decimal import Decimal
 
 from apps.engine.events import EventType, ListSink, RunStatus, StepStatus
+from apps.engine.executor import execute_round
 from apps.engine.hooks import (
     CheckResult,
     GuardrailOutcome,
@@ -41,7 +42,7 @@ class PlanStrategy:
 
     def run(self, session: RunSession) -> str:
         session.propose(round=1, attempt=1, source="fixed", plan=self.plan)
-        session.execute_round(self.plan, round=1)
+        execute_round(session, self.plan, round=1)
         return session.answer()
 
 
