@@ -4,8 +4,8 @@ Not a test: prints figures for bench/API.md. A loopback fake OpenAI server answe
 once (the conductor's plan: 2 steps; each worker: a short answer), so what is measured is the
 product's own cost per request: key authentication and rate limit, validation, ``run_create``
 (policy, budget, Run row, audit event), dispatch (thread pool or Celery), the engine with the
-Django sink (RunEvent/Step/Run rows, audit events, channel publish per event) and the wait for
-the run's end. The same request through ``apps.engine.runner.run_request`` with a null sink in
+Django sink (RunEvent/Step/Run rows, audit events and channel publishes, one transaction per
+step boundary) and the wait for the run's end. The same request through ``apps.engine.runner.run_request`` with a null sink in
 this process is the baseline ("engine").
 
     .venv/bin/python bench/api_overhead.py --mode embedded

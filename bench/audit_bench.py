@@ -30,6 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
 os.environ.setdefault("AUDIT_HMAC_KEY", "bench-audit-key")
+# Not the deployment's published-heads file: the bench resets its log, which that file would flag.
+os.environ.setdefault("AUDIT_STH_PUBLISH_PATH", "")
 os.environ.setdefault("DEBUG", "false")
 
 import django
@@ -40,12 +42,11 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from apps.audit import merkle  # noqa: E402
-from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest  # noqa: E402
+from apps.audit.chain import DIGEST_FIELDS  # noqa: E402
 from apps.audit.events import AuditEventType  # noqa: E402
 from apps.audit.models import AuditChainHead, AuditEvent  # noqa: E402
+from apps.audit.sequencer import BATCH  # noqa: E402
 from apps.audit.services import audit_record, hmac_key  # noqa: E402
-from apps.audit.verify import ROW_FIELDS  # noqa: E402
 
 EVENT_TYPES = [t for t in AuditEventType]
 BENCH_TEAM_SLUG = "bench-a"
@@ -74,7 +75,7 @@ def reset_audit_table() -> None:
 
 
 WRITER_SCRIPT = """
-import os, sys, time
+import os, sys, time, uuid
 sys.path.insert(0, os.getcwd())
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
 import django
@@ -82,53 +83,89 @@ django.setup()
 from django.db import transaction
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-n, start_at = int(sys.argv[1]), float(sys.argv[2])
-ready = time.time()
-while time.time() < start_at:
-    time.sleep(0.005)
-began = time.time()
-for i in range(n):
+n, per_tx = int(sys.argv[1]), int(sys.argv[2])
+from django.db import connection
+with connection.cursor() as cur:
+    cur.execute("SELECT pg_backend_pid()")
+    backend = cur.fetchone()[0]
+def backend_cpu():  # the writer's PostgreSQL backend, on this machine (loopback): utime + stime
+    fields = open(f"/proc/{backend}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+print("ready", flush=True)
+sys.stdin.readline()  # the start signal: every writer is imported and connected by then
+began, cpu0, pg0 = time.time(), time.process_time(), backend_cpu()
+for t in range(n // per_tx):
+    run_id = uuid.uuid4()  # one transaction = one step boundary of one run
     with transaction.atomic():
-        audit_record(event_type=AuditEventType.POOL_UPDATED, payload={"i": i}, before={"a": 1}, after={"a": 2})
-print(ready, began, time.time(), flush=True)
+        for i in range(per_tx):
+            audit_record(
+                event_type=AuditEventType.RUN_STEP_FINISHED, team=1, object_type="runs.run",
+                object_id=str(run_id), run_id=run_id, policy_version_id=1,
+                payload={"index": i, "status": "succeeded", "tokens": {"input": 12, "output": 34},
+                         "output": {"sha256": "ab" * 32, "chars": 120}},
+            )
+print(began, time.time(), time.process_time() - cpu0, backend_cpu() - pg0, flush=True)
 """
 
 
-def bench_append_processes(n: int, processes: int) -> None:
-    """``processes`` writer processes, one transaction per append; then sequence everything."""
+def bench_append_processes(n: int, processes: int, per_tx: int) -> None:
+    """``processes`` writer processes, ``per_tx`` audit rows per transaction, while this process
+    runs the sequencer (as the deployment's one sequencer would) and records how far it lags."""
     import subprocess
 
-    from apps.audit.sequencer import audit_flush
+    from apps.audit.sequencer import audit_flush, sequence_pass, sequencer_lag
 
-    per = n // processes
-    start_at = time.time() + 30.0  # every process imports Django and connects before the start
+    per = n // processes // per_tx * per_tx
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER_SCRIPT, str(per), str(start_at)],
+            [sys.executable, "-c", WRITER_SCRIPT, str(per), str(per_tx)],
             cwd=Path(__file__).resolve().parents[1],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for _ in range(processes)
     ]
+    for p in procs:  # wait until each writer has imported Django and connected
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    sequenced, max_pending = 0, 0
+    while any(p.poll() is None for p in procs):
+        done = sequence_pass(wait=True)
+        sequenced += max(done, 0)
+        if done < BATCH:
+            max_pending = max(max_pending, sequencer_lag().pending)
+            time.sleep(0.005)  # the deployment's sequencer polls too
     times = [[float(x) for x in p.communicate()[0].split()] for p in procs]
-    late = sum(1 for ready, _, _ in times if ready > start_at)
-    elapsed = max(t[2] for t in times) - min(t[1] for t in times)
-    if late:
-        say(f"  ({late} writer(s) were not ready at the start signal)")
+    elapsed = max(t[1] for t in times) - min(t[0] for t in times)
+    pending_at_end = sequencer_lag().pending
+    total = per * processes
+    cpu_us = (sum(t[2] for t in times) + sum(t[3] for t in times)) / total * 1e6
     say(
-        f"appends[{connection.vendor}] {processes} writer processes: {per * processes} events in "
-        f"{elapsed:.2f}s = {per * processes / elapsed:,.0f}/s"
+        f"appends[{connection.vendor}] {processes} writer processes x {per_tx} rows/transaction: "
+        f"{total} rows in {elapsed:.2f}s = {total / elapsed:,.0f} rows/s "
+        f"({total / per_tx / elapsed:,.0f} commits/s)"
+    )
+    say(
+        f"  CPU per row: {cpu_us:,.0f} µs (writer Python {sum(t[2] for t in times) / total * 1e6:,.0f} + "
+        f"its backend {sum(t[3] for t in times) / total * 1e6:,.0f}) -> CPU-bound ceiling on "
+        f"{os.cpu_count()} idle cores ~{(os.cpu_count() or 1) / cpu_us * 1e6:,.0f} rows/s"
+    )
+    say(
+        f"  sequencer alongside: {sequenced} rows numbered while writing, "
+        f"max pending seen {max_pending}, pending when writers finished {pending_at_end}"
     )
     started = time.perf_counter()
-    sequenced = audit_flush()
+    rest = audit_flush()
     took = time.perf_counter() - started
-    say(
-        f"sequencer[{connection.vendor}]: {sequenced} pending events numbered in {took:.2f}s = {sequenced / took:,.0f}/s"
-    )
+    if rest:
+        say(f"  then the rest: {rest} rows in {took:.2f}s = {rest / took:,.0f} rows/s")
 
 
-def bench_appends(n: int, threads: int, processes: int = 8) -> None:
+def bench_appends(n: int, threads: int, processes: int = 8, per_tx: tuple[int, ...] = (1,)) -> None:
     reset_audit_table()
     AuditChainHead.objects.get_or_create(pk=1)
     # Baseline: the cheapest durable write (one row UPDATE + COMMIT) — the disk's commit latency.
@@ -150,7 +187,8 @@ def bench_appends(n: int, threads: int, processes: int = 8) -> None:
 
     audit_flush()
     if processes > 1:
-        bench_append_processes(n, processes)
+        for k in per_tx:
+            bench_append_processes(n * k, processes, k)
     if threads > 1:
         per = n // threads
         barrier = threading.Barrier(threads)
@@ -188,64 +226,70 @@ def bench_team() -> Any:
     return team, user
 
 
-def generate(n: int) -> None:
-    """Bulk-load ``n`` chained events, digests computed in Python (the trigger allows INSERT).
+def _backend_cpu() -> float:
+    """CPU seconds of this connection's PostgreSQL backend (same machine), 0 on SQLite."""
+    if connection.vendor != "postgresql":
+        return 0.0
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    PostgreSQL: COPY; SQLite: executemany. The ORM's bulk_create is ~10x slower at this size.
+
+def generate(n: int) -> None:
+    """Bulk-load ``n`` pending events, then let the real sequencer number, chain and hash them.
+
+    PostgreSQL: COPY; SQLite: executemany (the ORM's bulk_create is ~10x slower at this size). The
+    sequencing time is the sequencer's throughput on a large backlog (``audit_flush``).
     """
     import json
 
+    from apps.audit.sequencer import audit_flush, sth_create
+
     team, user = bench_team()
     reset_audit_table()
-    key = hmac_key()
     rng = random.Random(7)
     start_time = timezone.now() - timedelta(days=90)
     step = timedelta(days=90) / n
     run_ids = [str(uuid.uuid4()) for _ in range(max(1, n // 12))]
-    cols = [*ROW_FIELDS, "leaf_hash"]
+    # Blank sequencing columns: Django's defaults are not database defaults.
+    cols = [*(name for name in DIGEST_FIELDS if name != "seq"), "prev_digest", "leaf_hash", "colmac"]
     table = AuditEvent._meta.db_table
-    prev = GENESIS_DIGEST
-    frontier: list[list[object]] = []
     started = time.perf_counter()
 
     def rows() -> Any:
-        nonlocal prev, frontier
-        for seq in range(1, n + 1):
+        for i in range(1, n + 1):
             et = rng.choice(EVENT_TYPES)
             run_id = rng.choice(run_ids) if et.value.startswith("run.") else None
             by_user = rng.random() < 0.05
-            content = {
-                "seq": seq,
-                "created_at": start_time + step * seq,
-                "event_type": et.value,
-                "kind": str(et.kind),
-                "actor_id": user.pk if by_user else None,
-                "actor_label": "bench-reviewer" if by_user else "system",
-                "api_key_id": None,
-                "ip": "10.0.0.1",
-                "user_agent": "bench",
-                "team_id": team.pk if rng.random() < 0.1 else 1000 + rng.randrange(20),
-                "object_type": "runs.run" if run_id else "workers.pool",
-                "object_id": run_id or str(rng.randrange(50)),
-                "object_repr": "bench object",
-                "run_id": run_id,
-                "policy_version_id": rng.randrange(1, 30),
-                "payload": {
-                    "i": seq,
-                    "tokens": {"input": rng.randrange(1000), "output": rng.randrange(1000)},
-                    "question": {"sha256": "ab" * 32, "chars": rng.randrange(5000)},
-                    "status": "succeeded",
-                },
-            }
-            digest = compute_digest(key, content, prev)
-            leaf = merkle.leaf_hash(canonical_json(content).encode())
-            frontier = merkle.frontier_append(frontier, leaf)
-            row = [content[c] for c in cols[:-3]] + [prev, digest, leaf.hex()]
-            row[15] = json.dumps(row[15])
-            prev = digest
-            if seq % 250_000 == 0:
-                say(f"  generated {seq:,} ({time.perf_counter() - started:.0f}s)")
-            yield row
+            yield [
+                start_time + step * i,
+                et.value,
+                str(et.kind),
+                user.pk if by_user else None,
+                "bench-reviewer" if by_user else "system",
+                None,
+                "10.0.0.1",
+                "bench",
+                team.pk if rng.random() < 0.1 else 1000 + rng.randrange(20),
+                "runs.run" if run_id else "workers.pool",
+                run_id or str(rng.randrange(50)),
+                "bench object",
+                run_id,
+                rng.randrange(1, 30),
+                json.dumps(
+                    {
+                        "i": i,
+                        "tokens": {"input": rng.randrange(1000), "output": rng.randrange(1000)},
+                        "question": {"sha256": "ab" * 32, "chars": rng.randrange(5000)},
+                        "status": "succeeded",
+                    }
+                ),
+                "",
+                "",
+                "",
+            ]
 
     with transaction.atomic(), connection.cursor() as cur:
         if connection.vendor == "postgresql":
@@ -258,24 +302,32 @@ def generate(n: int) -> None:
             sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({placeholders})"
             batch: list[Any] = []
             for row in rows():
-                row[1] = row[1].isoformat(sep=" ")
+                row[0] = connection.ops.adapt_datetimefield_value(row[0])  # as Django stores it
                 batch.append(row)
                 if len(batch) >= 10_000:
                     cur.executemany(sql, batch)
                     batch = []
             if batch:
                 cur.executemany(sql, batch)
-        AuditChainHead.objects.update_or_create(
-            pk=1,
-            defaults={"seq": n, "digest": prev, "created_at": start_time + step * n, "frontier": frontier},
-        )
-    from apps.audit.sequencer import sth_create
-
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            # As autovacuum would: without statistics the planner sorts the whole backlog per pass.
+            cur.execute(f"ANALYZE {table}")
+    loaded = time.perf_counter() - started
+    say(f"generate[{connection.vendor}]: {n:,} pending events loaded in {loaded:.1f}s")
+    started, cpu0, pg0 = time.perf_counter(), time.process_time(), _backend_cpu()
+    sequenced = audit_flush()
+    took = time.perf_counter() - started
+    cpu, pg = time.process_time() - cpu0, _backend_cpu() - pg0
+    say(
+        f"sequencer[{connection.vendor}]: backlog of {sequenced:,} numbered in {took:.1f}s = "
+        f"{sequenced / took:,.0f} rows/s (batches of {BATCH}); CPU {cpu:.1f}s Python + {pg:.1f}s "
+        f"backend -> one sequencer on an idle core ~{sequenced / max(cpu + pg, 1e-9):,.0f} rows/s"
+    )
     sth_create()  # a signed tree head over the whole generated log, as the timer would leave
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
-            cur.execute(f"ANALYZE {table}")
-    say(f"generate[{connection.vendor}]: {n:,} chained events in {time.perf_counter() - started:.1f}s")
+            cur.execute(f"VACUUM ANALYZE {table}")
 
 
 def bench_verify(workers: int) -> None:
@@ -397,6 +449,12 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=0, help="also N writer threads in one process")
     parser.add_argument("--processes", type=int, default=8, help="writer processes (PostgreSQL)")
+    parser.add_argument(
+        "--per-tx",
+        default="1",
+        help="audit rows per writer transaction, comma-separated (1: commit-bound; a run's step "
+        "boundary writes several); the 8-process run writes --appends x N rows for each N",
+    )
     parser.add_argument("--workers", type=int, default=2, help="verify processes")
     parser.add_argument("--export-limit", type=int, default=None)
     parser.add_argument("--explain", action="store_true")
@@ -405,7 +463,8 @@ def main() -> None:
     say(f"database: {connection.vendor} {connection.settings_dict['NAME']}")
     if args.step in ("all", "appends"):
         pg = connection.vendor == "postgresql"
-        bench_appends(args.appends, args.threads if pg else 1, args.processes if pg else 1)
+        per_tx = tuple(int(k) for k in str(args.per_tx).split(","))
+        bench_appends(args.appends, args.threads if pg else 1, args.processes if pg else 1, per_tx)
     if args.step in ("all", "generate"):
         generate(args.events)
     if args.step in ("all", "verify"):

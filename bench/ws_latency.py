@@ -46,6 +46,12 @@ parser.add_argument(
 parser.add_argument("--plan-delay", type=float, default=3.0, help="seconds the conductor takes to plan")
 parser.add_argument("--backlog", type=int, default=2048, help="daphne's listen backlog")
 parser.add_argument("--runs", type=int, default=5, help="runs the --burst sockets spread over")
+parser.add_argument(
+    "--connect-timeout",
+    type=int,
+    default=5,
+    help="daphne's --websocket_connect_timeout (its default: 5 s to accept a handshake)",
+)
 ARGS = parser.parse_args()
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_web.settings.local"
@@ -88,6 +94,7 @@ from tests.fakes.base import FakeReply  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from tests.fixtures.core import free_port  # noqa: E402
 
+TERMINAL = {"succeeded", "failed", "blocked", "cancelled", "timed_out"}
 PLAN = {
     "model_id": [0, 1, 2],
     "subtasks": ["Outline.", "Solve.", "Check and answer."],
@@ -185,7 +192,15 @@ async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
     }
 
 
-async def burst_viewer(url: str, cookie: str, origin: str, out: dict[str, Any]) -> None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def burst_viewer(
+    url: str, cookie: str, origin: str, out: dict[str, Any], settled: list[asyncio.Event]
+) -> None:
     t0 = time.perf_counter()
     try:
         async with websockets.connect(
@@ -197,6 +212,11 @@ async def burst_viewer(url: str, cookie: str, origin: str, out: dict[str, Any]) 
             snapshot = json.loads(await ws.recv())
             assert snapshot["type"] == "snapshot"
             out["handshake_s"] = time.perf_counter() - t0
+            settled.pop().set()
+            out["from_seq"] = snapshot["last_seq"]
+            if snapshot["run"]["status"] in TERMINAL:
+                out["events"] = []  # the run ended before this socket was in: the snapshot is all
+                return
             seqs: list[int] = []
             while True:
                 event = json.loads(await asyncio.wait_for(ws.recv(), 300))
@@ -204,33 +224,39 @@ async def burst_viewer(url: str, cookie: str, origin: str, out: dict[str, Any]) 
                 if event["type"] == "run.finished":
                     break
             out["events"] = seqs
-            out["from_seq"] = snapshot["last_seq"]
     except Exception as exc:  # counted, not raised: the figure is how many made it
         out["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        if "handshake_s" not in out:
+            settled.pop().set()
 
 
-async def burst(base: str, cookie: str, pool: Any, n: int, runs: int) -> dict[str, Any]:
+async def burst(base: str, cookie: str, pool: Any, n: int, runs: int, server_pid: int) -> dict[str, Any]:
     run_ids = [await asyncio.to_thread(start_run, base, cookie, pool) for _ in range(runs)]
     ws_base = base.replace("http://", "ws://")
     outs: list[dict[str, Any]] = [{} for _ in range(n)]
+    # One event per socket, set when its handshake ended (snapshot or error): daphne's CPU time
+    # from the first connect to then is the handshakes' (the runs are still planning).
+    settled = [asyncio.Event() for _ in range(n)]
+    everyone = list(settled)
+    cpu0 = cpu_seconds(server_pid)
     t0 = time.perf_counter()
-    await asyncio.wait_for(
-        asyncio.gather(
-            *(
-                burst_viewer(f"{ws_base}/ws/runs/{run_ids[i % runs]}/", cookie, base, outs[i])
-                for i in range(n)
-            )
-        ),
-        timeout=600,
+    viewers = asyncio.gather(
+        *(
+            burst_viewer(f"{ws_base}/ws/runs/{run_ids[i % runs]}/", cookie, base, outs[i], settled)
+            for i in range(n)
+        )
     )
+    await asyncio.wait_for(asyncio.gather(*(e.wait() for e in everyone)), timeout=600)
+    handshake_cpu = cpu_seconds(server_pid) - cpu0
+    await asyncio.wait_for(viewers, timeout=600)
     wall = time.perf_counter() - t0
     hs = sorted(o["handshake_s"] for o in outs if "handshake_s" in o)
     complete = [
         o
         for o in outs
         if "error" not in o
-        and o.get("events")
-        and o["events"] == list(range(o["from_seq"] + 1, o["events"][-1] + 1))
+        and "events" in o
+        and o["events"] == list(range(o["from_seq"] + 1, (o["events"] or [o["from_seq"]])[-1] + 1))
     ]
     return {
         "sockets": n,
@@ -242,6 +268,8 @@ async def burst(base: str, cookie: str, pool: Any, n: int, runs: int) -> dict[st
         "handshake_p95_s": round(hs[min(len(hs) - 1, int(len(hs) * 0.95))], 3) if hs else None,
         "handshake_max_s": round(hs[-1], 3) if hs else None,
         "every_event_to_the_end_no_gaps": len(complete),
+        "of_which_joined_after_the_end": sum(1 for o in complete if not o["events"]),
+        "server_cpu_ms_per_handshake": round(handshake_cpu * 1000 / n, 1),
         "wall_s": round(wall, 1),
     }
 
@@ -271,6 +299,8 @@ def main() -> None:
             # The listen backlog (Twisted's default is 50) is what a burst of connects queues in.
             "-e",
             f"tcp:port={port}:interface=127.0.0.1:backlog={ARGS.backlog}",
+            "--websocket_connect_timeout",
+            str(ARGS.connect_timeout),
             "conductor_web.asgi:application",
         ],
         cwd=ROOT,
@@ -289,7 +319,7 @@ def main() -> None:
         db = "postgresql" if "postgres" in os.environ["DATABASE_URL"] else "sqlite"
         print(f"layer={ARGS.layer} db={db} chunks/step={ARGS.chunks} chunk_delay={ARGS.chunk_delay}s")
         if ARGS.burst:
-            print(json.dumps(asyncio.run(burst(base, cookie, pool, ARGS.burst, ARGS.runs))))
+            print(json.dumps(asyncio.run(burst(base, cookie, pool, ARGS.burst, ARGS.runs, proc.pid))))
             return
         for n in [int(v) for v in ARGS.viewers.split(",")]:
             print(json.dumps(asyncio.run(measure(base, cookie, pool, n))))

@@ -8,6 +8,7 @@ from django.http import HttpRequest
 NAV_ITEMS = [
     ("playground", "Playground"),
     ("runs:list", "Runs"),
+    ("insights:dashboard", "Insights"),
     ("workers:pool_list", "Pools"),
     ("policies:policy_list", "Policies"),
     ("audit:event_list", "Audit"),

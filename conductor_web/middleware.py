@@ -12,7 +12,7 @@ from conductor_web.request_context import RequestMeta, set_request_meta
 
 # Paths reachable without a session: login itself, health, static, and the APIs (which answer
 # 401/403 in their own formats rather than redirecting a script to an HTML login page).
-PUBLIC_PREFIXES = ("/accounts/login/", "/healthz", "/static/", "/v1/", "/api/", "/favicon.ico")
+PUBLIC_PREFIXES = ("/accounts/login/", "/healthz", "/static/", "/v1/", "/api/", "/favicon.ico", "/metrics")
 
 
 class LoginRequiredMiddleware:

@@ -18,6 +18,7 @@ urlpatterns = [
     path("policies/", include("apps.policies.urls")),
     path("audit/", include("apps.audit.urls")),
     path("", include("apps.api.urls")),
+    path("", include("apps.insights.urls")),
 ]
 
 handler403 = "conductor_web.views.permission_denied"

@@ -61,15 +61,18 @@ class AuditEventType(models.TextChoices):
     RUN_REVIEW_REQUESTED = "run.review_requested"
     RUN_REVIEWED = "run.reviewed"
     RUN_RELEASED = "run.released"
+    RUN_FLAG_RESOLVED = "run.flag_resolved"
     RUN_PAYLOAD_ERASED = "run.payload_erased"
     # System
     AUDIT_CHECKPOINT = "audit.checkpoint"
     AUDIT_EXPORTED = "audit.exported"
+    BUDGET_ALERT_RAISED = "budget.alert_raised"  # issue 18: 50/80/100 % of a budget
+    BUDGET_ALERT_DELIVERED = "budget.alert_delivered"  # its webhook's final outcome
 
     @property
     def kind(self) -> str:
         if self.value.startswith("run."):
             return AuditKind.RUN
-        if self.value.startswith(("audit.", "auth.")):
+        if self.value.startswith(("audit.", "auth.", "budget.")):
             return AuditKind.SYSTEM
         return AuditKind.CONFIG

@@ -1,11 +1,16 @@
-"""Audit forms: the review form of the run page's review panel."""
+"""Audit forms: the run page's review panel, the review desk's filters, bulk sign-off and flag resolution."""
 
 from __future__ import annotations
 
+from typing import Any
+from uuid import UUID
+
 from django import forms
+from django.db.models import QuerySet
 from django.http import HttpResponseBadRequest, QueryDict
 
 from apps.audit.models import ReviewDecision
+from apps.audit.selectors import AGE_LABELS, REASONS, TABS
 from apps.audit.services import REVIEW_TEXT_MAX
 
 
@@ -33,6 +38,51 @@ class RunReviewForm(forms.Form):
         if cleaned.get("status") == ReviewDecision.FLAGGED and not (cleaned.get("reason") or "").strip():
             self.add_error("reason", "Say why you flag this run.")
         return cleaned
+
+
+class ReviewQueueFilterForm(forms.Form):
+    """The review desk's filters, all in the URL (a filtered queue can be bookmarked and shared)."""
+
+    tab = forms.ChoiceField(choices=list(TABS.items()), required=False)
+    team: forms.ModelChoiceField[Any] = forms.ModelChoiceField(
+        queryset=None, required=False, to_field_name="slug", empty_label="All my teams"
+    )
+    reason = forms.ChoiceField(choices=[("", "Any reason"), *REASONS.items()], required=False)
+    age = forms.ChoiceField(choices=[("", "Any age"), *AGE_LABELS.items()], required=False)
+
+    def __init__(self, *args: Any, teams: QuerySet[Any], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = teams  # type: ignore[attr-defined]
+
+
+class BulkReviewForm(forms.Form):
+    run = forms.TypedMultipleChoiceField(
+        choices=(), coerce=str, error_messages={"required": "Select at least one run."}
+    )
+    note = forms.CharField(
+        max_length=REVIEW_TEXT_MAX,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "Write the note that goes with this sign-off."},
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Ids are checked against what the user may review in the view, not against a fixed list.
+        self.fields["run"].choices = [(v, v) for v in self.data.getlist("run")] if self.data else []  # type: ignore[attr-defined]
+
+    def clean_run(self) -> list[UUID]:
+        try:
+            return [UUID(v) for v in self.cleaned_data["run"]]
+        except ValueError:
+            raise forms.ValidationError("A selected run id is not a run id.") from None
+
+
+class FlagResolveForm(forms.Form):
+    note = forms.CharField(
+        max_length=REVIEW_TEXT_MAX,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": "Say how the flag was resolved."},
+    )
 
 
 # --- bounds of the search/export query parameters -------------------------------------------------

@@ -38,7 +38,9 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
 class AuditEvent(models.Model):
     # NULL until the sequencer numbers the row (see module docstring): "pending" in the UI.
     seq = models.PositiveBigIntegerField(unique=True, null=True, blank=True)
-    created_at = models.DateTimeField(db_index=True)
+    # Indexed by audit_time_seq (created_at, seq) only: every index costs each append and each
+    # sequencing UPDATE an insert (migration 0009 dropped the redundant single-column ones).
+    created_at = models.DateTimeField()
     # No ``choices``: the enum grows as apps add event types and must not force a migration each
     # time; ``audit_record`` only accepts ``AuditEventType`` members.
     event_type = models.CharField(max_length=64)
@@ -50,6 +52,7 @@ class AuditEvent(models.Model):
         blank=True,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
+        db_index=False,  # audit_actor_seq serves it
         related_name="+",
     )
     actor_label = models.CharField(max_length=150, blank=True)
@@ -62,6 +65,7 @@ class AuditEvent(models.Model):
         blank=True,
         on_delete=models.DO_NOTHING,
         db_constraint=False,
+        db_index=False,  # audit_team_seq serves it
         related_name="+",
     )
     object_type = models.CharField(max_length=64, blank=True)
@@ -75,6 +79,13 @@ class AuditEvent(models.Model):
     # RFC 9162 leaf hash SHA-256(0x00 || canonical JSON), set with seq; stored so proofs and tree
     # heads never re-canonicalise history (verify recomputes and compares it).
     leaf_hash = models.CharField(max_length=64, blank=True, default="")
+    # The canonical JSON bytes the digest and leaf hash were computed over, stored by the sequencer
+    # so verify only hashes them; verify also checks every column above against these bytes
+    # (apps.audit.verify), so an edit of what a reader sees cannot hide behind an intact entry.
+    entry = models.BinaryField(null=True, blank=True, editable=False)
+    # PostgreSQL: HMAC of the row's columns as the server renders them (apps.audit.chain.column_mac),
+    # so verify checks the columns without parsing JSON. Blank on SQLite (verify re-encodes there).
+    colmac = models.CharField(max_length=64, blank=True, default="")
 
     objects = AuditEventQuerySet.as_manager()
 
@@ -186,6 +197,14 @@ class RunReview(models.Model):
     # The run.reviewed event, by id: its seq is assigned after commit by the sequencer.
     audit_event_id = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # A flag's lifecycle: open until a reviewer resolves it with a note (run.flag_resolved event).
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    resolved_by_label = models.CharField(max_length=150, blank=True)
+    resolution_note = models.TextField(blank=True)
+    resolution_audit_event_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

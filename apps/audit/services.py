@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
 from apps.audit.models import AuditEvent
+from apps.audit.notify import notify_review_requested
 from apps.audit.sequencer import audit_flush, nudge, sth_create
 from conductor_web.request_context import current_request_meta
 
@@ -216,21 +218,9 @@ def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, An
 REVIEW_TEXT_MAX = 2000
 
 
-def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
-    """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
+def _review_errors(status: str, reason: str, comment: str) -> dict[str, list[str]]:
+    from apps.audit.models import ReviewDecision
 
-    Sets ``Run.review_status``; approving a run whose answer a ``require_review`` guardrail held
-    releases the answer (a second event, ``run.released``).
-    """
-    from django.core.exceptions import PermissionDenied, ValidationError
-
-    from apps.audit.models import ReviewDecision, RunReview
-    from apps.governance.selectors import can_review_run
-    from apps.runs.models import Run
-
-    if not can_review_run(actor, run):
-        raise PermissionDenied("You may not review this run.")
-    reason, comment = (reason or "").strip(), (comment or "").strip()
     errors: dict[str, list[str]] = {}
     if status not in ReviewDecision.values:
         errors["status"] = ["Choose approved, flagged or needs follow-up."]
@@ -240,48 +230,179 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
         errors["reason"] = [f"Keep the reason under {REVIEW_TEXT_MAX} characters."]
     if len(comment) > REVIEW_TEXT_MAX:
         errors["comment"] = [f"Keep the comment under {REVIEW_TEXT_MAX} characters."]
-    if errors:
-        raise ValidationError(errors)
+    return errors
 
-    with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
-        release = status == ReviewDecision.APPROVED and locked.answer_held
-        locked.review_status = status
-        if release:
-            locked.answer_held = False
-        locked.save(update_fields=["review_status", "answer_held"])
-        user = actor if getattr(actor, "is_authenticated", False) else None
-        review = RunReview.objects.create(
-            run=locked,
-            reviewer=user,
-            reviewer_label=user.get_username() if user else "system",
-            status=status,
-            reason=reason,
-            comment=comment,
-            released_answer=release,
-        )
-        # Review text is the reviewer's own judgement (not run content), so it is kept as evidence.
-        event = audit_run_event(
-            event_type=AuditEventType.RUN_REVIEWED,
+
+def _review_locked(
+    *, actor: Any, run: Any, status: str, reason: str, comment: str, extra: dict[str, Any] | None = None
+) -> Any:
+    """One review inside the caller's transaction: lock the run, save the review, audit it."""
+    from apps.audit.models import ReviewDecision, RunReview
+    from apps.runs.models import Run
+
+    locked = Run.objects.select_for_update().get(pk=run.pk)
+    before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
+    release = status == ReviewDecision.APPROVED and locked.answer_held
+    locked.review_status = status
+    if release:
+        locked.answer_held = False
+    locked.save(update_fields=["review_status", "answer_held"])
+    user = actor if getattr(actor, "is_authenticated", False) else None
+    review = RunReview.objects.create(
+        run=locked,
+        reviewer=user,
+        reviewer_label=user.get_username() if user else "system",
+        status=status,
+        reason=reason,
+        comment=comment,
+        released_answer=release,
+    )
+    # Review text is the reviewer's own judgement (not run content), so it is kept as evidence.
+    event = audit_run_event(
+        event_type=AuditEventType.RUN_REVIEWED,
+        run=locked,
+        actor=actor,
+        payload={
+            "review_id": review.pk,
+            "status": status,
+            "reason": reason,
+            "comment": comment,
+            **(extra or {}),
+        },
+        before=before,
+        after={"review_status": locked.review_status, "answer_held": locked.answer_held},
+    )
+    # The event is numbered after commit; the review links to it by id until then.
+    RunReview.objects.filter(pk=review.pk).update(audit_event_id=event.pk)
+    review.audit_event_id = event.pk
+    if release:
+        audit_run_event(
+            event_type=AuditEventType.RUN_RELEASED,
             run=locked,
             actor=actor,
-            payload={"review_id": review.pk, "status": status, "reason": reason, "comment": comment},
-            before=before,
-            after={"review_status": locked.review_status, "answer_held": locked.answer_held},
+            payload={"review_id": review.pk, "answer": content_sha256(locked.answer)},
         )
-        # The event is numbered after commit; the review links to it by id until then.
-        RunReview.objects.filter(pk=review.pk).update(audit_event_id=event.pk)
-        review.audit_event_id = event.pk
-        if release:
-            audit_run_event(
-                event_type=AuditEventType.RUN_RELEASED,
-                run=locked,
-                actor=actor,
-                payload={"review_id": review.pk, "answer": content_sha256(locked.answer)},
-            )
     run.review_status, run.answer_held = locked.review_status, locked.answer_held
     return review
+
+
+def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
+    """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
+
+    Sets ``Run.review_status``; approving a run whose answer a ``require_review`` guardrail held
+    releases the answer (a second event, ``run.released``).
+    """
+    from django.core.exceptions import PermissionDenied, ValidationError
+
+    from apps.governance.selectors import can_review_run
+
+    if not can_review_run(actor, run):
+        raise PermissionDenied("You may not review this run: it needs the review_team_runs permission.")
+    reason, comment = (reason or "").strip(), (comment or "").strip()
+    if errors := _review_errors(status, reason, comment):
+        raise ValidationError(errors)
+    with transaction.atomic():
+        return _review_locked(actor=actor, run=run, status=status, reason=reason, comment=comment)
+
+
+BULK_REVIEW_MAX = 100
+
+
+def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
+    """Sign several runs off (``approved``) with one note, all or none, in one transaction.
+
+    Every run gets its own ``run.reviewed`` event (a run's export must carry its own sign-off);
+    each names the batch size and the shared note, so the note is audited once per run it covers.
+    """
+    from django.core.exceptions import PermissionDenied, ValidationError
+
+    from apps.audit.models import ReviewDecision
+    from apps.governance.selectors import can_review_run
+
+    note = (note or "").strip()
+    if not runs:
+        raise ValidationError({"runs": ["Select at least one run."]})
+    if len(runs) > BULK_REVIEW_MAX:
+        raise ValidationError({"runs": [f"Sign off at most {BULK_REVIEW_MAX} runs at once."]})
+    if errors := _review_errors(ReviewDecision.APPROVED, "", note):
+        raise ValidationError({"note": errors["comment"]})
+    if not note:
+        raise ValidationError({"note": ["Write the note that goes with this sign-off."]})
+    refused = [str(run.pk) for run in runs if not can_review_run(actor, run)]
+    if refused:
+        raise PermissionDenied(
+            f"You may not review {len(refused)} of these runs: it needs the review_team_runs permission."
+        )
+    with transaction.atomic():
+        return [
+            _review_locked(
+                actor=actor,
+                run=run,
+                status=ReviewDecision.APPROVED,
+                reason="",
+                comment=note,
+                extra={"bulk": len(runs)},
+            )
+            for run in runs
+        ]
+
+
+def run_flag_resolve(*, actor: Any, run: Any, note: str) -> Any:
+    """Close a run's open flags with a note (flagged → resolved), audited as ``run.flag_resolved``.
+
+    The run keeps ``review_status = flagged`` (the finding stands in its history); each open flag
+    review records who resolved it, when and why, so resolved flags stay findable. Returns the
+    latest of them.
+    """
+    from django.core.exceptions import PermissionDenied, ValidationError
+
+    from apps.audit.models import ReviewDecision, RunReview
+    from apps.governance.selectors import can_review_run
+
+    if not can_review_run(actor, run):
+        raise PermissionDenied("You may not resolve this flag: it needs the review_team_runs permission.")
+    note = (note or "").strip()
+    if not note:
+        raise ValidationError({"note": ["Say how the flag was resolved."]})
+    if len(note) > REVIEW_TEXT_MAX:
+        raise ValidationError({"note": [f"Keep the note under {REVIEW_TEXT_MAX} characters."]})
+    with transaction.atomic():
+        flags = list(
+            RunReview.objects.select_for_update()
+            .filter(run_id=run.pk, status=ReviewDecision.FLAGGED, resolved_at__isnull=True)
+            .order_by("-created_at", "-id")
+        )
+        if not flags:
+            raise ValidationError({"note": ["This run has no open flag to resolve."]})
+        user = actor if getattr(actor, "is_authenticated", False) else None
+        event = audit_run_event(
+            event_type=AuditEventType.RUN_FLAG_RESOLVED,
+            run=run,
+            actor=actor,
+            payload={
+                "review_ids": [f.pk for f in flags],
+                "flag_reason": flags[0].reason,
+                "note": note,
+            },
+        )
+        now = timezone.now()
+        for flag in flags:
+            flag.resolved_at = now
+            flag.resolved_by = user
+            flag.resolved_by_label = user.get_username() if user else "system"
+            flag.resolution_note = note
+            flag.resolution_audit_event_id = event.pk
+        RunReview.objects.bulk_update(
+            flags,
+            [
+                "resolved_at",
+                "resolved_by",
+                "resolved_by_label",
+                "resolution_note",
+                "resolution_audit_event_id",
+            ],
+        )
+    return flags[0]
 
 
 def review_request(
@@ -304,6 +425,7 @@ def review_request(
                 actor=actor,
                 payload={"reason": reason, **(details or {})},
             )
+            transaction.on_commit(partial(notify_review_requested, run=run, reason=reason))
     if queued:
         run.review_status = ReviewStatus.PENDING
     return bool(queued)

@@ -9,5 +9,8 @@ urlpatterns = [
     path("export.<str:export_format>", views.event_export, name="export"),
     path("verify/", views.verify_now, name="verify"),
     path("reviews/", views.review_queue, name="review_queue"),
+    path("reviews/bulk/", views.review_bulk, name="review_bulk"),
     path("runs/<uuid:run_id>/review/", views.run_review, name="run_review"),
+    path("runs/<uuid:run_id>/resolve/", views.flag_resolve, name="flag_resolve"),
+    path("runs/<uuid:run_id>/evidence.jsonl", views.run_export, name="run_export"),
 ]

@@ -4,7 +4,10 @@ The walk streams rows in ``seq`` order (constant memory at millions of rows) and
 
 * its ``seq`` follows the previous one (a gap means rows were **deleted**);
 * its ``prev_digest`` is the previous row's digest (the link);
-* its digest is the HMAC of its own content and ``prev_digest`` (the content).
+* its digest is the HMAC of its own content and ``prev_digest`` (the content): the stored
+  canonical ``entry`` bytes are hashed, and the columns a reader sees are checked against them —
+  on PostgreSQL through the column MAC (server-rendered row, no JSON parsing), elsewhere (or for
+  rows without a MAC) by re-encoding the columns. See docs/audit.md.
 
 At the first failure it looks a little around the row to name the kind of damage:
 
@@ -22,21 +25,30 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.audit import merkle
-from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, canonical_json, compute_digest
+from apps.audit.chain import (
+    DIGEST_FIELDS,
+    GENESIS_DIGEST,
+    PG_CREATED_US,
+    PG_DISPLAY_ROW,
+    canonical_json,
+    compute_digest,
+)
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 
 # The columns a walk needs, in a fixed order (values_list is far cheaper than model instances).
 ROW_FIELDS = (*DIGEST_FIELDS, "prev_digest", "digest")
 CHUNK_SIZE = 5000
+logger = logging.getLogger(__name__)
 
 EDITED, DELETED, REORDERED, INSERTED, REWRITTEN = "edited", "deleted", "reordered", "inserted", "rewritten"
 
@@ -140,8 +152,16 @@ def _diagnose(
 
     content_ok = _digest_ok(key, row)
     link_ok = row["prev_digest"] == expected_prev
-    if content_ok and link_ok:  # pragma: no cover - callers only diagnose failures
-        return VerifyResult(True, seq, seq)
+    if content_ok and link_ok:
+        # The columns still match the digest, so the stored canonical bytes were changed.
+        return VerifyResult(
+            False,
+            checked,
+            checked,
+            seq,
+            EDITED,
+            f"stored entry bytes or column MAC of seq {seq} do not match its (intact) columns and digest",
+        )
 
     # Does the row link to some other existing row? Then rows were moved (swapped seqs or contents).
     if not link_ok:
@@ -245,42 +265,103 @@ def _frontier_root(frontier: list[tuple[int, bytes]]) -> bytes:
     return root
 
 
+# (seq, entry bytes or None, prev_digest, digest, leaf_hash hex, columns agree with entry)
+EntryRow = tuple[int, bytes | None, str, str | None, str, bool]
+
+
+class _NoColumnMac(Exception):
+    """A row sequenced without a column MAC (before migration 0009): re-walk the slow way."""
+
+
+def _pg_entry_rows(key: bytes, start: int, end: int) -> Iterator[EntryRow]:
+    """Stream a seq range through a binary server-side cursor: no ORM converters, no JSON.
+
+    The columns are checked through ``colmac`` (``apps.audit.chain.column_mac``): the server
+    renders them as text (cheap) and the MAC over that rendering must match; the entry bytes are
+    then hashed by the caller.
+    """
+    table = AuditEvent._meta.db_table
+    sql = (
+        f"SELECT seq, entry, prev_digest, digest, leaf_hash, colmac, {PG_CREATED_US}, {PG_DISPLAY_ROW} "  # noqa: S608
+        f"FROM {table} WHERE seq >= %s AND seq <= %s ORDER BY seq"
+    )
+    hmac_digest = hmac.digest
+    connection.ensure_connection()
+    with connection.connection.cursor(name="audit_verify_walk", binary=True) as cur:
+        cur.itersize = CHUNK_SIZE * 4
+        cur.execute(sql, [start, end])
+        for seq, entry, prev, digest, leaf_hex, colmac, created_us, display in cur:
+            if not colmac:
+                raise _NoColumnMac(seq)
+            message = f"{digest}|{seq}|{created_us}|".encode() + display
+            yield seq, entry, prev, digest, leaf_hex, hmac_digest(key, message, "sha256").hex() == colmac
+
+
+def _orm_entry_rows(start: int, end: int) -> Iterator[EntryRow]:
+    """Any backend: re-encode each row's columns and compare them with its stored entry bytes."""
+    qs = AuditEvent.objects.filter(seq__gte=start, seq__lte=end).order_by("seq")
+    for values in qs.values_list(*ROW_FIELDS, "leaf_hash", "entry").iterator(chunk_size=CHUNK_SIZE):
+        row = dict(zip(ROW_FIELDS, values[:-2], strict=True))
+        entry = bytes(values[-1]) if values[-1] is not None else None
+        cols_ok = entry is not None and canonical_json(row_content(row)).encode() == entry
+        yield row["seq"], entry, row["prev_digest"], row["digest"], values[-2], cols_ok
+
+
 def _walk_chunk(key: bytes, start: int, end: int, start_prev: str | None, sizes: list[int]) -> ChunkResult:
     """Check rows start..end (seq); ``start_prev`` None: the link into the chunk is checked by the caller."""
+    if connection.vendor == "postgresql":
+        try:
+            with transaction.atomic():  # the named cursor needs one; a savepoint if nested
+                return _walk_rows(key, _pg_entry_rows(key, start, end), start, start_prev, sizes)
+        except _NoColumnMac:
+            logger.info("audit verify: seq %s-%s has rows without a column MAC; re-encoding them", start, end)
+    return _walk_rows(key, _orm_entry_rows(start, end), start, start_prev, sizes)
+
+
+def _walk_rows(
+    key: bytes, rows: Iterator[EntryRow], start: int, start_prev: str | None, sizes: list[int]
+) -> ChunkResult:
     out = ChunkResult(start=start, at_sizes={})
     frontier: list[tuple[int, bytes]] = []
-    wanted = sorted(s for s in sizes if start <= s <= end)
+    wanted = sorted(s for s in sizes if start <= s)
     expected_seq, expected_prev = start, start_prev
-    qs = AuditEvent.objects.filter(seq__gte=start, seq__lte=end).order_by("seq")
-    for values in qs.values_list(*ROW_FIELDS, "leaf_hash").iterator(chunk_size=CHUNK_SIZE):
-        row = dict(zip(ROW_FIELDS, values[:-1], strict=True))
+    sha256, hmac_digest, node_hash = hashlib.sha256, hmac.digest, merkle.node_hash
+    failed_seq: int | None = None
+    for seq, entry, prev, digest, leaf_hex, cols_ok in rows:
         if out.first_prev is None:
-            out.first_prev = row["prev_digest"]
+            out.first_prev = prev
             if expected_prev is None:
-                expected_prev = row["prev_digest"]
-        canonical = canonical_json(row_content(row))
-        ok = (
-            row["seq"] == expected_seq
-            and row["prev_digest"] == expected_prev
-            and hmac.compare_digest(
-                hmac.new(
-                    key, canonical.encode() + b"|" + row["prev_digest"].encode(), hashlib.sha256
-                ).hexdigest(),
-                row["digest"] or "",
-            )
-        )
-        if not ok:
-            out.failure = (row, expected_seq, expected_prev or GENESIS_DIGEST)
+                expected_prev = prev
+        if not (
+            seq == expected_seq
+            and prev == expected_prev
+            and cols_ok
+            and entry is not None
+            and hmac_digest(key, entry + b"|" + prev.encode(), "sha256").hex() == digest
+        ):
+            failed_seq = seq
             break
-        leaf = merkle.leaf_hash(canonical.encode())
-        if values[-1] != leaf.hex() and out.leaf_mismatch is None:
-            out.leaf_mismatch = row["seq"]
-        _frontier_push(frontier, 1, leaf)
+        leaf = sha256(b"\x00" + entry).digest()
+        if leaf_hex != leaf.hex() and out.leaf_mismatch is None:
+            out.leaf_mismatch = seq
+        # The frontier push, inlined: it runs once per row.
+        size, node = 1, leaf
+        while frontier and frontier[-1][0] == size:
+            node = node_hash(frontier.pop()[1], node)
+            size *= 2
+        frontier.append((size, node))
         out.count += 1
-        out.last_seq, out.last_digest = row["seq"], row["digest"]
-        while wanted and wanted[0] == row["seq"]:
+        out.last_seq, out.last_digest = seq, digest or ""
+        while wanted and wanted[0] == seq:
             out.at_sizes[wanted.pop(0)] = list(frontier)
-        expected_seq, expected_prev = row["seq"] + 1, row["digest"]
+        expected_seq, expected_prev = seq + 1, digest
+    if failed_seq is not None:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()  # release the server-side cursor before querying again
+        row = _row_at(seq=failed_seq)
+        assert row is not None
+        out.failure = (row, expected_seq, expected_prev or GENESIS_DIGEST)
     out.frontier = frontier
     return out
 

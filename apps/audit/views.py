@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,9 +24,19 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.audit import export, selectors, services
 from apps.audit.filters import AuditFilterForm, active_filters, filter_audit_events
-from apps.audit.forms import PAGE_PARAMS, RunReviewForm, bad_search_response, search_param_errors
+from apps.audit.forms import (
+    PAGE_PARAMS,
+    BulkReviewForm,
+    FlagResolveForm,
+    ReviewQueueFilterForm,
+    RunReviewForm,
+    bad_search_response,
+    search_param_errors,
+)
+from apps.audit.selectors import TABS
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
+from apps.runs.selectors import run_content_visible
 
 
 def _int_param(request: HttpRequest, name: str) -> int | None:
@@ -66,7 +77,9 @@ def event_list(request: HttpRequest) -> HttpResponse:
             "query": query,
             "has_filters": bool(params),
             "chain": selectors.chain_state(),
-            "can_verify": request.user.is_superuser,
+            "can_verify": selectors.can_verify_chain(request.user),
+            "total": selectors.capped_total(qs) if page.events or page.pending else 0,
+            "total_cap": selectors.TOTAL_CAP,
         },
     )
 
@@ -124,8 +137,11 @@ VERIFY_INLINE_MAX = 100_000
 
 @require_POST
 def verify_now(request: HttpRequest) -> HttpResponse:
-    if not request.user.is_superuser:
-        raise PermissionDenied("Only platform administrators can start a verification.")
+    if not selectors.can_verify_chain(request.user):
+        raise PermissionDenied(
+            "Starting a verification needs the reviewer or admin role on a team "
+            "(permission review_team_runs)."
+        )
     if selectors.chain_state().head_seq > VERIFY_INLINE_MAX:
         _verify_in_background()
         messages.info(request, "Verification started; this page shows the result when it finishes.")
@@ -157,8 +173,109 @@ def _verify_in_background() -> None:
 
 @require_GET
 def review_queue(request: HttpRequest) -> HttpResponse:
-    runs = selectors.runs_awaiting_review(request.user)
-    return render(request, "audit/review_queue.html", {"runs": runs[:200]})
+    teams = gov.teams_reviewable_by(request.user).order_by("slug")
+    form = ReviewQueueFilterForm(request.GET or None, teams=teams)
+    filters = form.cleaned_data if form.is_valid() else {}
+    tab = filters.get("tab") or "pending"
+    qs = selectors.review_queue(
+        request.user,
+        tab=tab,
+        team=filters.get("team"),
+        reason=filters.get("reason") or "",
+        age=filters.get("age") or "",
+    )
+    runs = list(qs[: selectors.QUEUE_PAGE])
+    params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
+    return render(
+        request,
+        "audit/review_queue.html",
+        {
+            "form": form,
+            "tab": tab,
+            "tabs": [(key, label, urlencode({**params, "tab": key})) for key, label in TABS.items()],
+            "items": selectors.queue_items(
+                runs, content_visible=lambda run: run_content_visible(user=request.user, run=run)
+            ),
+            "total": qs.count() if len(runs) == selectors.QUEUE_PAGE else len(runs),
+            "shown": len(runs),
+            "here": request.get_full_path(),
+            "has_filters": bool(params),
+        },
+    )
+
+
+def _flash_errors(request: HttpRequest, errors: Mapping[str, Iterable[Any]]) -> None:
+    # The desk redirects back to the queue after a refused post: the errors travel as messages.
+    for field_errors in errors.values():
+        for error in field_errors:
+            messages.error(request, str(error))
+
+
+@require_POST
+def review_bulk(request: HttpRequest) -> HttpResponse:
+    """Approve the selected runs with one note (all or none)."""
+    form = BulkReviewForm(request.POST)
+    target = _safe_next(request) or reverse("audit:review_queue")
+    if not form.is_valid():
+        _flash_errors(request, form.errors)
+        return redirect(target)
+    ids = form.cleaned_data["run"]
+    runs = list(gov.runs_visible_to(request.user).select_related("team").filter(pk__in=ids))
+    if len(runs) != len(set(ids)):
+        raise Http404("A selected run does not exist or is not visible to you.")
+    try:
+        reviews = services.run_review_bulk(actor=request.user, runs=runs, note=form.cleaned_data["note"])
+    except ValidationError as exc:
+        _flash_errors(request, exc.message_dict)
+        return redirect(target)
+    released = sum(1 for r in reviews if r.released_answer)
+    note = f" {released} held answer{'s' if released != 1 else ''} released." if released else ""
+    messages.success(request, f"Signed off {len(reviews)} run{'s' if len(reviews) != 1 else ''}.{note}")
+    return redirect(target)
+
+
+@require_POST
+def flag_resolve(request: HttpRequest, run_id: Any) -> HttpResponse:
+    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
+    if not gov.can_review_run(request.user, run):
+        raise PermissionDenied(
+            "Resolving a flag needs the reviewer or admin role on the run's team (permission review_team_runs)."
+        )
+    form = FlagResolveForm(request.POST)
+    target = _safe_next(request) or reverse("runs:detail", args=[run.pk])
+    if not form.is_valid():
+        _flash_errors(request, form.errors)
+        return redirect(target)
+    try:
+        services.run_flag_resolve(actor=request.user, run=run, note=form.cleaned_data["note"])
+    except ValidationError as exc:
+        _flash_errors(request, exc.message_dict)
+        return redirect(target)
+    messages.success(request, "Flag resolved.")
+    return redirect(target)
+
+
+@require_GET
+def run_export(request: HttpRequest, run_id: Any) -> HttpResponse | StreamingHttpResponse:
+    """A run's audit events as verifiable JSON Lines: signed tree head, each event's inclusion
+    proof and the MACed end record (``scripts/verify_audit_export.py`` checks it offline)."""
+    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
+    if not gov.can_review_run(request.user, run):
+        raise PermissionDenied(
+            "Exporting a run's evidence needs the reviewer or admin role on its team "
+            "(permission review_team_runs)."
+        )
+    recorded = services.audit_export_record(
+        actor=request.user, export_format="jsonl", filters={"run": str(run.pk)}
+    )
+    assert recorded.seq is not None  # audit_export_record returns the event sequenced
+    qs = gov.audit_events_visible_to(request.user).filter(run_id=run.pk, seq__lt=recorded.seq)
+    chunks = export.export_chunks(qs, "jsonl")
+    streaming = export.as_async(chunks) if isinstance(request, ASGIRequest) else chunks
+    response = StreamingHttpResponse(streaming, content_type=export.FORMATS["jsonl"][0])
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-evidence.jsonl"'
+    response["X-Audit-Export-Seq"] = str(recorded.seq)
+    return response
 
 
 def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | None = None) -> dict[str, Any]:
@@ -175,7 +292,9 @@ def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | N
 def run_review(request: HttpRequest, run_id: Any) -> HttpResponse:
     run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
     if not gov.can_review_run(request.user, run):
-        raise PermissionDenied("You may not review this run.")
+        raise PermissionDenied(
+            "Reviewing this run needs the reviewer or admin role on its team (permission review_team_runs)."
+        )
     form = RunReviewForm(request.POST)
     if form.is_valid():
         try:
@@ -199,8 +318,12 @@ def run_review(request: HttpRequest, run_id: Any) -> HttpResponse:
     )
 
 
-def _next_url(request: HttpRequest, run: Any) -> str:
+def _safe_next(request: HttpRequest) -> str:
     target = request.POST.get("next", "")
     if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return target
-    return reverse("runs:detail", args=[run.pk])
+    return ""
+
+
+def _next_url(request: HttpRequest, run: Any) -> str:
+    return _safe_next(request) or reverse("runs:detail", args=[run.pk])

@@ -32,7 +32,7 @@ class SpecField(forms.CharField):
 
 class PolicyEditForm(forms.Form):
     spec = SpecField(
-        label="Policy (JSON)",
+        label="Policy (JSON, advanced mode)",
         required=False,
         help_text="Every field is optional; an omitted field takes the default. See the field reference below.",
         widget=forms.Textarea(
@@ -68,6 +68,15 @@ class PolicyEditForm(forms.Form):
             'model_id = [0, 1]; subtasks = ["Draft", "Answer"]; access_list = [[], "all"]. '
             "Worker ids are positions in the team's default pool."
         ),
+    )
+    replay_count = forms.IntegerField(
+        label="Past runs to replay",
+        required=False,
+        min_value=1,
+        max_value=200,
+        initial=50,
+        help_text="Replay: the team's last N finished runs (at most 200), from what they stored. No model is called.",
+        widget=forms.NumberInput(attrs={"data-testid": "replay-count"}),
     )
 
 

@@ -1,9 +1,10 @@
 """`PolicyHooks`: the engine's `GovernanceHooks` implemented from an effective policy.
 
 The hooks are thin: guardrails (`apps.policies.guardrails.run_stage`) and constraints
-(`apps.policies.constraints`) are pure functions. The only database read happens once, in the
-constructor (on the run's thread): the team's budget room at run start, so `before_step` — called
-from executor threads — never touches the ORM.
+(`apps.policies.constraints`) are pure functions. Database reads happen on the run's thread only:
+the team's budget room at run start (constructor) and, when plan checks are on, the workers'
+output history in `validate_plan`; `before_step` — called from executor threads — never touches
+the ORM.
 
 Thread safety: the per-run state (confidential flag, planning round, the pool seen at plan time)
 is written under a lock; `before_step` only reads it.
@@ -147,7 +148,19 @@ class PolicyHooks:
             round_ = self._rounds
             confidential = self._confidential
         facts = PlanFacts(question=ctx.question, confidential=confidential, round=round_)
-        return check_plan(plan, pool.infos, self.spec.constraints, facts)
+        verdict = check_plan(plan, pool.infos, self.spec.constraints, facts)
+        if verdict.plan is None or not self.spec.constraints.forecast.enabled:
+            return verdict
+        # Plan checks: the plan that would run, forecast before any worker is called.
+        from apps.policies.forecast import forecast_plan, forecast_violations
+
+        infos = pool.infos
+        history = worker_output_history([i.key for i in infos])
+        forecast = forecast_plan(verdict.plan, infos, question=ctx.question, history=history)
+        over = forecast_violations(forecast, self.spec.constraints, self.budget_rooms)
+        if not over:
+            return verdict
+        return PlanValidation("blocked", [*verdict.violations, *over], None, over[0].message)
 
     def before_step(
         self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
@@ -177,3 +190,23 @@ class PolicyHooks:
 def hooks_for_test_box(effective: EffectivePolicy) -> PolicyHooks:
     """Hooks for the policy editor's test box: no team budget, no pool (judges do not run)."""
     return PolicyHooks(effective=effective, team=None, run_id="test-box", budget_rooms=[], budget_warnings=[])
+
+
+FORECAST_HISTORY_STEPS = 50
+
+
+def worker_output_history(keys: Sequence[str]) -> dict[str, float]:
+    """Mean output tokens of each worker's last succeeded steps (any team: a number about the
+    worker, no content), for the plan forecast. Workers without history are absent."""
+    from apps.runs.models import Step  # runs sit above policies (a listed exception, like Run above)
+
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(keys):
+        recent = list(
+            Step.objects.filter(worker_key=key, status="succeeded", output_tokens__gt=0)
+            .order_by("-id")
+            .values_list("output_tokens", flat=True)[:FORECAST_HISTORY_STEPS]
+        )
+        if recent:
+            out[key] = sum(recent) / len(recent)
+    return out

@@ -67,8 +67,10 @@ def policy_rows_for(user: Any) -> list[PolicyRow]:
 def pool_worker_infos(team: Any) -> list[WorkerInfo]:
     """WorkerInfos of the team's default pool, in plan-id order (no clients built, no model called)."""
     pool = getattr(team, "default_pool", None) if team is not None else None
-    if pool is None:
-        return []
+    return pool_infos(pool) if pool is not None else []
+
+
+def pool_infos(pool: Any) -> list[WorkerInfo]:
     from apps.workers.engine_adapter import worker_info
 
     entries = pool.pool_workers.select_related("worker", "worker__provider").order_by("position")

@@ -11,6 +11,7 @@ Shape (every key optional; a missing key means the default shown by `default_spe
       workers: {allowed_workers: [key]|null, allowed_tags: [tag]|null, denied_workers: [key], action}
       confidential: {enabled, detect, detect_patterns: [regex], local_tag, action}
       caps: {max_total_tokens, max_cost_usd, max_wall_clock_s, step_timeout_s}
+      forecast: {enabled, max_cost_usd, max_tokens}
       verification: {rules: [{name, pattern}], verifier_workers: [key], verifier_tags: [tag], action}
     budgets:
       daily / monthly: {soft_usd, hard_usd}
@@ -205,6 +206,26 @@ class Caps:
 
 
 @dataclass(frozen=True)
+class ForecastRule:
+    enabled: bool = _f(
+        False,
+        "Forecast each plan's tokens and cost before any worker is called (prices from genai-prices or the "
+        "worker's configured prices; output lengths from the worker's recent steps) and refuse plans "
+        "forecast to cross a limit below, the per-run caps or the team's remaining budget.",
+        "or",
+    )
+    max_cost_usd: Decimal | None = _f(
+        None,
+        "Most forecast spend (USD) of one plan. Empty: only the caps and budgets apply.",
+        "min",
+        minimum=0,
+    )
+    max_tokens: int | None = _f(
+        None, "Most forecast input+output tokens of one plan. Empty: only the caps apply.", "min", minimum=1
+    )
+
+
+@dataclass(frozen=True)
 class VerificationRuleSpec:
     name: str = _f(
         "", "A short name shown in violations, e.g. 'numbers need a check'.", "union", required=True
@@ -252,6 +273,7 @@ class Constraints:
         ConfidentialRule(), "Confidential data stays on local workers.", "nested"
     )
     caps: Caps = _f(Caps(), "Per-run caps, checked before every step.", "nested")
+    forecast: ForecastRule = _f(ForecastRule(), "Plan checks: forecast before execution.", "nested")
     verification: Verification = _f(Verification(), "Required verification steps.", "nested")
 
 

@@ -6,23 +6,28 @@ Views are thin: permissions come from `apps.governance.selectors`, reads from
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model, Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.policies import selectors
 from apps.policies.budgets import budget_status
-from apps.policies.dry_run import dry_run
+from apps.policies.dry_run import EFFECTS, RecordedRun, RecordedStep, dry_run, replay_runs
+from apps.policies.editor import bind, build_sections, form_to_spec, normalised, short_value
 from apps.policies.forms import PolicyEditForm, RollbackForm
-from apps.policies.models import Policy, PolicyVersionStatus
+from apps.policies.hooks import worker_output_history
+from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.services import (
     effective_policy,
     policy_diff,
@@ -34,6 +39,7 @@ from apps.policies.services import (
 from apps.policies.spec import (
     MERGE_RULE_TEXT,
     EffectivePolicy,
+    FieldError,
     PolicySpec,
     SpecError,
     default_spec,
@@ -95,6 +101,18 @@ def _can_edit(user: Any, team: Team | None, policy: Policy | None) -> tuple[bool
     return ok, ok
 
 
+def _digest(spec: Any) -> str:
+    """Fingerprint of a draft's spec: publishing from the review refuses a draft changed since."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _mode(request: HttpRequest) -> str:
+    # A post without `editor_mode` is the JSON form (scripts and older clients post `spec`).
+    if request.method == "POST":
+        return "form" if request.POST.get("editor_mode") == "form" else "json"
+    return "json" if request.GET.get("mode") == "json" else "form"
+
+
 @require_http_methods(["GET", "POST"])
 def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpResponse:
     team = _team_or_404(request.user, team_slug) if team_slug else None
@@ -106,21 +124,45 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
     current = policy.current_version if policy is not None else None
     base = draft or current
     initial_spec = base.spec if base is not None else spec_to_dict(default_spec())
-    spec_errors: list[Any] = []
+    mode = _mode(request)
+    spec_errors: list[FieldError] = []
     test_result = None
+    replay = None
     candidate: PolicySpec | None = None
+    data: dict[str, Any] | None = None
+    posted_values: Any = None  # raw form inputs, re-shown when the post did not validate
 
     if request.method == "POST":
         form = PolicyEditForm(request.POST)
         action = request.POST.get("action", "validate")
+        # The refusal names what is missing: a permission on the team's policy, or the platform role.
+        who = "platform administrators only" if team is None else "permission policies.{}_policy"
+        if action in ("save", "review", "publish", "publish_draft") and not can_change:
+            raise PermissionDenied(f"You may not change this policy ({who.format('change')}).")
+        if action in ("publish", "publish_draft") and not can_publish:
+            raise PermissionDenied(f"You may not publish this policy ({who.format('publish')}).")
+        if action == "publish_draft":
+            return _publish_draft(request, draft)
         if form.is_valid():
-            data = form.cleaned_data["spec"]
-            candidate, spec_errors = validate_spec(data)
-            if action in ("save", "publish") and not can_change:
-                raise PermissionDenied("You may not change this policy.")
-            if action == "publish" and not can_publish:
-                raise PermissionDenied("You may not publish this policy.")
-            if candidate is not None and action in ("save", "publish"):
+            if mode == "form":
+                data, spec_errors = form_to_spec(request.POST)
+                posted_values = request.POST
+            else:
+                data = form.cleaned_data["spec"]
+            if not spec_errors:
+                candidate, spec_errors = validate_spec(data)
+            if candidate is None:
+                pass  # nothing to act on: the field errors are shown with the form
+            elif action == "switch":
+                # Same policy, other editor: the form re-renders from the validated spec.
+                mode, posted_values = ("json" if mode == "form" else "form"), None
+                form = PolicyEditForm(
+                    initial={
+                        "spec": json.dumps(spec_to_dict(candidate), indent=2),
+                        "note": form.cleaned_data["note"],
+                    }
+                )
+            elif action in ("save", "review", "publish"):
                 try:
                     policy = policy_get_or_create(actor=request.user, team=team)
                     version = policy_save_draft(
@@ -129,6 +171,11 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
                     if action == "publish":
                         policy_publish(actor=request.user, version=version)
                         messages.success(request, f"Version {version.number} is published and in force.")
+                    elif action == "review":
+                        messages.info(
+                            request,
+                            f"Draft version {version.number} saved. Check the changes below, then publish.",
+                        )
                     else:
                         messages.success(
                             request, f"Draft version {version.number} saved. Publish it to put it in force."
@@ -136,30 +183,63 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
                 except SpecError as err:
                     spec_errors = err.errors
                 else:
-                    return redirect(request.path)
-            elif candidate is not None and action == "test":
-                platform = _platform_spec()
-                tested = EffectivePolicy(merge_specs(platform, candidate) if team is not None else candidate)
-                test_result = dry_run(
-                    tested,
-                    prompt=form.cleaned_data["sample_prompt"] or "",
-                    plan_text=form.cleaned_data["sample_plan"] or "",
-                    infos=selectors.pool_worker_infos(team),
-                    classification=form.cleaned_data["sample_classification"] or "",
-                )
-            elif candidate is not None:
+                    suffix = "?mode=json" if mode == "json" else ""
+                    anchor = "#publish-review" if action == "review" else ""
+                    return redirect(request.path + suffix + anchor)
+            elif action in ("test", "replay"):
+                tested = _effective_candidate(team, candidate)
+                if action == "test":
+                    infos = selectors.pool_worker_infos(team)
+                    test_result = dry_run(
+                        tested,
+                        prompt=form.cleaned_data["sample_prompt"] or "",
+                        plan_text=form.cleaned_data["sample_plan"] or "",
+                        infos=infos,
+                        classification=form.cleaned_data["sample_classification"] or "",
+                        history=worker_output_history([i.key for i in infos]),
+                    )
+                elif team is None:
+                    spec_errors = [
+                        FieldError("", "Replay runs over one team's past runs; open a team's policy.")
+                    ]
+                else:
+                    limit = form.cleaned_data["replay_count"] or 50
+                    replay = replay_runs(
+                        current=effective_policy(team),
+                        draft=tested,
+                        runs=recorded_runs(user=request.user, team=team, limit=limit),
+                    )
+            else:
                 messages.info(request, "The policy is valid.")
     else:
-        form = PolicyEditForm(initial={"spec": json.dumps(initial_spec, indent=2)})
+        form = PolicyEditForm(initial={"spec": json.dumps(initial_spec, indent=2), "replay_count": 50})
         candidate, _ = validate_spec(initial_spec)
 
+    published = normalised(_spec_or_none(current.spec) if current is not None else default_spec())
+    platform = normalised(_platform_spec()) if team is not None else None
+    shown = normalised(candidate) if candidate is not None else (data or {})
+    editor = bind(
+        build_sections(),
+        values=posted_values if spec_errors else None,
+        spec=shown,
+        published=published,
+        platform=platform,
+        errors=spec_errors,
+    )
     effective = effective_policy(team) if team is not None else None
+    draft_diff = policy_diff(current, draft) if draft is not None else []
     context = {
         "team": team,
         "policy": policy,
         "draft": draft,
+        "draft_digest": _digest(draft.spec) if draft is not None else "",
+        "draft_diff": [
+            {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in draft_diff
+        ],
         "current": current,
         "form": form,
+        "mode": mode,
+        "editor": editor,
         "spec_errors": spec_errors,
         "can_change": can_change,
         "can_publish": can_publish,
@@ -169,8 +249,100 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
         "effective_summary": _summary(effective.spec) if effective is not None else None,
         "effective": effective,
         "test_result": test_result,
+        "replay": replay,
+        "effects": EFFECTS,
     }
     return render(request, "policies/policy_edit.html", context)
+
+
+def _spec_or_none(raw: Any) -> PolicySpec | None:
+    spec, _ = validate_spec(raw)
+    return spec
+
+
+def _effective_candidate(team: Team | None, candidate: PolicySpec) -> EffectivePolicy:
+    """The candidate as it would be in force: a team's spec overlaid on the platform default."""
+    if team is None:
+        return EffectivePolicy(candidate)
+    return EffectivePolicy(merge_specs(_platform_spec(), candidate), team_id=team.pk)
+
+
+def _publish_draft(request: HttpRequest, draft: PolicyVersion | None) -> HttpResponse:
+    """Publish the draft the user reviewed, and only if it is still the draft they saw."""
+    number = _int(request.POST.get("draft_number"))
+    if draft is None or draft.number != number or request.POST.get("draft_digest") != _digest(draft.spec):
+        messages.error(
+            request,
+            "The draft changed since you reviewed it (or was published): check the changes again before publishing.",
+        )
+        return redirect(request.path + "#publish-review")
+    try:
+        policy_publish(actor=request.user, version=draft)
+    except (SpecError, ValueError) as err:
+        messages.error(request, f"Not published: {err}")
+    else:
+        messages.success(request, f"Version {draft.number} is published and in force.")
+    return redirect(request.path)
+
+
+REPLAY_MAX_RUNS = 200
+_TERMINAL = ("succeeded", "failed", "blocked", "cancelled", "timed_out")  # runs.models.TERMINAL_RUN_STATUSES
+
+
+def recorded_runs(*, user: Any, team: Any, limit: int) -> list[Any]:
+    """The team's last ``limit`` finished runs that ``user`` may view, as replay inputs.
+
+    Here rather than in selectors: it reads the runs app, which sits above policies (pages may
+    read every app; the core may not, see the import contracts in pyproject.toml).
+
+    Row visibility is the governance rule (`runs_visible_to`); whether the viewer may see a
+    run's content (held answers) is `apps.runs.selectors.run_content_visible`, carried on each
+    record so the replay page shows only rule names for withheld runs."""
+    from apps.runs.selectors import run_content_visible  # the one content rule for held answers
+
+    qs = gov.runs_visible_to(user).filter(team=team, status__in=_TERMINAL)
+    # RunEvent through the Run relation: this module names no model of the runs app.
+    event_model = cast("type[Model]", qs.model._meta.get_field("events").related_model)
+    runs = list(
+        qs.select_related("team", "pool")
+        .prefetch_related(
+            "steps",
+            Prefetch(
+                "events",
+                queryset=event_model._default_manager.filter(type="plan.proposed").order_by("seq"),
+                to_attr="plan_events",
+            ),
+        )
+        .order_by("-created_at")[: max(1, min(limit, REPLAY_MAX_RUNS))]
+    )
+    infos_by_pool: dict[int, tuple[WorkerInfo, ...]] = {}
+    out = []
+    for run in runs:
+        if run.pool_id not in infos_by_pool:
+            infos_by_pool[run.pool_id] = tuple(selectors.pool_infos(run.pool))
+        plans: dict[int, dict[str, Any]] = {}
+        for ev in run.plan_events:
+            raw = getattr(ev, "data", None)
+            data = raw if isinstance(raw, dict) else {}
+            if isinstance(data.get("plan"), dict):
+                plans[int(data.get("round") or 1)] = data["plan"]  # the last attempt of a round ran
+        steps = sorted(run.steps.all(), key=lambda s: s.index)
+        out.append(
+            RecordedRun(
+                run_id=str(run.pk),
+                created_at=run.created_at,
+                status=run.status,
+                question=run.question,
+                answer=run.answer,
+                classification=run.classification,
+                plans=tuple(sorted(plans.items())),
+                steps=tuple(RecordedStep(s.index, s.round, s.worker_key, s.output) for s in steps),
+                infos=infos_by_pool[run.pool_id],
+                erased_at=run.payload_erased_at,
+                content_visible=run_content_visible(user=user, run=run),
+            )
+        )
+    return out
 
 
 def policy_history(request: HttpRequest, policy_id: int) -> HttpResponse:

@@ -1,8 +1,11 @@
 """`/ws/runs/<uuid>/`: a snapshot (or, with ?after=<seq>, only the missed events) then live events.
 
-Permission is checked before joining the group. On (re)connect the consumer joins the group
-first and reads the database second, then drops live events it already sent (by seq), so an
-event published in between is neither lost nor shown twice.
+One executor hop per handshake reads the run row once, checks the viewer's permission on it
+(governance's ``can_view_run``) and loads the snapshot. Before that hop the consumer's inbox is
+attached to the process's fan-out of the run group (``apps.runs.fanout``; the channel-layer
+membership is the process's, not the viewer's), so an event published during the read is neither
+lost nor, being dropped by seq, shown twice. Nothing reaches the socket before the permission
+check passes (a refused handshake is closed before it is accepted, and detached at once).
 
 Held answers: what the viewer may see is decided with the snapshot (``selectors.run_snapshot``)
 and kept up to date from the events themselves — ``run.started`` says whether the run's policy can
@@ -20,17 +23,22 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 
 from apps.governance import selectors as gov
-from apps.runs import selectors
+from apps.runs import fanout, selectors
 from apps.runs.models import Run
 from apps.runs.sink import group_name, register_server_loop
 from conductor_web.executor_db import in_executor
+from conductor_web.ws_auth import resolve_user
 
 T = TypeVar("T")
 
 CLOSE_FORBIDDEN = 4403
+CLOSE_LAYER_LOST = 1011  # the browser reconnects with ?after=<seq> (or polls the snapshot)
 
 
 async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -45,9 +53,29 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await database_sync_to_async(fn)(*args, **kwargs)  # type: ignore[no-any-return]
 
 
-def _may_view(user: Any, run_id: str) -> bool:
-    run = Run.objects.select_related("team").get(pk=run_id)  # DoesNotExist: see _db
-    return gov.can_view_run(user, run)
+Opening = tuple[dict[str, Any] | None, list[dict[str, Any]], selectors.ViewerAccess]
+
+
+def _open(
+    scope: dict[str, Any], run_id: str, after: int | None, decided: Callable[[bool], None]
+) -> Opening | None:
+    """The whole handshake in one executor job, the run row read once: the session's user
+    (``resolve_user``), then None when that user may not view the run (governance's
+    can_view_run), else the snapshot (or, after ``after``, the missed events) and what this viewer
+    may see. ``decided`` hears the permission verdict as soon as it is known, so the consumer
+    accepts the socket while this job reads on (daphne gives a handshake 5 s to be accepted)."""
+    user = resolve_user(scope)
+    run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)  # DoesNotExist: see _db
+    allowed = gov.can_view_run(user, run)
+    decided(allowed)
+    if not allowed:
+        return None
+    if after is None:
+        snapshot, access = selectors.run_snapshot(user=user, run=run)
+        return snapshot, [], access
+    # The access is decided on the run row read above, before the events (as the snapshot does).
+    events = selectors.run_events_after(run_id, after)
+    return None, events, selectors.viewer_access(user=user, run=run)
 
 
 def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
@@ -56,9 +84,30 @@ def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
+    """Has no channel-layer channel of its own: the process's fan-out (``apps.runs.fanout``) puts
+    the run's messages into ``inbox``, dispatched like channel-layer messages (one at a time, in
+    order, between websocket frames)."""
+
     group: str | None = None
     sent_seq: int | None = None
     access: selectors.ViewerAccess | None = None
+    inbox: fanout.Inbox
+    hub: fanout.Fanout | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # AsyncConsumer.__call__ with the inbox in place of a per-consumer layer channel.
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        # daphne never blocks a send on a slow client (it buffers), so the inbox only grows while
+        # this consumer itself waits on the database.
+        self.inbox = asyncio.Queue()
+        try:
+            await await_many_dispatch([receive, self.inbox.get], self.dispatch)
+        except StopConsumer:
+            pass
+        finally:
+            await self._leave()  # also when a handler raised or the task was cancelled
 
     @property
     def run_id(self) -> str:
@@ -66,27 +115,61 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         run_id = self.run_id
-        user = self.scope.get("user")
+        layer = get_channel_layer()
+        if layer is not None:
+            register_server_loop(asyncio.get_running_loop())
+            # Joined BEFORE the database read: an event published in between is in the inbox
+            # and dropped by seq if the read already covered it, so none is lost.
+            self.hub = fanout.fanout_for(layer)
+            self.group = group_name(run_id)
+            try:
+                await self.hub.join(self.group, self.inbox)
+            except Exception:
+                self.group = None
+                await self.close(code=CLOSE_LAYER_LOST)
+                return
+        after = self._after()
+        loop = asyncio.get_running_loop()
+        verdict: asyncio.Future[bool] = loop.create_future()
+
+        def settle(allowed: bool) -> None:
+            if not verdict.done():
+                verdict.set_result(allowed)
+
+        def decided(allowed: bool) -> None:  # on the executor thread
+            loop.call_soon_threadsafe(settle, allowed)
+
+        job: asyncio.Future[Opening | None] = asyncio.ensure_future(
+            _db(_open, self.scope, run_id, after, decided)
+        )
+        either: list[asyncio.Future[Any]] = [verdict, job]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        accepted = verdict.done() and verdict.result()
+        if accepted:
+            await self.accept()
         try:
-            allowed = await _db(_may_view, user, run_id)
+            opening = await job
         except Run.DoesNotExist:
-            allowed = False
-        if not allowed:
+            opening = None
+        if opening is None:
+            await self._leave()
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        register_server_loop(asyncio.get_running_loop())
-        self.group = group_name(run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
-        after = self._after()
-        if after is None:
-            await self._send_snapshot()
+        snapshot, events, self.access = opening
+        if not accepted:  # the job ended before its verdict reached this loop
+            await self.accept()
+        if snapshot is not None:
+            await self.send_json(snapshot)
+            self.sent_seq = snapshot["last_seq"]
         else:
-            self.access = await _db(_access, user, run_id)
-            events = await _db(selectors.run_events_after, run_id, after)
             self.sent_seq = after
             for event in events:
                 await self._send_event(event)
+
+    async def _leave(self) -> None:
+        hub, group, self.hub, self.group = self.hub, self.group, None, None
+        if hub is not None and group is not None:
+            await hub.leave(group, self.inbox)
 
     async def _send_snapshot(self) -> None:
         snapshot, self.access = await _db(
@@ -153,6 +236,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "last_seq": self.sent_seq})
 
+    async def run_layer_lost(self, message: dict[str, Any]) -> None:
+        """The fan-out lost the channel layer: close, so the browser resyncs from the database."""
+        self.hub = self.group = None  # the fan-out already let go of this viewer
+        await self.close(code=CLOSE_LAYER_LOST)
+
     async def disconnect(self, code: int) -> None:
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        await self._leave()

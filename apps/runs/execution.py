@@ -17,7 +17,6 @@ continue the run's `seq`, so websocket clients lose nothing and see nothing twic
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -178,9 +177,11 @@ class DbCancelToken:
                 .first()
             )
         finally:
+            # Only an engine helper thread (short-lived) gives its connection back; the run's own
+            # thread (a pool thread, a Celery thread) keeps it for the run's next query.
             if (
-                threading.current_thread() is not threading.main_thread()
-                and not threading.current_thread().name.startswith("run")
+                threading.get_ident() != self._owner
+                and threading.current_thread() is not threading.main_thread()
             ):
                 connection.close()
         if row is None or row[0] or row[1] not in (RunStatus.QUEUED, RunStatus.RUNNING):
@@ -264,31 +265,6 @@ def _still_owner(run_id: UUID | str, owner: str) -> bool:
     return Run.objects.filter(pk=run_id, lease_owner=owner).exists()
 
 
-class FencedSink:
-    """Wraps the RunSink: drops events once another executor owns the run (fencing), and
-    shifts `seq` past the events of earlier attempts so a re-queued run's log continues."""
-
-    def __init__(
-        self, inner: Any, *, run_id: UUID | str, owner: str, seq_offset: int, journal: Any = None
-    ) -> None:
-        self.inner = inner
-        self.journal = journal
-        self.run_id = run_id
-        self.owner = owner
-        self.seq_offset = seq_offset
-        self.dropped = 0
-
-    def emit(self, event: Any) -> None:
-        if event.type != "step.delta" and not _still_owner(self.run_id, self.owner):
-            self.dropped += 1
-            return
-        if self.journal is not None and event.type != "step.delta":
-            self.journal.flush()  # the answers this event reports are journaled before it
-        if self.seq_offset:
-            event = dataclasses.replace(event, seq=event.seq + self.seq_offset)
-        self.inner.emit(event)
-
-
 def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
     from apps.engine.runner import run_request
     from apps.runs import integration
@@ -309,15 +285,17 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     )
     limits = integration.engine_limits(policy, run_timeout_s=remaining)
     strategy = build_run_strategy(run, engine_pool)
+    sink = RunSink(run, owner=cancel.owner, journal=journal)
+    journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
     run_request(
         run_id=str(run.id),
         question=run.question or _replay_question(run),
         pool=engine_pool,
         strategy=strategy,
-        sink=FencedSink(
-            RunSink(run), run_id=run.id, owner=cancel.owner, seq_offset=run.last_seq, journal=journal
-        ),
+        # Fenced by the lease and numbered after the events of earlier attempts (Run.last_seq),
+        # so a re-queued run's log continues.
+        sink=sink,
         hooks=integration.governance_hooks(run.team, policy, str(run.id)),
         cancel=cancel,  # type: ignore[arg-type]  # duck-typed CancelToken
         limits=limits,
@@ -328,6 +306,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
         },
         generation=generation_for(run),
     )
+    sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try
 
 
 def _replay_question(run: Run) -> str:

@@ -1,7 +1,7 @@
 """Resume journal (issue 14): a re-queued run continues after its last completed call.
 
 Every provider call a run makes (the conductor's planning, each step, a verifier) is written to
-`RunCall` on the run's thread just before the event that reports it (`CallJournal.flush`), keyed
+`RunCall` by the run's sink in the transaction of the events that report it (`CallJournal.flush`), keyed
 by what was asked: the worker, the exact messages and the generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
 the engine is deterministic given the same answers, so it asks the same questions in the same
 shape, and each one already answered is served from the journal — no provider call, billed once
@@ -18,7 +18,9 @@ import dataclasses
 import hashlib
 import json
 import threading
+import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -73,6 +75,33 @@ class CallJournal:
             self._answers[digest].append(result)
         self.loaded = sum(len(q) for q in self._answers.values())
         self._pending: list[RunCall] = []
+        # Called before each real provider call (the run's sink stores what was emitted so far).
+        self.before_call: Callable[[], None] | None = None
+        # Wall time with at least one provider call in flight (parallel calls count once): the
+        # part of a run that is the providers', not ours (x-conductor-overhead-ms).
+        self._in_flight = 0
+        self._wait_started = 0.0
+        self._waited_s = 0.0
+
+    def call_started(self) -> None:
+        with self._lock:
+            if self._in_flight == 0:
+                self._wait_started = time.perf_counter()
+            self._in_flight += 1
+
+    def call_ended(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._waited_s += time.perf_counter() - self._wait_started
+
+    @property
+    def provider_ms(self) -> float:
+        with self._lock:
+            waited = self._waited_s
+            if self._in_flight:
+                waited += time.perf_counter() - self._wait_started
+        return waited * 1000
 
     def take(self, digest: str) -> WorkerResult | None:
         with self._lock:
@@ -96,7 +125,8 @@ class CallJournal:
             )
 
     def flush(self) -> None:
-        """Write the queued answers (on the run's thread, before the event that reports them)."""
+        """Write the queued answers (by the run's sink, in the transaction of the events that
+        report them)."""
         with self._lock:
             rows, self._pending = self._pending, []
         if rows:
@@ -119,7 +149,13 @@ class JournaledWorker:
             if on_delta is not None and replay.text:
                 on_delta(replay.text)  # a live viewer still sees the text arrive
             return replay
-        result: WorkerResult = self.inner.complete(messages, **options)
+        if self.journal.before_call is not None:
+            self.journal.before_call()
+        self.journal.call_started()
+        try:
+            result: WorkerResult = self.inner.complete(messages, **options)
+        finally:
+            self.journal.call_ended()
         self.journal.record(digest, self.info.key, result)
         return result
 

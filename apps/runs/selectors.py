@@ -73,19 +73,33 @@ def run_list(
     )
 
 
-def run_snapshot(*, user: Any, run_id: UUID | str) -> tuple[dict[str, Any], ViewerAccess]:
+def run_snapshot(
+    *, user: Any, run_id: UUID | str | None = None, run: Run | None = None
+) -> tuple[dict[str, Any], ViewerAccess]:
     """What a websocket viewer starts from, and what that viewer may see of it.
 
     last_seq is read FIRST (with the run row the access is decided on): steps read afterwards can
     only be newer, and re-applying the later events on the client is idempotent. Content is
-    withheld per ``access`` (see ``run_content_visible``)."""
-    run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)
-    access = viewer_access(user=user, run=run)
-    steps = [step_dict(s) for s in Step.objects.filter(run_id=run_id).order_by("index")]
-    decisions = [
-        event_dict(e)
-        for e in RunEvent.objects.filter(run_id=run_id, type__in=DECISION_TYPES[:3], seq__lte=run.last_seq)
-    ]
+    withheld per ``access`` (see ``run_content_visible``). ``run``: the row just read (with team,
+    pool and created_by) by a caller that checked the viewer's permission on it, so the handshake
+    reads it once."""
+    if run is None:
+        if run_id is None:
+            raise TypeError("run_snapshot needs run or run_id")
+        run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)
+    # One read for the decisions and the run.started event that says whether the run can be held.
+    # plan.started too: a late viewer must see a planning node that is still running.
+    decisions = []
+    started: Any = _NOT_READ
+    for e in RunEvent.objects.filter(
+        run_id=run.pk, type__in=(*DECISION_TYPES[:3], "plan.started", "run.started"), seq__lte=run.last_seq
+    ).order_by("seq"):
+        if e.type == "run.started":
+            started = e.data
+        else:
+            decisions.append(event_dict(e))
+    access = viewer_access(user=user, run=run, started=started)
+    steps = [step_dict(s) for s in Step.objects.filter(run_id=run.pk).order_by("index")]
     if access.withheld:
         steps = [withhold_step(s) for s in steps]
         decisions = [withhold_event(e) for e in decisions]
@@ -197,7 +211,7 @@ WITHHELD_JUDGE_DETAIL = "judge verdict withheld until the run is released"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ViewerAccess:
-    reviewer: bool  # may review the run: always sees its content
+    reviewer: bool | None  # may review the run: always sees its content (None: not asked, cannot matter)
     holdable: bool  # the run's policy can hold its answer
     withheld: bool  # content is withheld from this viewer now
     settled: bool = False  # decided from a started or finished run (its events cannot change it)
@@ -227,15 +241,20 @@ def team_may_hold(team: Any) -> bool:
     return bool(policy_hold_rules(spec))
 
 
-def run_may_be_held(run: Run) -> bool:
+_NOT_READ: Any = object()  # run_may_be_held: the caller did not read run.started
+
+
+def run_may_be_held(run: Run, *, started: Any = _NOT_READ) -> bool:
     """Whether ``run``'s answer is, or could still be, held. The sink records the verdict of the
     policy the run executes under on its ``run.started`` event; before that (queued) or for runs
-    recorded without it, the team's policy in force decides."""
+    recorded without it, the team's policy in force decides. ``started``: the data of that event
+    when the caller already read it (``run_snapshot``)."""
     if run.answer_held:
         return True
-    started = (
-        RunEvent.objects.filter(run_id=run.pk, type="run.started").values_list("data", flat=True).first()
-    )
+    if started is _NOT_READ:
+        started = (
+            RunEvent.objects.filter(run_id=run.pk, type="run.started").values_list("data", flat=True).first()
+        )
     if isinstance(started, dict) and "holdable" in started:
         return bool(started["holdable"])
     return team_may_hold(run.team)
@@ -248,14 +267,21 @@ def _withheld(run: Run, holdable: bool) -> bool:
     return run.answer_held or (run.status != RunStatus.SUCCEEDED and holdable)
 
 
-def viewer_access(*, user: Any, run: Run) -> ViewerAccess:
-    reviewer = gov.can_review_run(user, run)
-    holdable = run.answer_held or (run.status != RunStatus.SUCCEEDED and run_may_be_held(run))
+def viewer_access(*, user: Any, run: Run, started: Any = _NOT_READ) -> ViewerAccess:
+    """``reviewer`` is asked (object permissions: the handshake's costliest queries) only when it
+    can matter: content withheld now, or a queued run whose policy decides at ``run.started``.
+    ``started``: see ``run_may_be_held``."""
+    holdable = run.answer_held or (
+        run.status != RunStatus.SUCCEEDED and run_may_be_held(run, started=started)
+    )
+    withheld = _withheld(run, holdable)
+    settled = run.status != RunStatus.QUEUED
+    reviewer = gov.can_review_run(user, run) if withheld or not settled else None
     return ViewerAccess(
         reviewer,
         holdable,
-        not reviewer and _withheld(run, holdable),
-        settled=run.status != RunStatus.QUEUED,
+        withheld and not reviewer,
+        settled=settled,
         answer_held=run.answer_held,
     )
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import dataclasses
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import messages
@@ -15,11 +16,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from apps.audit.selectors import TOTAL_CAP, capped_total
 from apps.governance import selectors as gov
 from apps.runs import selectors, services
 from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
-from apps.runs.models import RunSource, Strategy
-from apps.workers.models import Worker
+from apps.runs.models import Run, RunSource, Strategy
+from apps.workers.models import ProviderKind, Worker
 
 if TYPE_CHECKING:
     from django.forms import ModelChoiceField
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from apps.workers.models import Pool
 
 PAGE_SIZE = 50
+MAX_SUBTASK_CHARS = 4000
 
 
 def _template_exists(name: str) -> bool:
@@ -56,6 +59,28 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
+def _local_models(pool_ids: list[Any]) -> dict[Any, list[str]]:
+    """Pool id -> the local (llama.cpp demo) models in it: such pools carry a visible warning."""
+    rows = Worker.objects.filter(provider__kind=ProviderKind.LOCAL, pool_entries__pool__in=pool_ids)
+    found: dict[Any, list[str]] = {}
+    for pool_id, model in rows.values_list("pool_entries__pool_id", "model_name").distinct():
+        found.setdefault(pool_id, []).append(model)
+    return found
+
+
+def _view_entry(request: HttpRequest, run: Run, local: dict[Any, list[str]]) -> dict[str, Any]:
+    """What templates/runs/_run_view.html needs besides the live state the websocket brings."""
+    return {
+        "id": str(run.id),
+        "can_cancel": not run.is_terminal and _may_cancel(request, run),
+        "local_models": local.get(run.pool_id, []),
+    }
+
+
+def _strategy_value(run: Run) -> str:
+    return f"{run.strategy}-{run.preset}" if run.preset else run.strategy
+
+
 def playground(request: HttpRequest) -> HttpResponse:
     form = PlaygroundForm(request.POST or None, user=request.user)
     if request.method == "POST" and form.is_valid():
@@ -82,23 +107,42 @@ def playground(request: HttpRequest) -> HttpResponse:
         else:
             query = {"run": ids[0]} | ({"compare": ids[1]} if len(ids) > 1 else {})
             return HttpResponseRedirect(f"{reverse('playground')}?{urlencode(query)}")
-    shown = _visible_ids(request, "run", "compare")
-    if request.method == "GET" and shown and "run" in request.GET:
-        first = selectors.run_get_visible(user=request.user, run_id=shown[0])
-        if first is not None and not form.is_bound:
-            form = PlaygroundForm(
-                initial={
-                    "prompt": first.question,
-                    "pool": first.pool_id,
-                    "strategy": f"{first.strategy}-{first.preset}" if first.preset else first.strategy,
-                },
-                user=request.user,
-            )
+    shown = [
+        run
+        for run in (
+            selectors.run_get_visible(user=request.user, run_id=i)
+            for i in _visible_ids(request, "run", "compare")
+        )
+        if run is not None
+    ]
+    # ?replay=<run> fills the form from an earlier run (question, pool, strategy) to run it again
+    # with changes; ?run=<run> shows a run and keeps its question in the form.
+    replay_of = _visible_ids(request, "replay")
+    source = (
+        selectors.run_get_visible(user=request.user, run_id=replay_of[0])
+        if replay_of
+        else (shown[0] if shown else None)
+    )
+    if request.method == "GET" and source is not None and not form.is_bound:
+        initial: dict[str, Any] = {
+            "prompt": source.question,
+            "pool": source.pool_id,
+            "strategy": _strategy_value(source),
+        }
+        if len(shown) > 1:
+            initial["compare"] = _strategy_value(shown[1])
+        form = PlaygroundForm(initial=initial, user=request.user)
     pools = cast("ModelChoiceField[Pool]", form.fields["pool"]).queryset
     assert pools is not None  # PlaygroundForm.__init__ always sets it
-    return render(
-        request, "runs/playground.html", {"form": form, "run_ids": shown, "has_pools": pools.exists()}
-    )
+    local = _local_models([p.pk for p in pools] + [r.pool_id for r in shown])
+    context = {
+        "form": form,
+        "runs": [_view_entry(request, run, local) for run in shown],
+        "has_pools": pools.exists(),
+        "local_pools": [{"name": p.name, "models": local[p.pk]} for p in pools if p.pk in local],
+        "replay_of": source if replay_of else None,
+    }
+    return render(request, "runs/playground.html", context)
 
 
 def run_list(request: HttpRequest) -> HttpResponse:
@@ -135,6 +179,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "page": page,
             "has_next": len(rows) > PAGE_SIZE,
             "has_prev": page > 1,
+            "total": capped_total(qs),  # counts at most TOTAL_CAP + 1 rows (no full COUNT(*))
+            "total_cap": TOTAL_CAP,
             "query": params.urlencode(),
             "teams": gov.teams_with_runs_visible_to(request.user).order_by("slug"),
         },
@@ -149,13 +195,16 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
     content_visible = selectors.run_content_visible(user=request.user, run=run)
     if not content_visible:
         decisions = [selectors.withhold_event(e) for e in decisions]
+    version = run.policy_version
     context = {
         "run": run,
+        "view": _view_entry(request, run, _local_models([run.pool_id])) | {"on_run_page": True},
+        "policy_version": version,
+        "policy_visible": version is not None and gov.can_view_policy(request.user, version.policy),
         "decisions": decisions,
         "content_withheld": not content_visible,
         "held_reason": selectors.held_reason(selectors.run_hold_rules(run.pk)) if run.answer_held else "",
         "audit_events": selectors.run_audit_events(user=request.user, run=run)[:200],
-        "can_cancel": not run.is_terminal and _may_cancel(request, run),
         "review_panel": "audit/_review_panel.html" if _template_exists("audit/_review_panel.html") else None,
     }
     return render(request, "runs/run_detail.html", context)
@@ -189,9 +238,14 @@ def run_cancel(request: HttpRequest, run_id: str) -> HttpResponse:
     if run is None:
         raise Http404("No such run.")
     try:
-        services.run_cancel(actor=request.user, run=run)
+        run = services.run_cancel(actor=request.user, run=run)
     except PermissionError as exc:
         raise PermissionDenied(str(exc)) from None
+    if "application/json" in request.headers.get("Accept", ""):
+        # The run view cancels in place: the live graph keeps its state and shows the ending.
+        return JsonResponse(
+            {"id": str(run.id), "status": run.status, "cancel_requested": run.cancel_requested}
+        )
     messages.success(request, "Cancellation requested: the run stops at the next step boundary.")
     return HttpResponseRedirect(_safe_next(request, reverse("runs:detail", args=[run.id])))
 
@@ -221,17 +275,40 @@ def step_replay(request: HttpRequest, run_id: str, index: int) -> HttpResponse:
     if step is None or not step.messages:
         raise Http404("That step has no recorded messages to replay.")
     worker = step.worker or Worker.objects.filter(slug=step.worker_key).first()
+    replay = [dict(m) for m in step.messages if isinstance(m, dict)]
+    instruction = request.POST.get("instruction", "").strip()
+    if instruction and instruction != step.instruction:
+        # The subtask is the last user message the worker saw (apps.engine.executor.build_messages).
+        if len(instruction) > MAX_SUBTASK_CHARS:
+            messages.error(request, f"The subtask is too long ({MAX_SUBTASK_CHARS} characters at most).")
+            return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
+        guarded = _input_guardrails(run.team)
+        if guarded:
+            # The replay sends its messages verbatim, past the input guardrails: new text must not.
+            messages.error(
+                request,
+                "This team's policy checks input with "
+                + ", ".join(guarded)
+                + ": an edited subtask would reach the worker without those checks, so only an "
+                "unchanged replay is offered. Ask the question again in the playground instead.",
+            )
+            return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
+        if replay and replay[-1].get("role") == "user":
+            replay[-1]["content"] = instruction
+        else:
+            replay.append({"role": "user", "content": instruction})
     try:
         new = services.run_create(
             actor=request.user,
             team=run.team,
             pool=run.pool,
-            question=_last_user_message(step.messages),
+            # The run's own question, so the playground keeps it (the messages carry the subtask).
+            question=run.question or _last_user_message(replay),
             strategy=Strategy.SINGLE,
             preset="",
             worker=worker,
             source=RunSource.PLAYGROUND,
-            replay_messages=step.messages,
+            replay_messages=replay,
         )
     except services.RunRefused as exc:
         if exc.code == "pool_not_allowed":
@@ -239,6 +316,21 @@ def step_replay(request: HttpRequest, run_id: str, index: int) -> HttpResponse:
         messages.error(request, exc.message)
         return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
     return HttpResponseRedirect(f"{reverse('playground')}?{urlencode({'run': str(new.id)})}")
+
+
+def _input_guardrails(team: Any) -> list[str]:
+    """``guardrails.input.<check>`` of every enabled input check of the team's policy in force."""
+    from apps.runs import integration
+
+    try:
+        checks = integration.policy_in_force(team).effective.spec.guardrails.input
+    except ValueError:
+        return ["guardrails.input (the policy no longer validates)"]  # assume the strictest
+    return [
+        f"guardrails.input.{f.name}"
+        for f in dataclasses.fields(checks)
+        if getattr(getattr(checks, f.name), "enabled", False)
+    ]
 
 
 def _last_user_message(msgs: list[dict[str, str]]) -> str:

@@ -7,6 +7,7 @@ when it is in a visible pool or belongs to a provider the user configures.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Prefetch, Q, QuerySet
@@ -92,3 +93,92 @@ def pools_with_workers(qs: QuerySet[Pool]) -> QuerySet[Pool]:
 
 def teams_for_new_pool(user: Any) -> QuerySet[Team]:
     return gov.teams_configurable_by(user)
+
+
+# --- pool health ------------------------------------------------------------------------------------
+# A pool is *ready* only when at least one of its allowed workers (enabled, credentials usable)
+# passed its last health check, and its conductor (when it has its own) did too. Configuration
+# alone ("a key is set") is not readiness: the last real probe decides.
+
+PASSING, FAILING, UNCHECKED, UNAVAILABLE = "passing", "failing", "unchecked", "unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHealth:
+    worker: Worker
+    role: str  # "worker" or "conductor"
+    state: str  # passing | failing | unchecked | unavailable
+    reason: str  # plain words why it does not pass ("" when it does); never a key
+
+    @property
+    def passing(self) -> bool:
+        return self.state == PASSING
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHealth:
+    state: str  # ready | failing | unchecked | unavailable
+    reason: str  # "" when ready
+    workers: tuple[WorkerHealth, ...]
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def not_passing(self) -> list[WorkerHealth]:
+        return [w for w in self.workers if not w.passing]
+
+
+def worker_health(worker: Worker, *, role: str = "worker") -> WorkerHealth:
+    from apps.workers.engine_adapter import worker_unavailable_reason
+    from apps.workers.models import HealthStatus
+
+    name = worker.display_name
+    reason = worker_unavailable_reason(worker)
+    if reason:
+        return WorkerHealth(worker, role, UNAVAILABLE, reason)
+    if worker.health_status == HealthStatus.OK:
+        return WorkerHealth(worker, role, PASSING, "")
+    if worker.health_status == HealthStatus.UNKNOWN:
+        return WorkerHealth(worker, role, UNCHECKED, f"“{name}” has not been checked yet.")
+    detail = worker.health_detail or "no detail recorded"
+    when = f" ({worker.health_checked_at:%Y-%m-%d %H:%M} UTC)" if worker.health_checked_at else ""
+    return WorkerHealth(worker, role, FAILING, f"“{name}” failed its last health check{when}: {detail}")
+
+
+def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHealth:
+    """The pool's readiness from its workers' last health checks (no request is sent here)."""
+    if entries is None:
+        entries = pool_entries(pool)
+    if not pool.enabled:
+        return PoolHealth(UNAVAILABLE, f"The pool “{pool.name}” is disabled.", ())
+    if not entries:
+        return PoolHealth(UNAVAILABLE, f"The pool “{pool.name}” has no workers.", ())
+    workers = [worker_health(e.worker) for e in entries]
+    conductor = pool.conductor_worker
+    cond: WorkerHealth | None = None
+    if conductor is not None:
+        # The conductor plans every run: when it fails, no run starts, whoever else passes.
+        cond = next((w for w in workers if w.worker.pk == conductor.pk), None)
+        if cond is None:
+            cond = worker_health(conductor, role="conductor")
+            workers.append(cond)
+    members = [w for w in workers if w.role == "worker"]
+    allowed = [w for w in members if w.state != UNAVAILABLE]
+    if not allowed:
+        return PoolHealth(
+            UNAVAILABLE, f"No worker of “{pool.name}” can be called: {members[0].reason}", tuple(workers)
+        )
+    if cond is not None and not cond.passing:
+        return PoolHealth(
+            cond.state if cond.state != PASSING else FAILING, f"The conductor: {cond.reason}", tuple(workers)
+        )
+    if any(w.passing for w in allowed):
+        return PoolHealth("ready", "", tuple(workers))
+    if all(w.state == UNCHECKED for w in allowed):
+        return PoolHealth(
+            UNCHECKED, "No worker has passed a health check yet: test a worker's connection.", tuple(workers)
+        )
+    failing = "; ".join(w.reason for w in allowed if w.state == FAILING)
+    return PoolHealth(FAILING, f"No allowed worker passes its health check. {failing}", tuple(workers))

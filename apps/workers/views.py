@@ -16,7 +16,6 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.governance import selectors as gov
 from apps.workers import selectors, services
-from apps.workers.engine_adapter import pool_unavailable_reason, worker_unavailable_reason
 from apps.workers.forms import ExistingWorkerForm, PoolForm, ProviderForm, WorkerForm, apply_service_errors
 from apps.workers.models import Pool, Provider, Worker
 from apps.workers.secrets import key_status, masked_hint
@@ -43,7 +42,10 @@ def _bad(request: HttpRequest, template: str, ctx: dict[str, Any]) -> HttpRespon
 def pool_list(request: HttpRequest) -> HttpResponse:
     pools = selectors.pools_with_workers(gov.pools_visible_to(request.user))
     usable = set(gov.pools_usable_by(request.user).values_list("pk", flat=True))
-    rows = [{"pool": p, "unavailable": pool_unavailable_reason(p), "usable": p.pk in usable} for p in pools]
+    rows = [
+        {"pool": p, "health": selectors.pool_health(p, list(p.pool_workers.all())), "usable": p.pk in usable}
+        for p in pools
+    ]
     return render(
         request,
         "workers/pool_list.html",
@@ -54,25 +56,31 @@ def pool_list(request: HttpRequest) -> HttpResponse:
 def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
     pool = _visible_pool(request, slug)
     user = request.user
+    pool_entries = selectors.pool_entries(pool)
+    health = selectors.pool_health(pool, pool_entries)
+    by_worker = {h.worker.pk: h for h in health.workers}
     entries = []
-    for entry in selectors.pool_entries(pool):
+    for entry in pool_entries:
         w = entry.worker
         entries.append(
             {
                 "entry": entry,
                 "worker": w,
-                "unavailable": worker_unavailable_reason(w),
+                "health": by_worker.get(w.pk) or selectors.worker_health(w),
                 "can_edit": selectors.can_edit_worker(user, w),
                 "can_test": selectors.can_test_worker(user, w),
             }
         )
+    conductor = next((h for h in health.workers if h.role == "conductor"), None)
     return render(
         request,
         "workers/pool_detail.html",
         {
             "pool": pool,
             "entries": entries,
-            "unavailable": pool_unavailable_reason(pool),
+            "health": health,
+            "conductor": conductor,
+            "can_test_conductor": conductor is not None and selectors.can_test_worker(user, conductor.worker),
             "can_change": gov.can_change_pool(user, pool),
             "can_use": gov.can_use_pool(user, pool),
             "teams": gov.teams_granted_pool(pool).filter(pk__in=gov.teams_visible_to(user).values("pk")),

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "apps.policies",
     "apps.runs",
     "apps.api",
+    "apps.insights",
 ]
 
 MIDDLEWARE = [
@@ -147,15 +148,29 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -----------------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# A process's one run fan-out channel (apps.runs.fanout) carries every run its viewers watch.
+_FANOUT_CAPACITY = {"runs-fanout.*": 20_000}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 60},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "capacity": 1500,
+                "expiry": 60,
+                "channel_capacity": _FANOUT_CAPACITY,
+            },
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # InMemoryChannelLayer does not compile channel_capacity globs (Channels 4.3): one capacity
+    # for all, the fan-out's included.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": _FANOUT_CAPACITY["runs-fanout.*"]},
+        }
+    }
 
 # --- Execution ---------------------------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
@@ -235,6 +250,8 @@ if not SECRETS_ENCRYPTION_KEY:
     SECRETS_ENCRYPTION_KEY = base64.urlsafe_b64encode(_raw.encode()[:32].ljust(32, b"0")).decode()
 DEMO_PASSWORD = env.str("DEMO_PASSWORD", default="")
 AUDIT_REVIEW_SAMPLE_RATE = env.float("AUDIT_REVIEW_SAMPLE_RATE", default=0.0)
+# E-mail the team's reviewers (Django's mail backend) when a run enters the review queue.
+REVIEW_NOTIFY_EMAIL = strict_bool("REVIEW_NOTIFY_EMAIL", False)
 USE_X_FORWARDED_FOR = strict_bool("USE_X_FORWARDED_FOR", False)
 
 # --- egress and provider key env (issue 13) ------------------------------------------------------
@@ -310,6 +327,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # /v1 are plain protocol views: their paths and schemas are added by a hook (apps.api.schema).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "apps.api.schema.add_v1_paths",
+    ],
 }
 
 # --- Logging --------------------------------------------------------------------------------------

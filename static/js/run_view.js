@@ -10,8 +10,11 @@
 
   var COLOURS = {
     pending: "#9aa6ba", running: "#2f6fde", succeeded: "#1f9d55", failed: "#d64545",
-    timed_out: "#d98b00", skipped: "#c9b458", blocked: "#8e2b2b"
+    timed_out: "#d98b00", skipped: "#c9b458", blocked: "#8e2b2b", cancelled: "#6b778c"
   };
+  var STRATEGIES = { conductor: "Conductor", single: "Single worker", moa: "Mixture of agents",
+    pev: "Planner-executor-verifier" };
+  var DECISIONS = ["guardrail.checked", "plan.proposed", "plan.validated"];
   var TERMINAL = ["succeeded", "failed", "blocked", "cancelled", "timed_out"];
   var BAND = 6; // x units per recursion round: depth 0..4 fits, so rounds never overlap
 
@@ -38,13 +41,18 @@
     this.run = null;
     this.steps = {};      // index -> step dict
     this.decisions = [];  // guardrail / plan events
+    this.plans = {};      // round -> planning node (the conductor's planning call of that round)
+    this.roundSteps = {}; // round -> indices of the steps its accepted plan runs
+    this.inputChecked = false;
+    this.cancelling = false;
     this.lastSeq = 0;
     this.retry = 0;
     this.selected = null;
     this.q = function (role) { return root.querySelector("[data-role=" + role + "]"); };
     var self = this;
+    this.bindControls();
     this.connect();
-    this.timer = window.setInterval(function () { self.renderStatus(); }, 500);
+    this.timer = window.setInterval(function () { self.renderStatus(); if (!self.isTerminal()) self.renderCompareRow(); }, 500);
   }
 
   RunView.prototype.isTerminal = function () {
@@ -121,7 +129,12 @@
       var self = this;
       (msg.steps || []).forEach(function (s) { self.steps[s.index] = s; });
       this.decisions = [];
-      (msg.decisions || []).forEach(function (d) { self.applyDecision(d); });
+      this.plans = {};
+      this.roundSteps = {};
+      this.inputChecked = false;
+      // Decisions come in seq order: planning nodes rebuild exactly as they grew live.
+      (msg.decisions || []).forEach(function (d) { self.applyDecision(d); self.applyPlanning(d); });
+      if (this.isTerminal()) this.endOpenNodes(this.run.status);
       this.lastSeq = msg.last_seq;
       this.render();
       return;
@@ -143,7 +156,43 @@
   // Plans and guardrail verdicts go to the decisions panel; a step joins the graph only when it
   // starts (or is skipped), so the graph grows as the run really progresses.
   RunView.prototype.applyDecision = function (ev) {
-    this.decisions.push(ev);
+    if (ev.type === "guardrail.checked" && (ev.data || {}).stage === "input") this.inputChecked = true;
+    // Only verdicts are listed; plan.started (a node) and run.started may ride along in a snapshot.
+    if (DECISIONS.indexOf(ev.type) >= 0) this.decisions.push(ev);
+  };
+
+  // The conductor's planning call of each round is a node of its own: running from plan.started,
+  // then carrying every attempt's tokens, cost and latency (from plan.proposed) and its verdict.
+  RunView.prototype.applyPlanning = function (ev) {
+    var d = ev.data || {}, r = d.round || 1, p = this.plans[r];
+    if (ev.type === "plan.started") {
+      this.plans[r] = { key: "p" + r, round: r, kind: "plan", status: "running", worker_key: d.worker_key,
+        worker_name: d.worker_name, model: d.model, first: d.first || 0, attempts: 0, output: "", error: "",
+        usage: { input_tokens: 0, output_tokens: 0 }, cost_usd: null, priced: true, latency_ms: 0 };
+      return;
+    }
+    if (ev.type === "plan.proposed") {
+      if (!p) return; // no planning call (fixed plans, or a pool without a conductor)
+      var u = d.usage || {};
+      p.attempts += d.source === "fallback" ? 0 : 1;
+      p.usage.input_tokens += u.input_tokens || 0;
+      p.usage.output_tokens += u.output_tokens || 0;
+      if (d.cost_usd !== null && d.cost_usd !== undefined) p.cost_usd = String(Number(p.cost_usd || 0) + Number(d.cost_usd));
+      if (d.priced === false) p.priced = false;
+      p.latency_ms += Number(d.latency_ms || 0);
+      if (d.raw) p.output = d.raw;
+      if (d.withheld) p.withheld = true;
+      if (d.source === "fallback") { p.status = "failed"; p.error = d.error || ""; }
+      else if (d.plan) { p.status = "succeeded"; p.error = ""; }
+      else { p.error = d.error || ""; } // a repair attempt follows
+      if (d.plan) p.plan = d.plan;
+      if (d.plan && d.plan.steps) this.roundSteps[r] = d.plan.steps.map(function (s) { return s.index; });
+      return;
+    }
+    if (ev.type === "plan.validated") {
+      if (d.plan && d.plan.steps) this.roundSteps[r] = d.plan.steps.map(function (s) { return s.index; });
+      if (p && d.action === "blocked") { p.status = "blocked"; p.error = d.reason || "The plan was blocked."; }
+    }
   };
 
   RunView.prototype.apply = function (ev) {
@@ -154,11 +203,16 @@
         if (run) { run.status = "running"; run.started_at = run.started_at || new Date(ev.ts * 1000).toISOString(); }
         break;
       case "guardrail.checked":
+        this.applyDecision(ev);
+        break;
+      case "plan.started":
       case "plan.validated":
         this.applyDecision(ev);
+        this.applyPlanning(ev);
         break;
       case "plan.proposed":
         this.applyDecision(ev);
+        this.applyPlanning(ev);
         this.addUsage(d.usage, d.cost_usd);
         break;
       case "step.started":
@@ -186,14 +240,28 @@
           if (t.input_tokens !== undefined) { run.input_tokens = t.input_tokens; run.output_tokens = t.output_tokens; run.cost_usd = t.cost_usd; }
           if (t.latency_ms !== undefined) run.latency_ms = t.latency_ms;
         }
+        this.cancelling = false;
+        this.endOpenNodes(d.status);
         break;
       default:
         break;
     }
   };
 
+  // A node still running when the run ends (cancelled, timed out) ends with it, not "running".
+  RunView.prototype.endOpenNodes = function (status) {
+    var end = status === "succeeded" ? "succeeded" : (COLOURS[status] ? status : "failed");
+    var self = this;
+    Object.keys(this.plans).forEach(function (r) { if (self.plans[r].status === "running") self.plans[r].status = end; });
+  };
+
+  RunView.prototype.planOf = function (key) {
+    return typeof key === "string" && key.charAt(0) === "p" ? this.plans[Number(key.slice(1))] : undefined;
+  };
+
   // Deterministic layout: x = round band + dependency depth within the round (from the stored
-  // access lists); y = the step index. Neither depends on arrival order, so nodes never move.
+  // access lists); y = the step index; a round's planning node sits above its first step (and
+  // beside the conductor step that asked for the re-plan). Nothing depends on arrival order.
   RunView.prototype.layout = function () {
     var idx = Object.keys(this.steps).map(Number).sort(function (a, b) { return a - b; });
     var depth = {}, pos = {}, self = this;
@@ -206,7 +274,16 @@
       depth[i] = Math.min(dd, BAND - 2);
       pos[i] = { x: ((s.round || 1) - 1) * BAND + depth[i], y: -i };
     });
-    return { order: idx, pos: pos };
+    var plans = Object.keys(this.plans).map(Number).sort(function (a, b) { return a - b; }).map(function (r) {
+      var p = self.plans[r];
+      pos[p.key] = { x: (r - 1) * BAND, y: 1 - p.first };
+      return p.key;
+    });
+    return { order: plans.concat(idx), steps: idx, pos: pos, depth: depth };
+  };
+
+  RunView.prototype.node = function (key) {
+    return this.planOf(key) || this.steps[key];
   };
 
   RunView.prototype.renderGraph = function () {
@@ -215,43 +292,61 @@
     var lay = this.layout(), self = this;
     var ex = [], ey = [], annotations = [], shapes = [];
     var rounds = {};
-    lay.order.forEach(function (i) {
+    var arrow = function (q, p) {
+      ex.push(q.x, p.x, null); ey.push(q.y, p.y, null);
+      annotations.push({ x: p.x, y: p.y, ax: q.x, ay: q.y, xref: "x", yref: "y", axref: "x", ayref: "y",
+        showarrow: true, arrowhead: 2, arrowsize: 1.2, arrowwidth: 1.2, arrowcolor: "#7a869a", standoff: 14, startstandoff: 14, text: "" });
+    };
+    lay.steps.forEach(function (i) {
       var s = self.steps[i], p = lay.pos[i];
       rounds[s.round || 1] = true;
-      (s.access || []).forEach(function (a) {
-        var q = lay.pos[a];
-        if (!q) return;
-        ex.push(q.x, p.x, null); ey.push(q.y, p.y, null);
-        annotations.push({ x: p.x, y: p.y, ax: q.x, ay: q.y, xref: "x", yref: "y", axref: "x", ayref: "y",
-          showarrow: true, arrowhead: 2, arrowsize: 1.2, arrowwidth: 1.2, arrowcolor: "#7a869a", standoff: 14, startstandoff: 14, text: "" });
-      });
+      (s.access || []).forEach(function (a) { if (lay.pos[a]) arrow(lay.pos[a], p); });
+      // The round's plan feeds the steps that read nothing earlier in their round.
+      var plan = self.plans[s.round || 1];
+      if (plan && lay.depth[i] === 0) arrow(lay.pos[plan.key], p);
+    });
+    Object.keys(this.plans).forEach(function (r) {
+      rounds[r] = true;
+      var prev = self.steps[self.plans[r].first - 1];
+      if (Number(r) > 1 && prev) arrow(lay.pos[prev.index], lay.pos[self.plans[r].key]);
     });
     var maxRound = Math.max.apply(null, [1].concat(Object.keys(rounds).map(Number)));
-    var minY = Math.min.apply(null, [0].concat(lay.order.map(function (i) { return lay.pos[i].y; })));
+    var ys = lay.order.map(function (k) { return lay.pos[k].y; });
+    var minY = Math.min.apply(null, [0].concat(ys)), maxY = Math.max.apply(null, [0].concat(ys));
     Object.keys(rounds).map(Number).forEach(function (r) {
       var x0 = (r - 1) * BAND - 0.5;
       shapes.push({ type: "rect", xref: "x", yref: "paper", x0: x0, x1: x0 + BAND - 0.2, y0: 0, y1: 1,
         fillcolor: r % 2 ? "rgba(47,111,222,0.05)" : "rgba(31,157,85,0.05)", line: { width: 0 }, layer: "below" });
       annotations.push({ x: x0 + 0.1, y: 1, xref: "x", yref: "paper", text: "round " + r, showarrow: false,
-        xanchor: "left", yanchor: "top", font: { size: 11, color: "#6b778c" } });
+        xanchor: "left", yanchor: "top", font: { size: 11, color: "#5b6575" } });
     });
+    var label = function (k) {
+      var n = self.node(k);
+      return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : k + " · " + (n.worker_key || "?");
+    };
     var nodes = {
       type: "scatter", mode: "markers+text", hoverinfo: "text",
-      x: lay.order.map(function (i) { return lay.pos[i].x; }),
-      y: lay.order.map(function (i) { return lay.pos[i].y; }),
-      text: lay.order.map(function (i) { return i + " · " + (self.steps[i].worker_key || "?"); }),
-      hovertext: lay.order.map(function (i) { var s = self.steps[i]; return s.status + ": " + String(s.instruction || "").slice(0, 80); }),
+      x: lay.order.map(function (k) { return lay.pos[k].x; }),
+      y: lay.order.map(function (k) { return lay.pos[k].y; }),
+      text: lay.order.map(label),
+      hovertext: lay.order.map(function (k) {
+        var n = self.node(k);
+        return n.status + ": " + (n.kind === "plan" ? "planning round " + n.round : String(n.instruction || "").slice(0, 80));
+      }),
       customdata: lay.order,
       textposition: "bottom center",
+      cliponaxis: false, // a label centred on a node at the band's edge stays whole
       marker: { size: 26, line: { width: 2, color: "#fff" },
-        color: lay.order.map(function (i) { return COLOURS[self.steps[i].status] || "#9aa6ba"; }) }
+        symbol: lay.order.map(function (k) { return self.planOf(k) ? "diamond" : "circle"; }),
+        color: lay.order.map(function (k) { return COLOURS[self.node(k).status] || "#9aa6ba"; }) }
     };
     var edges = { type: "scatter", mode: "lines", x: ex, y: ey, hoverinfo: "skip", line: { color: "#c3cad6", width: 1 } };
+    var top = Math.max(maxY, 0) + 0.6, bottom = Math.min(minY, -1) - 0.8;
     var layout = {
-      margin: { l: 10, r: 10, t: 10, b: 10 }, showlegend: false, height: 20 + 90 * (1.4 - Math.min(minY, -1)),
+      margin: { l: 50, r: 10, t: 10, b: 10 }, showlegend: false, height: 20 + 90 * (top - bottom),
       // Two round bands are always laid out (the default depth limit), so round 2 moves nothing.
       xaxis: { visible: false, range: [-0.8, Math.max(2, maxRound) * BAND - 0.6], fixedrange: true },
-      yaxis: { visible: false, range: [Math.min(minY, -1) - 0.8, 0.6], fixedrange: true },
+      yaxis: { visible: false, range: [bottom, top], fixedrange: true },
       shapes: shapes, annotations: annotations, plot_bgcolor: "#fff", paper_bgcolor: "#fff"
     };
     window.Plotly.react(graph, [edges, nodes], layout, { displayModeBar: false, responsive: true });
@@ -259,7 +354,7 @@
       graph._conductorClick = true;
       graph.on("plotly_click", function (ev) {
         var pt = ev && ev.points && ev.points[0];
-        if (pt && pt.customdata !== undefined) self.inspect(Number(pt.customdata));
+        if (pt && pt.customdata !== undefined) self.inspect(pt.customdata, true);
       });
     }
   };
@@ -267,27 +362,71 @@
   RunView.prototype.renderNodes = function () {
     var list = this.q("nodes"), self = this;
     if (!list) return;
-    Object.keys(this.steps).map(Number).sort(function (a, b) { return a - b; }).forEach(function (i) {
-      var s = self.steps[i];
-      var btn = list.querySelector("[data-testid='step-node-" + i + "']");
+    var entries = Object.keys(this.plans).map(function (r) { var p = self.plans[r]; return { key: p.key, sort: p.first - 0.5 }; })
+      .concat(Object.keys(this.steps).map(function (i) { return { key: Number(i), sort: Number(i) }; }));
+    entries.forEach(function (e) {
+      var n = self.node(e.key), isPlan = n.kind === "plan";
+      var testid = isPlan ? "plan-node-" + n.round : "step-node-" + e.key;
+      var btn = list.querySelector("[data-testid='" + testid + "']");
       if (!btn) {
         var li = el("li");
-        btn = el("button", { type: "button", "class": "step-node", "data-testid": "step-node-" + i, "data-index": String(i) });
-        btn.addEventListener("click", function () { self.inspect(i); });
+        btn = el("button", { type: "button", "class": "step-node", "data-testid": testid, "data-sort": String(e.sort),
+          "data-kind": isPlan ? "plan" : "step", "aria-pressed": "false" });
+        btn.addEventListener("click", function () { self.inspect(e.key, true); });
         li.appendChild(btn);
-        // Keep DOM order by index even when a later index arrives first.
-        var next = Array.prototype.find.call(list.children, function (c) { return Number(c.firstChild.getAttribute("data-index")) > i; });
+        // Keep DOM order by position even when a later node arrives first (no re-append: focus stays).
+        var next = Array.prototype.find.call(list.children, function (c) { return Number(c.firstChild.getAttribute("data-sort")) > e.sort; });
         list.insertBefore(li, next || null);
       }
-      btn.setAttribute("data-status", s.status);
-      btn.style.borderLeftColor = COLOURS[s.status] || "#9aa6ba";
-      btn.textContent = "Step " + i + " · round " + (s.round || 1) + " · " + (s.worker_key || "?") + " — " + s.status;
+      btn.setAttribute("data-status", n.status);
+      btn.setAttribute("aria-pressed", self.selected === e.key ? "true" : "false");
+      btn.style.borderLeftColor = COLOURS[n.status] || "#9aa6ba";
+      btn.textContent = isPlan
+        ? "Planning · round " + n.round + " · " + (n.worker_key || "conductor") + " — " + n.status
+        : "Step " + e.key + " · round " + (n.round || 1) + " · " + (n.worker_key || "?") + " — " + n.status;
     });
+  };
+
+  // "What happens now", in words: planning, which step of how many, checking input or output.
+  RunView.prototype.progressText = function () {
+    var run = this.run, self = this;
+    if (!run) return "connecting…";
+    if (this.isTerminal()) {
+      var why = run.status === "succeeded" ? "" : (run.error || run.status_reason || "");
+      return "Finished: " + run.status + (run.answer_held ? " (answer held for review)" : "") + (why ? " — " + why : "");
+    }
+    if (this.cancelling || run.cancel_requested) return "Cancelling: stopping at the current call…";
+    if (run.status === "queued") return "Queued: waiting for an executor to pick the run up.";
+    var planning = Object.keys(this.plans).map(function (r) { return self.plans[r]; })
+      .filter(function (p) { return p.status === "running"; })[0];
+    if (planning) {
+      return (planning.attempts > 0 ? "Repairing the plan with worker " : "Planning with worker ") +
+        (planning.worker_name || planning.worker_key) + (planning.model ? " (" + planning.model + ")" : "") +
+        (planning.round > 1 ? ", round " + planning.round : "") + "…";
+    }
+    var running = Object.keys(this.steps).map(Number).filter(function (i) { return self.steps[i].status === "running"; });
+    if (running.length) {
+      var s = this.steps[running[0]], planned = this.roundSteps[s.round || 1] || [];
+      var pos = function (i) { var k = planned.indexOf(i); return k >= 0 ? k + 1 : i + 1; };
+      var of = planned.length ? " of " + planned.length : "";
+      var round = Object.keys(this.plans).length > 1 || (s.round || 1) > 1 ? " (round " + (s.round || 1) + ")" : "";
+      if (running.length === 1) return "Step " + pos(s.index) + of + round + ": " + (s.worker_name || s.worker_key || "worker") + " is working…";
+      return "Steps " + running.map(pos).join(", ") + of + round + " are running in parallel…";
+    }
+    if (!this.inputChecked && !Object.keys(this.steps).length && !Object.keys(this.plans).length) return "Checking the input…";
+    if (Object.keys(this.steps).length) return "Checking the output…";
+    return "Starting…";
   };
 
   RunView.prototype.renderStatus = function () {
     var run = this.run;
     if (!run) return;
+    var title = this.q("title");
+    if (title && !title.getAttribute("data-filled")) {
+      title.textContent = (STRATEGIES[run.strategy] || run.strategy) + (run.preset ? " · " + run.preset : "") +
+        " — run " + String(run.id).slice(0, 8) + " on " + run.pool;
+      title.setAttribute("data-filled", "true");
+    }
     var status = this.q("status");
     if (status) {
       status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "") +
@@ -297,6 +436,9 @@
       status.setAttribute("data-status", run.status);
       status.className = "badge badge-" + run.status;
     }
+    var progress = this.q("progress"), text = this.progressText();
+    // Rewritten only when it changes: it is a live region, and screen readers announce each write.
+    if (progress && progress.textContent !== text) progress.textContent = text;
     var elapsed = this.q("elapsed");
     if (elapsed && run.started_at) {
       var end = run.finished_at ? Date.parse(run.finished_at) : Date.now();
@@ -314,7 +456,11 @@
       answer.setAttribute("data-ready", this.isTerminal() ? "true" : "false");
     }
     var cancel = this.q("cancel");
-    if (cancel) cancel.hidden = this.isTerminal();
+    if (cancel) {
+      cancel.hidden = this.isTerminal();
+      var button = cancel.querySelector("button");
+      if (button) button.disabled = !!(this.cancelling || run.cancel_requested);
+    }
   };
 
   RunView.prototype.renderDecisions = function () {
@@ -341,30 +487,81 @@
     });
   };
 
-  RunView.prototype.inspect = function (index) {
-    this.selected = index;
+  RunView.prototype.bindControls = function () {
+    var self = this, close = this.root.querySelector("[data-role=inspector-close]");
+    if (close) close.addEventListener("click", function () {
+      var was = self.selected;
+      self.selected = null;
+      self.q("inspector").hidden = true;
+      self.renderNodes();
+      var node = self.root.querySelector("[data-testid='" + (self.planOf(was) ? "plan-node-" + String(was).slice(1) : "step-node-" + was) + "']");
+      if (node) node.focus();
+    });
+    var cancel = this.q("cancel");
+    if (cancel && window.fetch) cancel.addEventListener("submit", function (e) {
+      // Cancel in place: the graph keeps its state and shows the run ending live.
+      e.preventDefault();
+      self.cancelling = true;
+      self.renderStatus();
+      var token = cancel.querySelector("[name=csrfmiddlewaretoken]");
+      fetch(cancel.getAttribute("action"), { method: "POST", credentials: "same-origin", body: new FormData(cancel),
+        headers: { Accept: "application/json", "X-CSRFToken": token ? token.value : "" } })
+        .then(function (r) {
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          return r.json();
+        })
+        .then(function (body) {
+          if (self.run && !self.isTerminal()) self.run.cancel_requested = !!body.cancel_requested;
+          self.renderStatus();
+        })
+        .catch(function (err) {
+          self.cancelling = false;
+          self.q("progress").textContent = "The cancel request failed (" + err.message + "); try again.";
+        });
+    });
+  };
+
+  RunView.prototype.inspect = function (key, focus) {
+    this.selected = key;
     this.renderInspector();
+    this.renderNodes();
+    var box = this.q("inspector");
+    if (!focus || !box || box.hidden) return;
+    // Beside the graph when wide, right below it when narrow: either way scrolled into view.
+    box.scrollIntoView({ block: "nearest" });
+    var title = box.querySelector("[data-field=title]");
+    if (title) title.focus({ preventScroll: true });
   };
 
   RunView.prototype.renderInspector = function () {
-    var box = this.q("inspector"), s = this.steps[this.selected];
+    var box = this.q("inspector"), s = this.node(this.selected);
     if (!box || s === undefined) return;
     box.hidden = false;
+    var isPlan = s.kind === "plan";
     var set = function (role, value) { var n = box.querySelector("[data-field=" + role + "]"); if (n) n.textContent = value; };
-    set("title", "Step " + s.index + " (round " + (s.round || 1) + ")");
-    set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.fallback_from ? " (fallback from " + s.fallback_from + ")" : ""));
-    set("status", s.status);
-    set("instruction", s.instruction || "");
-    set("access", JSON.stringify(s.access || []));
+    box.setAttribute("data-kind", isPlan ? "plan" : "step");
+    set("title", isPlan ? "Planning · round " + s.round : "Step " + s.index + " (round " + (s.round || 1) + ")");
+    set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.model ? " (" + s.model + ")" : "") +
+      (s.fallback_from ? " (fallback from " + s.fallback_from + ")" : ""));
+    set("status", s.status + (isPlan && s.attempts > 1 ? " after " + s.attempts + " attempts" : ""));
+    set("instruction-label", isPlan ? "What the conductor does" : "Instruction");
+    set("instruction", isPlan ? "Writes the workflow for round " + s.round + ": which worker does what, and which earlier outputs each may read." : (s.instruction || ""));
+    set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : JSON.stringify(s.access || []));
     var u = s.usage || {};
     set("tokens", (u.input_tokens || 0) + " in / " + (u.output_tokens || 0) + " out");
     set("cost", fmtCost(s.cost_usd) + (s.priced === false ? " (unpriced)" : ""));
-    set("latency", s.latency_ms !== null && s.latency_ms !== undefined ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
+    set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
     set("error", s.error || "");
-    set("output", s.withheld ? WITHHELD : (s.output || s.live || ""));
+    var label = box.querySelector("[data-field=messages-label]");
+    if (label) label.hidden = isPlan;
+    var planText = isPlan && s.plan && s.plan.steps ? s.plan.steps.map(function (p) {
+      return p.index + ". " + p.worker_key + " (reads " + JSON.stringify(p.access) + "): " + p.instruction;
+    }).join("\n") : "";
+    set("output", s.withheld ? WITHHELD : (isPlan ? (planText || s.output || (s.status === "running" ? "(planning…)" : "")) : (s.output || s.live || "")));
     var msgs = box.querySelector("[data-field=messages]");
+    msgs.hidden = isPlan;
     msgs.textContent = s.withheld ? WITHHELD : "";
-    (s.messages || []).forEach(function (m) {
+    (isPlan ? [] : s.messages || []).forEach(function (m) {
       var item = el("div", { "class": "inspector-message", "data-role-name": m.role });
       item.appendChild(el("div", { "class": "muted" }, m.role));
       item.appendChild(el("pre", {}, m.content));
@@ -372,15 +569,40 @@
     });
     var replay = box.querySelector("[data-field=replay]");
     if (replay) {
-      replay.hidden = !(s.messages && s.messages.length && this.replayUrl);
+      replay.hidden = isPlan || !(s.messages && s.messages.length && this.replayUrl);
       replay.setAttribute("action", this.replayUrl.replace("/0/replay/", "/" + s.index + "/replay/"));
+      var field = replay.querySelector("textarea[name=instruction]");
+      // Refilled only when another step is opened, so an edit in progress survives live updates.
+      if (field && replay.getAttribute("data-step") !== String(s.index)) {
+        field.value = s.instruction || "";
+        replay.setAttribute("data-step", String(s.index));
+      }
     }
+  };
+
+  // Side-by-side mode: one row per run in the playground's comparison table.
+  RunView.prototype.renderCompareRow = function () {
+    var row = document.querySelector("[data-compare-row='" + this.runId + "']"), run = this.run;
+    if (!row || !run) return;
+    var end = run.finished_at ? Date.parse(run.finished_at) : Date.now();
+    var cells = [
+      (STRATEGIES[run.strategy] || run.strategy) + (run.preset ? " · " + run.preset : ""),
+      run.status,
+      String(run.step_count),
+      run.input_tokens + " / " + run.output_tokens,
+      fmtCost(run.cost_usd) + (run.priced === false ? " (partly unpriced)" : ""),
+      run.started_at ? ((end - Date.parse(run.started_at)) / 1000).toFixed(1) + " s" : "—"
+    ];
+    row.textContent = "";
+    cells.forEach(function (text, i) { row.appendChild(el(i ? "td" : "th", i ? {} : { scope: "row" }, text)); });
+    row.setAttribute("data-status", run.status);
   };
 
   RunView.prototype.render = function () {
     this.renderGraph();
     this.renderNodes();
     this.renderStatus();
+    this.renderCompareRow();
     this.renderDecisions();
     if (this.selected !== null) this.renderInspector();
     this.root.setAttribute("data-last-seq", String(this.lastSeq));

@@ -93,8 +93,9 @@ def test_schemathesis_finds_no_server_errors_and_no_schema_violations(
             "-H",
             f"Authorization: Bearer {key}",
             # Revoking generated key ids could revoke the key under test mid-run.
+            # /v1 (in the schema for the docs) starts real runs; the SDK tests (tests/compat) cover it.
             "--exclude-path-regex",
-            r"/revoke/$",
+            r"/revoke/$|^/v1/",
         ],
         capture_output=True,
         text=True,

@@ -14,7 +14,14 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
 from apps.audit import merkle
-from apps.audit.chain import GENESIS_DIGEST, canonical_json, compute_digest
+from apps.audit.chain import (
+    GENESIS_DIGEST,
+    PG_CREATED_US,
+    PG_DISPLAY_ROW,
+    canonical_json,
+    column_mac,
+    compute_digest,
+)
 from apps.audit.events import AuditEventType
 from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.services import audit_flush, audit_record, event_content, hmac_key
@@ -187,6 +194,7 @@ def test_forged_row_inserted_in_the_middle_is_detected(chain: list[AuditEvent], 
 
 def test_forged_row_appended_at_the_tail_is_detected(chain: list[AuditEvent], tamper: Any) -> None:
     last = chain[-1]
+    assert last.seq is not None and last.digest is not None
     forged_digest = compute_digest(b"not-the-key", event_content(last), last.digest)
     tamper.insert_copy(
         like_seq=last.seq,
@@ -203,6 +211,7 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
     chain: list[AuditEvent], tamper: Any, tmp_path: Any
 ) -> None:
     cp_file = tmp_path / "checkpoint.json"
+    assert chain[-1].seq is not None and chain[1].digest is not None
     call_command("audit_checkpoint", "--out", str(cp_file), stdout=StringIO(), stderr=StringIO())
     checkpoint = json.loads(cp_file.read_text())
     assert (checkpoint["seq"], checkpoint["digest"]) == (chain[-1].seq, chain[-1].digest)
@@ -217,12 +226,23 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
     tamper.set_payload(chain[2].seq, json.dumps({"i": 2, "note": "quietly changed"}))
     prev = chain[1].digest
     for event in AuditEvent.objects.filter(seq__gte=chain[2].seq).order_by("seq"):
+        assert event.seq is not None
         digest = compute_digest(key, event_content(event), prev)
-        leaf = merkle.leaf_hash(canonical_json(event_content(event)).encode()).hex()
+        entry = canonical_json(event_content(event)).encode()
+        leaf = merkle.leaf_hash(entry).hex()
         tamper.sql(
-            "UPDATE {t} SET prev_digest = %s, digest = %s, leaf_hash = %s WHERE seq = %s",
-            [prev, digest, leaf, event.seq],
+            "UPDATE {t} SET prev_digest = %s, digest = %s, leaf_hash = %s, entry = %s WHERE seq = %s",
+            [prev, digest, leaf, entry, event.seq],
         )
+        if connection.vendor == "postgresql":  # and the MAC over the columns as the server renders them
+            with connection.cursor() as cur:
+                cur.execute(
+                    f"SELECT {PG_CREATED_US}, {PG_DISPLAY_ROW} FROM {AuditEvent._meta.db_table} WHERE seq = %s",
+                    [event.seq],
+                )
+                created_us, display = cur.fetchone()
+            mac = column_mac(key, digest, event.seq, created_us, bytes(display))
+            tamper.sql("UPDATE {t} SET colmac = %s WHERE seq = %s", [mac, event.seq])
         prev = digest
     leaves = [
         bytes.fromhex(h) for h in AuditEvent.objects.order_by("seq").values_list("leaf_hash", flat=True)
@@ -246,6 +266,7 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
 
 def test_checkpoint_beyond_the_chain_fails(chain: list[AuditEvent], tmp_path: Any) -> None:
     cp_file = tmp_path / "cp.json"
+    assert chain[-1].seq is not None
     cp_file.write_text(json.dumps({"seq": chain[-1].seq + 50, "digest": "a" * 64}))
     code, output = run_verify("--checkpoint", str(cp_file))
     assert code == 1 and "reason=deleted" in output

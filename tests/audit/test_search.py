@@ -153,9 +153,10 @@ def test_event_detail_shows_masked_changes_chain_and_run_link(
 
 
 @pytest.mark.django_db
-def test_verify_now_is_for_superusers(client: Any, superuser: Any, reviewer: Any) -> None:
+def test_verify_now_is_for_reviewers_and_superusers(client: Any, superuser: Any, teammate: Any) -> None:
+    # Reviewers of a team may verify too (issue 17): tests/audit/test_review_desk.py.
     append_events(3)
-    client.force_login(reviewer)
+    client.force_login(teammate)
     assert 'data-testid="verify-now"' not in client.get("/audit/").content.decode()
     assert client.post("/audit/verify/").status_code == 403
     client.force_login(superuser)

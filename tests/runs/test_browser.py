@@ -45,8 +45,8 @@ def test_playground_live_graph_inspector_and_reload(
     answer = page.text_content("[data-testid=final-answer]")
     assert answer == run.answer and answer.startswith("fake-critic-1 says")
     assert page.text_content("[data-testid=run-status]").startswith("succeeded")
-    # The plotly graph has one marker per step.
-    assert page.locator("[data-testid=step-graph] .scatterlayer .trace:last-child .point").count() == 3
+    # The plotly graph has one marker per step, plus the conductor's planning node.
+    assert page.locator("[data-testid=step-graph] .scatterlayer .trace:last-child .point").count() == 4
 
     # The inspector shows the exact messages step 1 saw: the question and step 0's output.
     page.click("[data-testid=step-node-1]")

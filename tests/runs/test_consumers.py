@@ -7,7 +7,7 @@ import concurrent.futures
 import functools
 import inspect
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from channels.db import database_sync_to_async
@@ -51,7 +51,10 @@ async def _connect(run: Run, user: Any, query: str = "") -> tuple[WebsocketCommu
 
 @pytest.fixture
 def run_with_history(fake_pool: Any, owner: Any, alpha: Any) -> Run:
-    run = RunFactory(team=alpha, pool=fake_pool.pool, created_by=owner, status=RunStatus.RUNNING, last_seq=5)
+    run = cast(
+        Run,
+        RunFactory(team=alpha, pool=fake_pool.pool, created_by=owner, status=RunStatus.RUNNING, last_seq=5),
+    )
     StepFactory(
         run=run,
         index=0,

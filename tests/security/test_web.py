@@ -153,7 +153,7 @@ def test_403_page_names_the_missing_permission(client: Any, owner: Any) -> None:
     assert response.status_code == 403
     body = response.content.decode()
     assert 'data-testid="error-403"' in body
-    assert "Only platform administrators can start a verification." in body
+    assert "needs the reviewer or admin role on a team (permission review_team_runs)" in body
 
 
 @pytest.mark.django_db
@@ -286,5 +286,5 @@ def test_demo_server_serves_friendly_pages_never_a_debug_page(demo_server: LiveS
             assert "Traceback" not in response.text and "DEBUG = True" not in response.text
         denied = http.post("/audit/verify/", headers={"X-CSRFToken": http.cookies["csrftoken"]})
         assert denied.status_code == 403
-        assert "Only platform administrators can start a verification." in denied.text
+        assert "needs the reviewer or admin role on a team (permission review_team_runs)" in denied.text
         assert "Content-Security-Policy" in http.get("/playground/").headers

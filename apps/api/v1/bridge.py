@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -79,6 +80,20 @@ class RequestState:
     started: float = field(default_factory=time.monotonic)
     requests: ratelimit.Decision | None = None  # the request-count decision for the key
     tokens: ratelimit.Decision | None = None  # the key's token window (peeked)
+    # Time the request's run spent waiting on model providers (``run.finished``'s ``provider_ms``),
+    # known once a plain response's run ended: x-conductor-overhead-ms is the rest.
+    provider_ms: float | None = None
+
+
+# The state of the /v1 request being served (set by the middleware), so the bridge can note the
+# provider wait whichever adapter waits for the run.
+_current_state: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
+    "v1_request_state", default=None
+)
+
+
+def bind_state(state: RequestState) -> None:
+    _current_state.set(state)
 
 
 def new_request_id() -> str:
@@ -158,12 +173,14 @@ def authenticate(request: HttpRequest) -> ApiKey:
 @dataclass(frozen=True)
 class Target:
     """Where a request runs: the conductor ``preset`` on ``pool``. ``direct`` is a bare pool slug
-    (a *pool model*): with tools, it runs as one step on the pool's default worker."""
+    (a *pool model*): with tools, or when the pool has one worker (``passthrough``: planning could
+    only hand the chat to that worker), it runs as one step on the pool's default worker."""
 
     preset: str
     pool: Any
     model: str
     direct: bool = False
+    passthrough: bool = False
 
 
 def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> OpenAIError:
@@ -225,7 +242,8 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
             detail=pool.slug,
             param="model",
         )
-    return Target(preset=preset, pool=pool, model=model, direct=direct)
+    passthrough = direct and pool.default_worker_id is not None and pool.pool_workers.count() == 1
+    return Target(preset=preset, pool=pool, model=model, direct=direct, passthrough=passthrough)
 
 
 def models_payload(key: ApiKey) -> dict[str, Any]:
@@ -362,7 +380,7 @@ def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
     record: dict[str, Any] = {"options": req.options.to_dict()}
     if req.metadata:
         record["metadata"] = dict(req.metadata)
-    if target.direct and req.options.tools:
+    if target.direct and (req.options.tools or target.passthrough):
         record["conversation"] = [dict(m) for m in req.messages]
     if req.keep:
         record["protocol"] = dict(req.keep)
@@ -370,6 +388,23 @@ def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
 
 
 def start_run(
+    request: HttpRequest,
+    parse: Callable[[bytes], RunRequest],
+    prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
+) -> Started:
+    """``_start_run``, with any failure of a part (the database busy past its timeout, Redis)
+    turned into a 503 naming the part: no run was started, and the client hears why in its
+    protocol's error shape rather than an HTML 500."""
+    try:
+        return _start_run(request, parse, prepare)
+    except OpenAIError:
+        raise
+    except Exception as exc:
+        logger.exception("could not start a run")
+        raise OpenAIError(503, f"No run was started: {failure_cause(exc)}.", type_="server_error") from exc
+
+
+def _start_run(
     request: HttpRequest,
     parse: Callable[[bytes], RunRequest],
     prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
@@ -408,7 +443,8 @@ def start_run(
             team=key.team,
             pool=target.pool,
             question=req.question,
-            # A pool model's tool conversation runs as one step on the default worker.
+            # A pool model's tool conversation (or any chat, on a one-worker pool) runs as one step
+            # on the default worker.
             strategy="single" if "conversation" in record else "conductor",
             preset=target.preset,
             source=RunSource.OPENAI_API,
@@ -503,20 +539,34 @@ class RunFollower:
             except Exception:  # the group entry expires on its own
                 logger.debug("group_discard failed for %s", self.group, exc_info=True)
 
-    async def wait(self, timeout: float) -> None:
+    async def wait(self, timeout: float) -> dict[str, Any] | None:
+        """The wake-up message received (None: the poll interval passed, or polling)."""
         if timeout <= 0:
-            return
+            return None
         if self.channel is None:
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
-            return
+            return None
         try:
-            await asyncio.wait_for(self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S))
+            message: dict[str, Any] = await asyncio.wait_for(
+                self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S)
+            )
+            return message
         except TimeoutError:
-            pass  # no wake-up this interval: the caller reads the database anyway
+            return None  # no wake-up this interval: the caller reads the database anyway
         except Exception as exc:  # e.g. redis TimeoutError/ConnectionError: poll from now on
             _layer_state.failed("receive", exc)
             self.channel = None
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
+            return None
+
+
+def _may_end_run(message: dict[str, Any] | None) -> bool:
+    """Whether a wake-up calls for reading the run: its end, or anything not a plain run event.
+    A run's other events (several per run) need no database read by a plain waiter."""
+    if message is None or message.get("type") != "run.event":
+        return True
+    event = message.get("event")
+    return not isinstance(event, dict) or event.get("type") == "run.finished"
 
 
 def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
@@ -565,15 +615,41 @@ def run_deadline(run: Any) -> float:
     return time.monotonic() + max(0.0, left) + FOLLOW_GRACE_S
 
 
+def provider_wait_ms(run_id: Any) -> float | None:
+    """How long the run waited on model providers (recorded by the sink on ``run.finished``)."""
+    from apps.runs.models import RunEvent
+
+    data = (
+        RunEvent.objects.filter(run_id=run_id, type="run.finished")
+        .order_by("-seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    value = data.get("provider_ms") if isinstance(data, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _load_ended(run_id: Any) -> tuple[Any, float | None]:
+    run = load_run(run_id)
+    return run, provider_wait_ms(run_id) if run.is_terminal else None
+
+
 async def wait_for_run(run: Any) -> Any:
     """The run once it is terminal, or as it is at the client's deadline."""
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
         while True:
-            current = await sync_to_async(load_run)(run.id)
+            current, waited_ms = await sync_to_async(_load_ended)(run.id)
             if current.is_terminal or time.monotonic() >= deadline:
+                state = _current_state.get()
+                if state is not None and waited_ms is not None:
+                    state.provider_ms = waited_ms
                 return current
-            await follower.wait(deadline - time.monotonic())
+            # Skip the read for events that cannot end the run; a quiet interval (a lost publish
+            # included) still reads the database every FOLLOW_POLL_S.
+            while not _may_end_run(await follower.wait(deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    break
 
 
 @dataclass(frozen=True)
@@ -664,15 +740,17 @@ def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: Ba
     )
 
 
-async def count_tokens(key: ApiKey, run: Any) -> None:
+def count_tokens_sync(key: ApiKey, run: Any) -> None:
     """Charge the run's tokens to the key's per-minute token window."""
     # Accounting must never turn a finished run into an error for its client.
     try:
-        await sync_to_async(ratelimit.add_tokens)(
-            key_prefix=key.prefix, tokens=run.input_tokens + run.output_tokens
-        )
+        ratelimit.add_tokens(key_prefix=key.prefix, tokens=run.input_tokens + run.output_tokens)
     except Exception:
         logger.warning("could not count the tokens of run %s", run.id, exc_info=True)
+
+
+async def count_tokens(key: ApiKey, run: Any) -> None:
+    await sync_to_async(count_tokens_sync)(key, run)
 
 
 async def guarded_stream(

@@ -519,6 +519,17 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     )
 
 
+def _outcome(
+    key: Any, final: Any, conductor: dict[str, Any]
+) -> tuple[OpenAIError | None, bridge.FinalAnswer | None]:
+    """Everything a plain answer reads once its run ended, in one trip to a sync thread."""
+    bridge.count_tokens_sync(key, final)
+    error = bridge.run_outcome_error(final, conductor)
+    if final.answer_held:
+        conductor["held"] = bridge.held_info(final.id)
+    return error, (bridge.final_answer(final) if error is None else None)
+
+
 @csrf_exempt
 async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
@@ -554,15 +565,12 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         # Whatever breaks while waiting, the answer still names the run (header and body).
         try:
             final = await bridge.wait_for_run(run)
-            await bridge.count_tokens(started.key, final)
             conductor = bridge.conductor_info(request, final, target)
-            error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
-            if final.answer_held:
-                conductor["held"] = await sync_to_async(bridge.held_info)(final.id)
+            error, answer = await sync_to_async(_outcome)(started.key, final, conductor)
             if error is not None:
                 response = error_response(error)
             else:
-                answer = await sync_to_async(bridge.final_answer)(final)
+                assert answer is not None  # _outcome reads the answer whenever there is no error
                 response = JsonResponse(
                     completion_body(Envelope(env.id, env.created, env.model, conductor), final, answer)
                 )

@@ -4,6 +4,10 @@
   every audit row written by the request carries it), onto the run (``Run.request_id``, and from
   there into its execution's audit rows and log lines) and into log lines (``conductor_web.logging``).
 - ``openai-processing-ms``: time spent before the response (a stream's headers) left.
+- ``x-conductor-overhead-ms``: that time less what the run waited on model providers (union of
+  its provider calls' wall time, ``provider_ms`` on ``run.finished``): this gateway's own cost,
+  as LiteLLM's ``x-litellm-overhead-duration-ms``. A stream's headers leave before its run calls
+  a provider, so there it is the time to the headers.
 - ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``: from the decisions
   ``bridge.authenticate`` took for the key (``apps.api.ratelimit``); absent when no key was read.
 - CORS: for an ``Origin`` listed in ``V1_CORS_ALLOWED_ORIGINS`` (exact ``scheme://host[:port]``
@@ -23,7 +27,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from apps.api.v1.bridge import RequestState, new_request_id, rate_limit_headers
+from apps.api.v1.bridge import RequestState, bind_state, new_request_id, rate_limit_headers
 from apps.api.v1.errors import OpenAIError, error_response
 from conductor_web.request_context import current_request_meta, set_request_meta
 
@@ -31,7 +35,8 @@ PREFIX = "/v1/"
 EXPOSED_HEADERS = (
     "x-request-id, openai-processing-ms, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, "
     "x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
-    "x-ratelimit-reset-tokens, retry-after, x-should-retry, x-conductor-run, x-conductor-run-url"
+    "x-ratelimit-reset-tokens, retry-after, x-should-retry, x-conductor-run, x-conductor-run-url, "
+    "x-conductor-overhead-ms"
 )
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 DEFAULT_ALLOWED_HEADERS = "authorization, content-type, x-api-key, openai-beta, anthropic-version"
@@ -77,6 +82,7 @@ class V1Middleware:
     def _before(self, request: HttpRequest) -> HttpResponse | None:
         state = RequestState(new_request_id())
         request.v1_state = state  # type: ignore[attr-defined]
+        bind_state(state)
         set_request_meta(replace(current_request_meta(), request_id=state.request_id))
         origin = request.headers.get("Origin")
         if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
@@ -101,7 +107,9 @@ class V1Middleware:
     def _after(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         state: RequestState = request.v1_state  # type: ignore[attr-defined]
         response["x-request-id"] = state.request_id
-        response["openai-processing-ms"] = str(int((time.monotonic() - state.started) * 1000))
+        elapsed_ms = (time.monotonic() - state.started) * 1000
+        response["openai-processing-ms"] = str(int(elapsed_ms))
+        response["x-conductor-overhead-ms"] = f"{max(0.0, elapsed_ms - (state.provider_ms or 0.0)):.1f}"
         for name, value in rate_limit_headers(state).items():
             response[name] = value
         if response.status_code == 429 and not response.has_header("Retry-After"):

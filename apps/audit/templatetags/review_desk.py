@@ -1,0 +1,21 @@
+"""The nav's review badge: how many runs await the viewer's review."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def review_nav(context: template.Context) -> dict[str, Any]:
+    """``show``: the viewer reviews some team; ``count``: runs awaiting their review."""
+    from apps.audit.selectors import awaiting_review_count, reviews_any_team
+
+    request = context.get("request")
+    user = getattr(request, "user", None)
+    if user is None or not getattr(user, "is_authenticated", False) or not reviews_any_team(user):
+        return {"show": False, "count": 0}
+    return {"show": True, "count": awaiting_review_count(user)}

@@ -1,0 +1,164 @@
+"""Keeps the hourly rollups in step with the run events (in the event's own transaction)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.db.models import F, Max, Model
+
+from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
+from apps.runs.models import Run, Step
+from apps.runs.observers import RunEventView
+
+# Upper bounds in ms; the last bucket catches everything slower.
+LATENCY_BUCKETS_MS = (
+    50.0, 100.0, 200.0, 350.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 5000.0, 7500.0,
+    10000.0, 15000.0, 20000.0, 30000.0, 60000.0, 120000.0, float("inf"),
+)  # fmt: skip
+
+
+def latency_bucket(ms: float) -> float:
+    return next(b for b in LATENCY_BUCKETS_MS if ms <= b)
+
+
+def hour_of(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _decimal(value: Any) -> Decimal:
+    try:
+        return Decimal(str(value)) if value is not None else Decimal(0)
+    except (InvalidOperation, ValueError):
+        return Decimal(0)
+
+
+def _bump(model: type[Model], key: dict[str, Any], **amounts: Any) -> None:
+    """Add ``amounts`` to the hour row and the day row of ``key``: get_or_create (savepoint on a
+    race), then F()."""
+    amounts = {k: v for k, v in amounts.items() if v}
+    if not amounts:
+        return
+    hour = key["hour"]
+    for grain, start in ((HOUR, hour), (DAY, hour.replace(hour=0))):
+        obj, _ = model._default_manager.get_or_create(**{**key, "grain": grain, "hour": start})
+        model._default_manager.filter(pk=obj.pk).update(**{k: F(k) + v for k, v in amounts.items()})
+
+
+def on_event(view: RunEventView) -> None:
+    handler = _HANDLERS.get(view.type)
+    if handler is None:
+        return
+    strategy, pool_id = Run.objects.values_list("strategy", "pool_id").get(pk=view.run_id)
+    base = {
+        "team_id": view.team_id,
+        "pool_id": pool_id,
+        "strategy": strategy,
+        "hour": hour_of(view.event["ts"]),
+    }
+    handler(base, view.data)
+    if view.type == "run.finished":
+        # Recursion depth: the last planning round the run reached (1 = no re-plan).
+        depth = Step.objects.filter(run_id=view.run_id).aggregate(d=Max("round"))["d"] or 1
+        _bump(
+            HistogramRollup,
+            {**base, "worker_key": RUN_ROW, "metric": "depth", "bucket": float(depth)},
+            count=1,
+        )
+
+
+def _plan_proposed(base: dict[str, Any], data: dict[str, Any]) -> None:
+    usage = data.get("usage") or {}
+    _bump(
+        Rollup,
+        {**base, "worker_key": RUN_ROW},
+        orch_input_tokens=int(usage.get("input_tokens") or 0),
+        orch_output_tokens=int(usage.get("output_tokens") or 0),
+        orch_cost_usd=_decimal(data.get("cost_usd")),
+        fallbacks=1 if data.get("source") == "fallback" else 0,
+    )
+
+
+def _plan_validated(base: dict[str, Any], data: dict[str, Any]) -> None:
+    action = data.get("action")
+    _bump(
+        Rollup,
+        {**base, "worker_key": RUN_ROW},
+        repairs=1 if action == "repaired" else 0,
+        plans_blocked=1 if action == "blocked" else 0,
+    )
+
+
+def _step_finished(base: dict[str, Any], data: dict[str, Any]) -> None:
+    if data.get("status") in ("skipped", "blocked") and not data.get("latency_ms"):
+        return  # never ran: no worker work to count
+    usage = data.get("usage") or {}
+    key = {**base, "worker_key": str(data.get("worker_key") or "?")[:60]}
+    latency = data.get("latency_ms")
+    _bump(
+        Rollup,
+        key,
+        steps=1,
+        steps_failed=0 if data.get("status") == "succeeded" else 1,
+        input_tokens=int(usage.get("input_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        cost_usd=_decimal(data.get("cost_usd")),
+        latency_ms_sum=float(latency or 0),
+        latency_count=1 if latency is not None else 0,
+    )
+    if latency is not None:
+        _bump(
+            HistogramRollup, {**key, "metric": "latency", "bucket": latency_bucket(float(latency))}, count=1
+        )
+
+
+def _guardrail_checked(base: dict[str, Any], data: dict[str, Any]) -> None:
+    for check in data.get("checks") or []:
+        _bump(
+            GuardrailRollup,
+            {
+                **base,
+                "rule": str(check.get("name") or "?")[:80],
+                "stage": str(check.get("stage") or data.get("stage") or "")[:16],
+                "status": str(check.get("status") or "")[:12],
+                "action": str(check.get("action") or "")[:24],
+            },
+            count=1,
+        )
+
+
+def _run_finished(base: dict[str, Any], data: dict[str, Any]) -> None:
+    totals = data.get("totals") or {}
+    status = data.get("status") or "failed"
+    latency = totals.get("latency_ms")
+    key = {**base, "worker_key": RUN_ROW}
+    _bump(
+        Rollup,
+        key,
+        runs=1,
+        succeeded=1 if status == "succeeded" else 0,
+        failed=1 if status in ("failed", "timed_out", "cancelled") else 0,
+        blocked=1 if status == "blocked" else 0,
+        held=1 if data.get("answer_held") else 0,
+        steps=int(totals.get("steps") or 0),
+        input_tokens=int(totals.get("input_tokens") or 0),
+        output_tokens=int(totals.get("output_tokens") or 0),
+        cost_usd=_decimal(totals.get("cost_usd")),
+        latency_ms_sum=float(latency or 0),
+        latency_count=1 if latency is not None else 0,
+    )
+    if latency is not None:
+        _bump(
+            HistogramRollup, {**key, "metric": "latency", "bucket": latency_bucket(float(latency))}, count=1
+        )
+    _bump(HistogramRollup, {**key, "metric": "steps", "bucket": float(totals.get("steps") or 0)}, count=1)
+
+
+_HANDLERS = {
+    "plan.proposed": _plan_proposed,
+    "plan.validated": _plan_validated,
+    "step.finished": _step_finished,
+    "guardrail.checked": _guardrail_checked,
+    "run.finished": _run_finished,
+}

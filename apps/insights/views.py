@@ -1,0 +1,39 @@
+"""/insights/: thin — the form reads the URL, selectors compute, the template hands JSON to plotly."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from apps.insights import selectors
+from apps.insights.forms import InsightFilterForm
+
+
+@require_GET
+@login_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    teams = selectors.visible_team_slugs(request.user)
+    form = InsightFilterForm(
+        request.GET or None, teams=teams, pools=selectors.visible_pool_slugs(request.user)
+    )
+    valid = form.is_valid() if form.is_bound else True
+    start, end = form.window(timezone.now())
+    filters = form.cleaned_data if form.is_bound and valid else {}
+    scope = selectors.scope_for(user=request.user, start=start, end=end, filters=filters)
+    data = selectors.insights(user=request.user, scope=scope)
+    return render(
+        request,
+        "insights/dashboard.html",
+        {
+            "form": form,
+            "data": data,
+            "start": start,
+            "end": end,
+            "charts_json": data["charts"],
+            "notices": selectors.notices_for(request.user),
+        },
+        status=200 if valid else 400,
+    )

@@ -1,0 +1,375 @@
+"""Gateway overhead side by side: direct upstream, the LiteLLM proxy and this project, one run.
+
+Not a test: prints the table for bench/API.md. One fast loopback fake OpenAI upstream
+(``tests.fakes.openai_server``) answers every call at once. One load generator (httpx, asyncio)
+sends ``POST /v1/chat/completions`` at 1/8/32/128 concurrent clients to, interleaved level by
+level (every target gets a batch at one level before the next level starts):
+
+- ``direct``: the upstream itself (the floor);
+- ``litellm``: the LiteLLM proxy in front of the same upstream, if ``.venv-bench/bin/litellm``
+  exists (``make bench-venv`` / the ``bench`` extra; never a runtime dependency of this project);
+- ``pool``: this project, ``model: <pool slug>`` on a one-worker pool (a pass-through: one step);
+- ``mini``: this project, ``conductor-mini`` on a 2-worker pool (a plan and 2 steps: 3 calls).
+
+Overhead is client latency less the direct upstream's median at the same level; the table also
+shows the gateways' own header (``x-conductor-overhead-ms`` / ``x-litellm-overhead-duration-ms``).
+
+    .venv/bin/python bench/gateway.py                      # embedded: SQLite, threads in daphne
+    .venv/bin/python bench/gateway.py --clients 1,8 --requests 40
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/conductor_gateway_bench \\
+      REDIS_URL=redis://127.0.0.1:6379/1 CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \\
+      .venv/bin/python bench/gateway.py --mode distributed
+
+Embedded uses its own SQLite file (recreated). Distributed recreates the PostgreSQL database named
+in DATABASE_URL (its name must end in ``_bench``) and consumes its own Celery queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
+parser.add_argument("--clients", default="1,8,32,128")
+parser.add_argument(
+    "--requests", type=int, default=0, help="requests per target and level (default: max(40, c))"
+)
+parser.add_argument("--run-threads", type=int, default=16, help="RUN_THREAD_WORKERS / Celery threads")
+parser.add_argument("--litellm", default=str(ROOT / ".venv-bench" / "bin" / "litellm"))
+ARGS = parser.parse_args()
+
+WORK = Path("/tmp/conductor_gateway_bench")
+WORK.mkdir(exist_ok=True)
+(WORK / "gateway_bench_settings.py").write_text(
+    "from conductor_web.settings.local import *  # noqa\n"
+    "DEBUG = False\n"
+    "CELERY_TASK_DEFAULT_QUEUE = 'gateway_bench'\n"
+    "LOGGING['root']['level'] = 'WARNING'\n"
+)
+sys.path.insert(0, str(WORK))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(WORK), str(ROOT), os.environ.get("PYTHONPATH", "")])
+os.environ["DJANGO_SETTINGS_MODULE"] = "gateway_bench_settings"
+os.environ.setdefault("EGRESS_ALLOW", "127.0.13.1")  # the fake upstream's loopback address only
+os.environ["RUN_THREAD_WORKERS"] = str(ARGS.run_threads)
+
+if ARGS.mode == "embedded":
+    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
+        os.environ.pop(var, None)
+    db_file = WORK / "db.sqlite3"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_file}{suffix}").unlink(missing_ok=True)
+    os.environ["DATABASE_URL"] = f"sqlite:///{db_file}"
+else:
+    missing = [v for v in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL") if not os.environ.get(v)]
+    if missing:
+        sys.exit(f"--mode distributed needs {', '.join(missing)}")
+    import psycopg
+
+    url = urlparse(os.environ["DATABASE_URL"])
+    name = url.path.lstrip("/")
+    if not name.endswith("_bench"):
+        sys.exit("use a database whose name ends with _bench: it is dropped and recreated")
+    with psycopg.connect(url._replace(path="/postgres").geturl(), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+import django  # noqa: E402
+
+django.setup()
+
+import httpx  # noqa: E402
+from django.contrib.auth import get_user_model  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+
+from apps.api.services import apikey_create  # noqa: E402
+from apps.governance.services import membership_set, team_create  # noqa: E402
+from apps.workers.services import pool_create  # noqa: E402
+from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from tests.fixtures.core import free_port  # noqa: E402
+
+PLAN = 'model_id = [0, 1]\nsubtasks = ["Solve.", "Check and answer."]\naccess_list = [[], [0]]'
+UPSTREAM_KEY = "sk-bench-0000"
+LITELLM_KEY = f"sk-litellm-bench-{uuid.uuid4().hex}"
+PROMPT = [{"role": "user", "content": "What is 6*7?"}]
+
+
+def responder(request: dict[str, Any]) -> str:
+    return PLAN if request.get("model") == "conductor" else "42"
+
+
+def setup_data(server: FakeOpenAIServer) -> str:
+    call_command("migrate", verbosity=0)
+    user = get_user_model().objects.create_user("gwbench", password=uuid.uuid4().hex)
+    team = team_create(actor=None, slug="gwbench", name="Gateway bench")
+    membership_set(actor=None, team=team, user=user, role="admin")
+    _pool, _, workers, conductor = build_openai_compatible_pool(
+        team=team,
+        base_url=server.base_url,
+        api_key=UPSTREAM_KEY,
+        slug="gw",
+        workers=[{"slug": f"gw-{i}", "display_name": f"W{i}", "model_name": f"w{i}"} for i in range(2)],
+        conductor={"slug": "gw-c", "display_name": "C", "model_name": "conductor"},
+        pool_name="Bench pool",
+        provider_name="Instant fake",
+    )
+    pool_create(
+        actor=None,
+        team=team,
+        slug="solo",
+        name="Solo",
+        workers=[workers[0]],
+        default_worker=workers[0],
+        conductor_worker=conductor,
+    )
+    key = apikey_create(
+        actor=None,
+        team=team,
+        name="bench",
+        principal=user,
+        requests_per_minute=100_000,
+        tokens_per_minute=100_000_000,
+    )
+    return key.plaintext
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited early (see {WORK})")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"{what} did not start")
+
+
+def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "conductor_web.asgi:application",
+    ]
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, stdout=(WORK / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
+    ]
+    wait_port(port, procs[0], "daphne")
+    if ARGS.mode == "distributed":
+        celery = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "conductor_web",
+            "worker",
+            "-l",
+            "warning",
+            "-Q",
+            "gateway_bench",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(ARGS.run_threads),
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"gwbench-{os.getpid()}@%h",
+        ]
+        log = (WORK / "celery.log").open("wb")
+        procs.append(subprocess.Popen(celery, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+        time.sleep(4)  # the worker logs nothing at -l warning; give it time to connect
+    return f"http://127.0.0.1:{port}", procs
+
+
+def start_litellm(upstream: str) -> tuple[str, subprocess.Popen[bytes]] | None:
+    if not Path(ARGS.litellm).exists():
+        print(f"no LiteLLM at {ARGS.litellm}: its column is left out", file=sys.stderr)
+        return None
+    config = WORK / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: fake\n"
+        "    litellm_params:\n"
+        "      model: openai/w0\n"
+        f"      api_base: {upstream}\n"
+        f"      api_key: {UPSTREAM_KEY}\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+        "general_settings:\n"
+        f"  master_key: {LITELLM_KEY}\n"  # it refuses to start without one (and so authenticates, as we do)
+    )
+    port = free_port()
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_PROXY": "*"}
+    env.pop("DATABASE_URL", None)  # no LiteLLM database: its plain proxy, as in its own benchmarks
+    proc = subprocess.Popen(
+        [
+            ARGS.litellm,
+            "--config",
+            str(config),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        stdout=(WORK / "litellm.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    wait_port(port, proc, "litellm")
+    return f"http://127.0.0.1:{port}", proc
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+class Target:
+    def __init__(self, name: str, base: str, key: str, model: str, header: str | None) -> None:
+        self.name, self.base, self.key, self.model, self.header = name, base, key, model, header
+
+
+Result = tuple[list[float], list[float], float, int]
+
+
+async def batch(target: Target, clients: int, total: int) -> Result:
+    """``total`` requests from ``clients`` concurrent clients: latencies of the good answers,
+    self-reported overhead (the gateway's header), wall seconds, failures. Every answer is checked."""
+    latencies: list[float] = []
+    reported: list[float] = []
+    failures: list[str] = []
+    todo = iter(range(total))
+    body = {"model": target.model, "messages": PROMPT}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(
+        base_url=target.base, headers={"Authorization": f"Bearer {target.key}"}, timeout=300, limits=limits
+    ) as client:
+
+        async def one_client() -> None:
+            for _ in todo:
+                t0 = time.perf_counter()
+                try:
+                    response = await client.post("/v1/chat/completions", json=body)
+                except httpx.HTTPError as exc:  # e.g. a reset connection: counted, not fatal
+                    failures.append(f"{type(exc).__name__}")
+                    continue
+                elapsed = (time.perf_counter() - t0) * 1000
+                if response.status_code != 200 or response.json()["choices"][0]["message"]["content"] != "42":
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+                    continue
+                latencies.append(elapsed)
+                if target.header and response.headers.get(target.header):
+                    reported.append(float(response.headers[target.header]))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        wall = time.perf_counter() - started
+    if failures:
+        print(f"  {target.name}: {len(failures)} failed, e.g. {failures[0]}", file=sys.stderr)
+    return latencies, reported, wall, len(failures)
+
+
+def main() -> None:
+    # The fake's ThreadingHTTPServer listens with a backlog of 5: at 32+ clients the direct
+    # target's connections were reset. A real upstream's backlog, in this process only.
+    ThreadingHTTPServer.request_queue_size = 1024
+    server = FakeOpenAIServer(responder)
+    server.start()
+    key = setup_data(server)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        base, procs = start_conductor()
+        # The fake's base_url ends in /v1 (what SDKs take); the load generator adds the full path.
+        targets = [Target("direct", server.base_url.removesuffix("/v1"), UPSTREAM_KEY, "w0", None)]
+        litellm = start_litellm(server.base_url)
+        if litellm is not None:
+            procs.append(litellm[1])
+            targets.append(
+                Target("litellm", litellm[0], LITELLM_KEY, "fake", "x-litellm-overhead-duration-ms")
+            )
+        targets += [
+            Target("pool", base, key, "solo", "x-conductor-overhead-ms"),
+            Target("mini", base, key, "conductor-mini", "x-conductor-overhead-ms"),
+        ]
+        for target in targets:  # warm-up: imports, connections, first runs
+            asyncio.run(batch(target, 2, 10))
+        results: dict[tuple[str, int], Result] = {}
+        for clients in [int(c) for c in ARGS.clients.split(",")]:
+            total = ARGS.requests or max(40, clients)
+            for target in targets:
+                results[(target.name, clients)] = asyncio.run(batch(target, clients, total))
+                lat = results[(target.name, clients)][0] or [float("nan")]
+                print(f"c={clients} {target.name}: p50 {statistics.median(lat):.1f} ms", file=sys.stderr)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        server.stop()
+    print_table(targets, results)
+
+
+def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
+    load = os.getloadavg()
+    print(
+        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+    )
+    print(
+        "| clients | target | requests | p50 ms | p99 ms | overhead p50 / p95 / p99 ms | "
+        "own header p50 ms | req/s | p50 overhead ÷ LiteLLM's |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for clients in sorted({c for _, c in results}):
+        direct_p50 = statistics.median(results[("direct", clients)][0])
+        lite = results.get(("litellm", clients))
+        lite_over = statistics.median(lite[0]) - direct_p50 if lite else None
+        for target in targets:
+            lat, reported, wall, failed = results[(target.name, clients)]
+            if not lat:
+                print(f"| {clients} | {target.name} | 0 | - | - | - | - | - | - |")
+                continue
+            over = [v - direct_p50 for v in lat]
+            own = f"{statistics.median(reported):.1f}" if reported else "-"
+            ratio = (
+                f"{statistics.median(over) / lite_over:.2f}"
+                if lite_over and target.name not in ("direct", "litellm")
+                else "-"
+            )
+            print(
+                f"| {clients} | {target.name} | {len(lat)}{f' ({failed} failed)' if failed else ''} | {statistics.median(lat):.1f} | {pct(lat, 0.99):.1f} | "
+                f"{statistics.median(over):.1f} / {pct(over, 0.95):.1f} / {pct(over, 0.99):.1f} | {own} | "
+                f"{len(lat) / wall:.1f} | {ratio} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
