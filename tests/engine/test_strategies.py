@@ -121,7 +121,13 @@ def test_conductor_scripted_plan(openai_fake: FakeOpenAIServer) -> None:
     assert proposed[0].data["plan"]["steps"][1]["worker_key"] == "w1"
     assert proposed[0].data["usage"]["input_tokens"] > 0
     types = sink.types()
-    assert types[:5] == ["run.started", "guardrail.checked", "plan.started", "plan.proposed", "plan.validated"]
+    assert types[:5] == [
+        "run.started",
+        "guardrail.checked",
+        "plan.started",
+        "plan.proposed",
+        "plan.validated",
+    ]
     # Conductor tokens count toward the run totals.
     all_in = sum(
         json.loads(json.dumps(e.data["usage"]))["input_tokens"]
