@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
 from django.http import HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -65,6 +65,20 @@ OPERATION_DURATION = Histogram(
     buckets=DURATION_BUCKETS,
     registry=_LOCAL,
 )
+
+# Live websocket viewers of runs in this server process; "livesum" adds the live processes'
+# values in multiprocess mode (a dead daphne's viewers are gone with it).
+WEBSOCKET_VIEWERS = Gauge(
+    "conductor_websocket_viewers",
+    "Websocket viewers of runs connected now",
+    registry=_LOCAL,
+    multiprocess_mode="livesum",
+)
+
+
+def websocket_viewer(delta: int) -> None:
+    """A run page's websocket was accepted (+1) or ended (-1)."""
+    WEBSOCKET_VIEWERS.inc(delta)
 
 
 def on_run_event(view: RunEventView) -> None:
@@ -178,7 +192,7 @@ def _registry() -> CollectorRegistry:
 
         multiprocess.MultiProcessCollector(registry)
     else:
-        for metric in (TOKEN_USAGE, OPERATION_DURATION):
+        for metric in (TOKEN_USAGE, OPERATION_DURATION, WEBSOCKET_VIEWERS):
             registry.register(metric)
     registry.register(DatabaseCollector())
     return registry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -46,7 +48,36 @@ def _bump(model: type[Model], key: dict[str, Any], **amounts: Any) -> None:
         model._default_manager.filter(pk=obj.pk).update(**{k: F(k) + v for k, v in amounts.items()})
 
 
+# Time to first token: run.started and the run's first step.delta as this process saw them. The
+# engine emits a run's events in the one process that executes it; a run resumed elsewhere after
+# a crash has no first-token figure (unknown is not guessed). Bounded: runs that never finish here
+# fall off the end.
+_FIRST_TOKEN_RUNS = 10_000
+_first_token: OrderedDict[Any, list[float | None]] = OrderedDict()
+_first_token_lock = threading.Lock()
+
+
+def _note_first_token(view: RunEventView) -> float | None:
+    """Track the run's start and first delta; at run.finished return its TTFT in ms (or None)."""
+    ts = float(view.event.get("ts") or 0)
+    with _first_token_lock:
+        if view.type == "run.started":
+            _first_token[view.run_id] = [ts, None]
+            while len(_first_token) > _FIRST_TOKEN_RUNS:
+                _first_token.popitem(last=False)
+        elif view.type == "step.delta":
+            seen = _first_token.get(view.run_id)
+            if seen is not None and seen[1] is None:
+                seen[1] = ts
+        elif view.type == "run.finished":
+            seen = _first_token.pop(view.run_id, None)
+            if seen is not None and seen[0] is not None and seen[1] is not None:
+                return max(0.0, (seen[1] - seen[0]) * 1000)
+    return None
+
+
 def on_event(view: RunEventView) -> None:
+    ttft_ms = _note_first_token(view) if view.type in ("run.started", "step.delta", "run.finished") else None
     handler = _HANDLERS.get(view.type)
     if handler is None:
         return
@@ -58,6 +89,12 @@ def on_event(view: RunEventView) -> None:
         "hour": hour_of(view.event["ts"]),
     }
     handler(base, view.data)
+    if ttft_ms is not None:
+        _bump(
+            HistogramRollup,
+            {**base, "worker_key": RUN_ROW, "metric": "ttft", "bucket": latency_bucket(ttft_ms)},
+            count=1,
+        )
     if view.type == "run.finished":
         # Recursion depth: the last planning round the run reached (1 = no re-plan).
         depth = Step.objects.filter(run_id=view.run_id).aggregate(d=Max("round"))["d"] or 1

@@ -279,14 +279,19 @@ def latency_chart(scope: Scope) -> dict[str, Any]:
         p50.append(percentile(hist, 0.5))
         p95.append(percentile(hist, 0.95))
         links.append(scope.drill(strategy=name))
+    # Time to first token of streamed runs, per strategy (None on the worker bars).
+    ttft = _hist(_rows(HistogramRollup, scope, worker=False).filter(metric="ttft"), "strategy")
+    ttft_p50 = [None] * len(workers) + [percentile(ttft.get(name, {}), 0.5) for name in sorted(strategies)]
     data = [
         {"type": "bar", "name": "p50", "x": labels, "y": p50, "customdata": links},
         {"type": "bar", "name": "p95", "x": labels, "y": p95, "customdata": links},
+        {"type": "bar", "name": "first token p50", "x": labels, "y": ttft_p50, "customdata": links},
     ]
     return _chart(
         "latency",
-        "Latency p50 / p95 per worker and per strategy",
-        "Which worker or strategy is slow? (bucketed estimate, ms)",
+        "Latency p50 / p95 per worker and per strategy; time to first token",
+        "Which worker or strategy is slow, and how soon do streamed runs show a first token? "
+        "(bucketed estimate, ms)",
         data,
         barmode="group",
         yaxis={"title": "ms"},

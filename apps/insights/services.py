@@ -179,8 +179,11 @@ def deliver(alert_id: int) -> WebhookDelivery:
             delivery.last_status_code, delivery.last_error = None, str(exc)[:300]
         if delivery.status == "pending" and delivery.attempts >= attempts:
             delivery.status = "failed"
-        delivery.save()
+        if delivery.status == "pending":
+            delivery.save()
+    # The ending and its audit row in one transaction: no reader sees one without the other.
     with transaction.atomic():
+        delivery.save()
         audit_record(
             event_type=AuditEventType.BUDGET_ALERT_DELIVERED,
             actor_label="system",

@@ -33,6 +33,7 @@ from apps.runs import fanout, selectors
 from apps.runs.models import Run
 from apps.runs.sink import group_name, register_server_loop
 from conductor_web.executor_db import in_executor
+from conductor_web.metrics import websocket_viewer
 from conductor_web.ws_auth import resolve_user
 
 T = TypeVar("T")
@@ -93,6 +94,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     access: selectors.ViewerAccess | None = None
     inbox: fanout.Inbox
     hub: fanout.Fanout | None = None
+    counted = False  # accepted, so counted in the websocket viewers gauge
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         # AsyncConsumer.__call__ with the inbox in place of a per-consumer layer channel.
@@ -108,6 +110,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             pass
         finally:
             await self._leave()  # also when a handler raised or the task was cancelled
+            if self.counted:
+                self.counted = False
+                websocket_viewer(-1)
+
+    async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
+        await super().accept(subprotocol, headers)
+        if not self.counted:
+            self.counted = True
+            websocket_viewer(+1)
 
     @property
     def run_id(self) -> str:

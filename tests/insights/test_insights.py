@@ -72,6 +72,11 @@ def test_rollups_page_and_metrics_follow_real_runs(
     assert steps.aggregate(n=Sum("steps"))["n"] == 7  # 3 + 3 + 1
     for grain in (HOUR, DAY):  # kept per hour and per day alike
         assert HistogramRollup.objects.filter(metric="steps", grain=grain).aggregate(n=Sum("count"))["n"] == 3
+    # Time to first token: one observation per run that streamed (the fake provider streams).
+    streamed = RunEvent.objects.filter(type="step.delta").values("run_id").distinct().count()
+    assert streamed == 3
+    ttft = HistogramRollup.objects.filter(metric="ttft", grain=HOUR, worker_key=RUN_ROW)
+    assert ttft.aggregate(n=Sum("count"))["n"] == streamed
 
     page = Client()
     page.force_login(owner)
@@ -80,6 +85,8 @@ def test_rollups_page_and_metrics_follow_real_runs(
     charts = {c["id"]: c for c in data["charts"]}
     for cid in ("spend", "orchestration", "latency", "plans"):
         assert not charts[cid]["empty"], cid
+    first_token = next(t for t in charts["latency"]["data"] if t["name"] == "first token p50")
+    assert [y for y in first_token["y"] if y is not None], first_token
     assert charts["spend"]["data"][0]["name"] == "alpha"
     assert {row["strategy"]: row["runs"] for row in data["strategies"]} == {"conductor": 2, "single": 1}
     # By day, the spend chart draws the daily budget as a line.

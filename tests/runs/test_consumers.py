@@ -164,3 +164,30 @@ async def test_a_gap_in_live_events_is_filled_from_the_database(run_with_history
     got = [await comm.receive_json_from(timeout=10) for _ in range(2)]
     assert [(e["seq"], e["data"]["text"]) for e in got] == [(6, "lost"), (7, "live")]
     await comm.disconnect()
+
+
+@_in_own_loop
+async def test_the_viewers_gauge_counts_accepted_sockets_only(
+    run_with_history: Run, owner: Any, outsider: Any
+) -> None:
+    """/metrics' conductor_websocket_viewers: +1 per accepted viewer, nothing for a refused one,
+    back down when the viewer leaves."""
+    from conductor_web.metrics import _LOCAL
+
+    def viewers() -> float:
+        return _LOCAL.get_sample_value("conductor_websocket_viewers") or 0.0
+
+    before = viewers()
+    comm, connected, _ = await _connect(run_with_history, owner)
+    assert connected
+    await comm.receive_json_from(timeout=10)
+    assert viewers() == before + 1
+    _refused, connected, code = await _connect(run_with_history, outsider)
+    assert not connected and code == 4403
+    assert viewers() == before + 1
+    await comm.disconnect()
+    for _ in range(100):  # the consumer's task ends after the disconnect frame is handled
+        if viewers() == before:
+            break
+        await asyncio.sleep(0.02)
+    assert viewers() == before
