@@ -16,4 +16,13 @@ echo
 echo "Conductor Web is starting on http://$HOST:$PORT/  (health: http://$HOST:$PORT/healthz)"
 grep -E "^(users|password):" var/demo-credentials.txt 2>/dev/null || echo "Log in with the demo users and DEMO_PASSWORD."
 echo
-$BIN/daphne -b "$HOST" -p "$PORT" conductor_web.asgi:application
+# A burst of run-page sockets (a shared dashboard opened by a team) queues in the listen backlog
+# (Twisted's default is 50) and needs more than daphne's default 5 s to be accepted: 1,000 at
+# once take ~10 s on one process (bench/RUNS.md).
+if [[ "$HOST" == *:* ]]; then
+  LISTEN=(-b "$HOST" -p "$PORT")  # IPv6: daphne's own flags (no backlog option)
+else
+  LISTEN=(-e "tcp:port=$PORT:interface=$HOST:backlog=${DAPHNE_BACKLOG:-1024}")
+fi
+$BIN/daphne "${LISTEN[@]}" --websocket_connect_timeout "${WEBSOCKET_CONNECT_TIMEOUT:-30}" \
+  conductor_web.asgi:application
