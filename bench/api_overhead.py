@@ -32,10 +32,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _live_setup import prepare  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -59,42 +61,13 @@ SHARED_SSL = (
     else ""
 )
 
-SETTINGS_DIR = Path("/tmp/conductor_api_bench")
-SETTINGS_DIR.mkdir(exist_ok=True)
-(SETTINGS_DIR / "api_bench_settings.py").write_text(
-    "from conductor_web.settings.local import *  # noqa\n"
-    "DEBUG = False\n"
-    "CELERY_TASK_DEFAULT_QUEUE = 'api_bench'\n"
-    "LOGGING['root']['level'] = 'WARNING'\n" + SHARED_SSL
+prepare(
+    mode=ARGS.mode,
+    work=Path("/tmp/conductor_api_bench"),
+    name="api_bench",
+    sqlite_file=Path("/tmp/conductor_api_bench.sqlite3"),
+    extra_settings=SHARED_SSL,
 )
-sys.path.insert(0, str(SETTINGS_DIR))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(SETTINGS_DIR), str(ROOT), os.environ.get("PYTHONPATH", "")])
-os.environ["DJANGO_SETTINGS_MODULE"] = "api_bench_settings"
-# The fake provider listens on its own loopback address (tests/fakes); egress to it is opened,
-# like the test settings do, and to nothing else.
-os.environ.setdefault("EGRESS_ALLOW", "127.0.13.1")
-
-if ARGS.mode == "embedded":
-    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
-        os.environ.pop(var, None)
-    db_file = Path("/tmp/conductor_api_bench.sqlite3")
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db_file}{suffix}").unlink(missing_ok=True)
-    os.environ["DATABASE_URL"] = f"sqlite:///{db_file}"
-else:
-    missing = [v for v in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL") if not os.environ.get(v)]
-    if missing:
-        sys.exit(f"--mode distributed needs {', '.join(missing)}")
-    import psycopg
-
-    url = urlparse(os.environ["DATABASE_URL"])
-    name = url.path.lstrip("/")
-    if not name.endswith("_bench"):
-        sys.exit("use a database whose name ends with _bench: it is dropped and recreated")
-    admin = url._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
 
 import django  # noqa: E402
 

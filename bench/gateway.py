@@ -39,10 +39,12 @@ import uuid
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _live_setup import prepare  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -55,39 +57,8 @@ parser.add_argument("--litellm", default=str(ROOT / ".venv-bench" / "bin" / "lit
 ARGS = parser.parse_args()
 
 WORK = Path("/tmp/conductor_gateway_bench")
-WORK.mkdir(exist_ok=True)
-(WORK / "gateway_bench_settings.py").write_text(
-    "from conductor_web.settings.local import *  # noqa\n"
-    "DEBUG = False\n"
-    "CELERY_TASK_DEFAULT_QUEUE = 'gateway_bench'\n"
-    "LOGGING['root']['level'] = 'WARNING'\n"
-)
-sys.path.insert(0, str(WORK))
-os.environ["PYTHONPATH"] = os.pathsep.join([str(WORK), str(ROOT), os.environ.get("PYTHONPATH", "")])
-os.environ["DJANGO_SETTINGS_MODULE"] = "gateway_bench_settings"
-os.environ.setdefault("EGRESS_ALLOW", "127.0.13.1")  # the fake upstream's loopback address only
 os.environ["RUN_THREAD_WORKERS"] = str(ARGS.run_threads)
-
-if ARGS.mode == "embedded":
-    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
-        os.environ.pop(var, None)
-    db_file = WORK / "db.sqlite3"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db_file}{suffix}").unlink(missing_ok=True)
-    os.environ["DATABASE_URL"] = f"sqlite:///{db_file}"
-else:
-    missing = [v for v in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL") if not os.environ.get(v)]
-    if missing:
-        sys.exit(f"--mode distributed needs {', '.join(missing)}")
-    import psycopg
-
-    url = urlparse(os.environ["DATABASE_URL"])
-    name = url.path.lstrip("/")
-    if not name.endswith("_bench"):
-        sys.exit("use a database whose name ends with _bench: it is dropped and recreated")
-    with psycopg.connect(url._replace(path="/postgres").geturl(), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+prepare(mode=ARGS.mode, work=WORK, name="gateway_bench", sqlite_file=WORK / "db.sqlite3")
 
 import django  # noqa: E402
 

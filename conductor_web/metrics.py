@@ -86,19 +86,12 @@ def on_run_event(view: RunEventView) -> None:
     if view.type not in ("plan.proposed", "step.finished"):
         return
     from apps.governance.models import Team
-    from apps.runs.models import RunEvent
     from apps.workers.models import Worker
 
     data = view.data
-    if view.type == "plan.proposed":
-        started = RunEvent.objects.filter(run_id=view.run_id, type="run.started").values_list(
-            "data", flat=True
-        )
-        key = str(((started.first() or {}).get("conductor") or {}).get("key") or "")
-    else:
-        if data.get("latency_ms") is None:
-            return  # the step never called a model (skipped/blocked)
-        key = str(data.get("worker_key") or "")
+    if view.type == "step.finished" and data.get("latency_ms") is None:
+        return  # the step never called a model (skipped/blocked)
+    key = str(data.get("worker_key") or "")  # plan.proposed names its planner too
     worker = Worker.objects.filter(slug=key).values_list("model_name", "provider__kind").first()
     from conductor_web.telemetry import PROVIDER_NAMES
 

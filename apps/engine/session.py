@@ -267,6 +267,7 @@ class RunSession:
                 "round": round,
                 "attempt": attempt,
                 "source": source,
+                "worker_key": self.conductor_key,  # the planner, for per-model metrics and traces
                 "plan": self.plan_dict(plan),
                 "raw": raw,
                 "error": error,

@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import F, Max, Model
 
 from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
-from apps.runs.models import Run, Step
+from apps.runs.models import Step
 from apps.runs.observers import RunEventView
 
 # Upper bounds in ms; the last bucket catches everything slower.
@@ -81,11 +81,10 @@ def on_event(view: RunEventView) -> None:
     handler = _HANDLERS.get(view.type)
     if handler is None:
         return
-    strategy, pool_id = Run.objects.values_list("strategy", "pool_id").get(pk=view.run_id)
     base = {
         "team_id": view.team_id,
-        "pool_id": pool_id,
-        "strategy": strategy,
+        "pool_id": view.pool_id,
+        "strategy": view.strategy,
         "hour": hour_of(view.event["ts"]),
     }
     handler(base, view.data)

@@ -30,6 +30,8 @@ class RunEventView:
     team_id: int
     policy_version_id: int | None
     event: dict[str, Any]  # the engine event as stored: type, seq, ts, data
+    pool_id: int | None = None
+    strategy: str = ""
 
     @property
     def type(self) -> str:

@@ -184,6 +184,8 @@ class RunSink:
         self.run_id = run.id
         self.team_id = run.team_id
         self.policy_version_id = run.policy_version_id
+        self.pool_id = run.pool_id
+        self.strategy = run.strategy
         self.replay_messages = run.replay_messages
         self.flags: list[str] = []
         self._holdable: bool | None = None
@@ -300,7 +302,9 @@ class RunSink:
                     handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
                     if handler is not None:
                         handler(event, event["data"])
-                    view = observers.RunEventView(self.run_id, self.team_id, self.policy_version_id, event)
+                    view = observers.RunEventView(
+                        self.run_id, self.team_id, self.policy_version_id, event, self.pool_id, self.strategy
+                    )
                     observers.notify_in_transaction(view)
                     views.append(view)
                 last_seq = batch[-1]["seq"]

@@ -877,23 +877,14 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
         return OpenAIError(
             409, "The run was cancelled.", code="run_cancelled", headers=no_retry(), conductor=conductor
         )
-    if status == "timed_out":
-        return OpenAIError(
-            504,
-            run.error or "The run timed out.",
-            type_="server_error",
-            code="run_timed_out",
-            headers=no_retry(),
-            conductor=conductor,
+    if status in ("timed_out", "queued", "running"):
+        message = (
+            run.error or "The run timed out."
+            if status == "timed_out"
+            else "The run did not finish in time; follow it at its URL."
         )
-    if status in ("queued", "running"):
         return OpenAIError(
-            504,
-            "The run did not finish in time; follow it at its URL.",
-            type_="server_error",
-            code="run_timed_out",
-            headers=no_retry(),
-            conductor=conductor,
+            504, message, type_="server_error", code="run_timed_out", headers=no_retry(), conductor=conductor
         )
     if run.status_reason == "response_format_invalid":
         return OpenAIError(
