@@ -49,6 +49,11 @@ parser.add_argument(
     action="store_true",
     help="experiment: reuse one SSL context for every provider client (see bench/API.md)",
 )
+parser.add_argument(
+    "--tag",
+    default="",
+    help="suffix for the bench's work dir and SQLite file, so two copies can run on one machine",
+)
 ARGS = parser.parse_args()
 
 # Each OpenAI client builds a fresh SSL context (loading the CA bundle: ~60 ms of CPU under the
@@ -63,9 +68,9 @@ SHARED_SSL = (
 
 prepare(
     mode=ARGS.mode,
-    work=Path("/tmp/conductor_api_bench"),
+    work=Path(f"/tmp/conductor_api_bench{ARGS.tag}"),
     name="api_bench",
-    sqlite_file=Path("/tmp/conductor_api_bench.sqlite3"),
+    sqlite_file=Path(f"/tmp/conductor_api_bench{ARGS.tag}.sqlite3"),
     extra_settings=SHARED_SSL,
 )
 
@@ -247,7 +252,7 @@ def main() -> None:
     server = FakeOpenAIServer(responder)
     server.start()
     pool, key = setup_data(server)
-    log_dir = Path("/tmp/conductor_api_bench")
+    log_dir = Path(f"/tmp/conductor_api_bench{ARGS.tag}")
     base, procs = start_processes(log_dir)
     rows = []
     try:

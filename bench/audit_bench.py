@@ -82,8 +82,9 @@ import django
 django.setup()
 from django.db import transaction
 from apps.audit.events import AuditEventType
-from apps.audit.services import audit_record
-n, per_tx = int(sys.argv[1]), int(sys.argv[2])
+from apps.audit.services import audit_batch, audit_record
+from contextlib import nullcontext
+n, per_tx, batched = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "batch"
 from django.db import connection
 with connection.cursor() as cur:
     cur.execute("SELECT pg_backend_pid()")
@@ -96,7 +97,8 @@ sys.stdin.readline()  # the start signal: every writer is imported and connected
 began, cpu0, pg0 = time.time(), time.process_time(), backend_cpu()
 for t in range(n // per_tx):
     run_id = uuid.uuid4()  # one transaction = one step boundary of one run
-    with transaction.atomic():
+    # batch: as the run sink writes a step boundary (audit_batch: one multi-row INSERT)
+    with transaction.atomic(), (audit_batch() if batched else nullcontext()):
         for i in range(per_tx):
             audit_record(
                 event_type=AuditEventType.RUN_STEP_FINISHED, team=1, object_type="runs.run",
@@ -108,7 +110,7 @@ print(began, time.time(), time.process_time() - cpu0, backend_cpu() - pg0, flush
 """
 
 
-def bench_append_processes(n: int, processes: int, per_tx: int) -> None:
+def bench_append_processes(n: int, processes: int, per_tx: int, batched: bool = False) -> None:
     """``processes`` writer processes, ``per_tx`` audit rows per transaction, while this process
     runs the sequencer (as the deployment's one sequencer would) and records how far it lags."""
     import subprocess
@@ -118,7 +120,7 @@ def bench_append_processes(n: int, processes: int, per_tx: int) -> None:
     per = n // processes // per_tx * per_tx
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WRITER_SCRIPT, str(per), str(per_tx)],
+            [sys.executable, "-c", WRITER_SCRIPT, str(per), str(per_tx), "batch" if batched else "row"],
             cwd=Path(__file__).resolve().parents[1],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -145,7 +147,8 @@ def bench_append_processes(n: int, processes: int, per_tx: int) -> None:
     total = per * processes
     cpu_us = (sum(t[2] for t in times) + sum(t[3] for t in times)) / total * 1e6
     say(
-        f"appends[{connection.vendor}] {processes} writer processes x {per_tx} rows/transaction: "
+        f"appends[{connection.vendor}] {processes} writer processes x {per_tx} rows/transaction"
+        f"{' (audit_batch)' if batched else ''}: "
         f"{total} rows in {elapsed:.2f}s = {total / elapsed:,.0f} rows/s "
         f"({total / per_tx / elapsed:,.0f} commits/s)"
     )
@@ -165,7 +168,13 @@ def bench_append_processes(n: int, processes: int, per_tx: int) -> None:
         say(f"  then the rest: {rest} rows in {took:.2f}s = {rest / took:,.0f} rows/s")
 
 
-def bench_appends(n: int, threads: int, processes: int = 8, per_tx: tuple[int, ...] = (1,)) -> None:
+def bench_appends(
+    n: int,
+    threads: int,
+    processes: int = 8,
+    per_tx: tuple[int, ...] = (1,),
+    modes: tuple[str, ...] = ("row",),
+) -> None:
     reset_audit_table()
     AuditChainHead.objects.get_or_create(pk=1)
     # Baseline: the cheapest durable write (one row UPDATE + COMMIT) — the disk's commit latency.
@@ -186,9 +195,10 @@ def bench_appends(n: int, threads: int, processes: int = 8, per_tx: tuple[int, .
     from apps.audit.sequencer import audit_flush
 
     audit_flush()
-    if processes > 1:
-        for k in per_tx:
-            bench_append_processes(n * k, processes, k)
+    if processes >= 1:
+        for mode in modes:
+            for k in per_tx:
+                bench_append_processes(n * k, processes, k, batched=mode == "batch")
     if threads > 1:
         per = n // threads
         barrier = threading.Barrier(threads)
@@ -455,6 +465,12 @@ def main() -> None:
         help="audit rows per writer transaction, comma-separated (1: commit-bound; a run's step "
         "boundary writes several); the 8-process run writes --appends x N rows for each N",
     )
+    parser.add_argument(
+        "--mode",
+        default="row",
+        help="writer transactions: row (one INSERT per audit_record), batch (inside audit_batch(), "
+        "one multi-row INSERT per transaction, as the run sink writes), or row,batch",
+    )
     parser.add_argument("--workers", type=int, default=2, help="verify processes")
     parser.add_argument("--export-limit", type=int, default=None)
     parser.add_argument("--explain", action="store_true")
@@ -464,7 +480,8 @@ def main() -> None:
     if args.step in ("all", "appends"):
         pg = connection.vendor == "postgresql"
         per_tx = tuple(int(k) for k in str(args.per_tx).split(","))
-        bench_appends(args.appends, args.threads if pg else 1, args.processes if pg else 1, per_tx)
+        modes = tuple(str(args.mode).split(","))
+        bench_appends(args.appends, args.threads if pg else 1, args.processes if pg else 0, per_tx, modes)
     if args.step in ("all", "generate"):
         generate(args.events)
     if args.step in ("all", "verify"):

@@ -45,9 +45,19 @@ from django.db import connection, transaction  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from apps.audit.models import RunReview  # noqa: E402
 from apps.governance.models import Team  # noqa: E402
 from apps.governance.services import membership_set, team_create  # noqa: E402
-from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup  # noqa: E402
+from apps.insights.models import (  # noqa: E402
+    DAY,
+    HOUR,
+    RUN_ROW,
+    GuardrailRollup,
+    HistogramRollup,
+    ReviewFact,
+    Rollup,
+)
+from apps.insights.reviews import rebuild_facts  # noqa: E402
 from apps.insights.rollup import hour_of, latency_bucket  # noqa: E402
 from apps.runs.models import Run  # noqa: E402
 from apps.workers.models import Pool  # noqa: E402
@@ -56,6 +66,8 @@ TEAMS = [f"ibench-{i}" for i in range(5)]
 STRATEGIES = ["conductor", "single", "moa", "pev"]
 WORKERS = ["w-gpt", "w-claude", "w-llama", "w-mistral", "w-gemini", "w-local"]
 STATUSES = ["succeeded"] * 8 + ["failed", "blocked"]
+# Review state of a run: most are never reviewed; some wait, some were decided.
+REVIEWS = [""] * 12 + ["pending"] * 3 + ["approved"] * 3 + ["flagged", "needs_follow_up"]
 
 
 def setup() -> tuple[Any, Any]:
@@ -77,7 +89,36 @@ def setup() -> tuple[Any, Any]:
     have = Run.objects.filter(team__in=teams).count()
     if have < ARGS.runs:
         generate(teams, pools, member, have)
+    if not RunReview.objects.filter(run__team__in=teams).exists():
+        seed_reviews(teams)
+    if not ReviewFact.objects.exists():  # bulk-created reviews (or a database older than it)
+        rebuild_facts(RunReview, ReviewFact)
     return member, admin
+
+
+def seed_reviews(teams: list[Team]) -> None:
+    """One RunReview per decided run (approved, flagged, needs follow-up), 1 min to 2 days after it
+    finished, by one of three reviewers: what the reviews chart reads."""
+    rng = random.Random(15)
+    t0 = time.perf_counter()
+    decided = Run.objects.filter(team__in=teams, review_status__in=["approved", "flagged", "needs_follow_up"])
+    reviews = [
+        RunReview(
+            run_id=run_id,
+            reviewer_label=rng.choice(["rev-ana", "rev-bo", "rev-cy"]),
+            status=status,
+            reason="seeded" if status == "flagged" else "",
+            created_at=finished + timedelta(seconds=rng.uniform(60, 2 * 86400)),
+        )
+        for run_id, status, finished in decided.values_list("pk", "review_status", "finished_at").iterator()
+    ]
+    created_at = RunReview._meta.get_field("created_at")
+    created_at.auto_now_add = False  # keep the generated review times
+    try:
+        RunReview.objects.bulk_create(reviews, batch_size=2000)
+    finally:
+        created_at.auto_now_add = True
+    print(f"generated {len(reviews)} reviews in {time.perf_counter() - t0:.1f}s")
 
 
 def generate(teams: list[Team], pools: list[Pool], user: Any, have: int) -> None:
@@ -96,12 +137,15 @@ def generate(teams: list[Team], pools: list[Pool], user: Any, have: int) -> None
         steps = 1 if strategy == "single" else rng.randint(2, 5)
         latency = rng.lognormvariate(8, 0.6)
         cost = Decimal(rng.randint(10, 5000)) / Decimal(1_000_000)
+        review = rng.choice(REVIEWS)
+        held = review == "pending" and status == "succeeded" and rng.random() < 0.3
         runs.append(
             Run(
                 team=teams[k], pool=pools[k], created_by=user if k == 0 else None, question=f"q{i}",
                 status=status, strategy=strategy, preset="", cost_usd=cost, latency_ms=latency,
                 step_count=steps, input_tokens=300 * steps, output_tokens=80 * steps,
-                finished_at=created + timedelta(milliseconds=latency),
+                finished_at=created + timedelta(milliseconds=latency), created_at=created,
+                review_status=review, answer_held=held,
             )
         )  # fmt: skip
         base = (teams[k].pk, pools[k].pk, strategy, hour_of(created.timestamp()))
@@ -134,8 +178,13 @@ def generate(teams: list[Team], pools: list[Pool], user: Any, have: int) -> None
     rows = {(*k, HOUR): v for k, v in rows.items()} | _days(rows, 5)
     hists = {(*k, HOUR): v for k, v in hists.items()} | _days(hists, 7)
     checks = {(*k, HOUR): v for k, v in checks.items()} | _days(checks, 8)
+    created_at = Run._meta.get_field("created_at")
     with transaction.atomic():
-        Run.objects.bulk_create(runs, batch_size=2000)
+        created_at.auto_now_add = False  # keep the generated creation times (spread over 30 days)
+        try:
+            Run.objects.bulk_create(runs, batch_size=2000)
+        finally:
+            created_at.auto_now_add = True
         Rollup.objects.bulk_create(
             [
                 Rollup(

@@ -19,6 +19,9 @@ urlpatterns = [
     path("audit/", include("apps.audit.urls")),
     path("", include("apps.api.urls")),
     path("", include("apps.insights.urls")),
+    path("learning/", include("apps.learning.urls")),
+    path("", include("apps.feedback.urls")),
+    path("experiments/", include("apps.experiments.urls")),
 ]
 
 handler403 = "conductor_web.views.permission_denied"

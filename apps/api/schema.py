@@ -239,6 +239,32 @@ V1_COMPONENTS: dict[str, Any] = {
         },
         ["id", "type", "role", "model", "content"],
     ),
+    "V1FeedbackRequest": _obj(
+        {
+            "run_id": {**_STR, "format": "uuid", "description": "A run of the key's team."},
+            "metric": {**_STR, "description": "A metric of the team, e.g. 'helpful'."},
+            "value": {
+                "oneOf": [_BOOL, _NUM],
+                "description": "Boolean metrics: true/false/1/0; float metrics: a finite number.",
+            },
+            "comment": {**_STR, "maxLength": 1000},
+            "step_index": {**_INT, "description": "Required for step-level metrics only."},
+        },
+        ["run_id", "metric", "value"],
+    ),
+    "V1Feedback": _obj(
+        {
+            "id": _INT,
+            "object": {"type": "string", "enum": ["feedback"]},
+            "run_id": _STR,
+            "metric": _STR,
+            "value": _NUM,
+            "step_index": {"type": "integer", "nullable": True},
+            "source": _STR,
+            "created_at": _INT,
+        },
+        ["id", "object", "run_id", "metric", "value", "source", "created_at"],
+    ),
 }
 
 
@@ -338,7 +364,19 @@ def v1_paths() -> dict[str, Any]:
                 stream=True,
             )
         },
+        "/v1/feedback": {"post": _feedback_operation()},
     }
+
+
+def _feedback_operation() -> dict[str, Any]:
+    """``POST /v1/feedback`` answers 201 (a feedback item was created), not 200."""
+    op = _operation("v1_feedback_create", "Score a run of the key's team (issue 19)", "V1Feedback")
+    op["responses"]["201"] = {**op["responses"].pop("200"), "description": "Created"}
+    op["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("V1FeedbackRequest")}},
+    }
+    return op
 
 
 def add_v1_paths(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

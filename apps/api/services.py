@@ -289,7 +289,9 @@ def apikey_authenticate(plaintext: str) -> ApiKey:
     prefix = parse_prefix(plaintext.strip())
     if prefix is None:
         raise ApiKeyInvalid("Malformed API key. Keys look like cw_<prefix>_<secret>.")
-    key = ApiKey.objects.select_related("team", "created_by").filter(prefix=prefix).first()
+    from apps.api.authentication import key_for_prefix
+
+    key = key_for_prefix(prefix)  # with ``in_team``, in one query
     if key is None:
         raise ApiKeyInvalid("Unknown API key.")
     if not hmac.compare_digest(key.key_hash, hash_key(plaintext.strip())):
@@ -305,9 +307,7 @@ def apikey_authenticate(plaintext: str) -> ApiKey:
     if user is None or not user.is_active:
         apikey_record_denied(api_key=key, reason="principal_inactive")
         raise ApiKeyInvalid("The user this key acts for no longer exists or is inactive.", api_key=key)
-    from apps.governance.models import Membership
-
-    if not user.is_superuser and not Membership.objects.filter(team_id=key.team_id, user=user).exists():
+    if not user.is_superuser and not getattr(key, "in_team", False):
         apikey_record_denied(api_key=key, reason="principal_left_team")
         raise ApiKeyInvalid("The user this key acts for is no longer in the key's team.", api_key=key)
     apikey_touch(api_key=key)

@@ -11,7 +11,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from apps.api import views
 from apps.api.rest import audit, keys, policies, pools, runs, teams
 from apps.api.v1 import chat, messages, responses
+from apps.api.v1 import feedback as v1_feedback
 from apps.api.v1.errors import error_response, unknown_url_error
+from apps.feedback import views as feedback_views
 
 app_name = "api"
 
@@ -23,6 +25,7 @@ V1_ENDPOINTS = [
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "POST /v1/messages",
+    "POST /v1/feedback",
 ]
 
 
@@ -39,6 +42,7 @@ v1 = [
     path("responses", responses.responses_view, name="v1_responses"),
     path("responses/<str:response_id>", responses.response_detail_view, name="v1_response"),
     path("messages", messages.messages_view, name="v1_messages"),
+    path("feedback", v1_feedback.feedback_view, name="v1_feedback"),
 ]
 
 rest = [
@@ -84,6 +88,8 @@ rest = [
     path("runs/<uuid:run_id>/events/", runs.RunEvents.as_view(), name="run_events"),
     path("runs/<uuid:run_id>/cancel/", runs.RunCancel.as_view(), name="run_cancel"),
     path("runs/<uuid:run_id>/review/", runs.RunReview.as_view(), name="run_review"),
+    path("runs/<uuid:run_id>/approval/", runs.RunApproval.as_view(), name="run_approval"),
+    path("runs/<uuid:run_id>/feedback/", feedback_views.RunFeedback.as_view(), name="run_feedback"),
     # audit
     path("audit/events/", audit.AuditEventList.as_view(), name="audit_event_list"),
     path("audit/events/<int:seq>/", audit.AuditEventDetail.as_view(), name="audit_event_detail"),

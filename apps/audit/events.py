@@ -68,11 +68,33 @@ class AuditEventType(models.TextChoices):
     AUDIT_EXPORTED = "audit.exported"
     BUDGET_ALERT_RAISED = "budget.alert_raised"  # issue 18: 50/80/100 % of a budget
     BUDGET_ALERT_DELIVERED = "budget.alert_delivered"  # its webhook's final outcome
+    # Issue 19: feedback as data (metrics, feedback items, automatic evaluators)
+    FEEDBACK_RECORDED = "feedback.recorded"
+    FEEDBACK_METRIC_CREATED = "feedback.metric_created"
+    FEEDBACK_EVALUATOR_CREATED = "feedback.evaluator_created"
+    # The learned router (issue 19): a run's routing decision, and the router's lifecycle
+    RUN_ROUTED = "run.routed"
+    ROUTER_REWARDED = "router.rewarded"
+    ROUTER_SNAPSHOT = "router.snapshot"
+    ROUTER_FROZEN = "router.frozen"
+    ROUTER_UNFROZEN = "router.unfrozen"
+    ROUTER_ROLLED_BACK = "router.rolled_back"
+    ROUTER_RESET = "router.reset"
+    RUN_APPROVAL_REQUESTED = "run.approval_requested"
+    RUN_PLAN_APPROVED = "run.plan_approved"
+    RUN_PLAN_REJECTED = "run.plan_rejected"
+    RUN_APPROVAL_EXPIRED = "run.approval_expired"
+    # Evaluation sets and experiments (issue 19)
+    DATASET_UPLOADED = "experiment.dataset_uploaded"
+    EXPERIMENT_STARTED = "experiment.started"
+    EXPERIMENT_CANCELLED = "experiment.cancelled"
+    EXPERIMENT_FINISHED = "experiment.finished"
+    TRAINING_EXPORTED = "training.exported"
 
     @property
     def kind(self) -> str:
-        if self.value.startswith("run."):
-            return AuditKind.RUN
+        if self.value.startswith("run.") or self.value == "feedback.recorded":
+            return AuditKind.RUN  # feedback on a run is part of that run's record
         if self.value.startswith(("audit.", "auth.", "budget.")):
             return AuditKind.SYSTEM
         return AuditKind.CONFIG

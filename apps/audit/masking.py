@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 _SECRET_KEY_RE = re.compile(r"(?i)(api_?key|secret|token|password|credential|authorization)")
@@ -17,17 +18,18 @@ def mask_value(value: Any) -> str:
     return "•••• " + text[-4:] if len(text) >= 12 else "••••"
 
 
+@lru_cache(maxsize=4096)
+def _is_secret_key(key: str) -> bool:
+    # Cached: payload keys repeat on every append, the regex need not run each time.
+    return key not in _ALLOWED and bool(_SECRET_KEY_RE.search(key)) and not key.endswith("_tokens")
+
+
 def mask_secrets(data: Any) -> Any:
     """Recursively replace values under secret-looking keys with a fixed mask."""
     if isinstance(data, dict):
         out: dict[str, Any] = {}
         for key, value in data.items():
-            if (
-                isinstance(key, str)
-                and key not in _ALLOWED
-                and _SECRET_KEY_RE.search(key)
-                and not key.endswith("_tokens")
-            ):
+            if isinstance(key, str) and _is_secret_key(key):
                 out[key] = "••••" if value else ""
             else:
                 out[key] = mask_secrets(value)

@@ -173,6 +173,8 @@ def _verify_in_background() -> None:
 
 @require_GET
 def review_queue(request: HttpRequest) -> HttpResponse:
+    from apps.runs.approvals import approvals_waiting_for
+
     teams = gov.teams_reviewable_by(request.user).order_by("slug")
     form = ReviewQueueFilterForm(request.GET or None, teams=teams)
     filters = form.cleaned_data if form.is_valid() else {}
@@ -200,6 +202,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
             "shown": len(runs),
             "here": request.get_full_path(),
             "has_filters": bool(params),
+            "approvals": list(approvals_waiting_for(request.user)[:50]),
         },
     )
 

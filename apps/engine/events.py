@@ -17,12 +17,17 @@ guardrail.checked
     a single `not_run` check for the input and output stages, never `passed`; step_output
     events are only emitted when some check actually ran.
 plan.started
-    {round, worker_key, worker_name, model, first}
+    {round, worker_key, worker_name, model, first, messages: [Message]}
     Emitted the moment a conductor planning call (or a re-plan in recursion) begins, before
     any model call, so a viewer sees planning as a live node long before plan.proposed; `first`
     is the global index the round's steps will start at. Strategies without a conductor call
     (single, moa, pev, a pool without a conductor) emit none. Its usage and cost arrive on the
     round's plan.proposed events.
+plan.delta
+    {round, attempt, text}
+    The planning call's text as the conductor writes it (when the provider streams and
+    limits.stream is on); consecutive deltas of one round may arrive coalesced. A journal replay
+    sends the whole text at once. Withheld from viewers who may not see a held run's content.
 plan.proposed
     {round, attempt, source: "conductor"|"repair"|"fallback"|"fixed",
      plan: {steps: [{index, worker, worker_key, instruction, access}]} | None,
@@ -31,7 +36,7 @@ plan.proposed
     One event per conductor attempt; a rejected attempt has `plan: None` and `error` set.
     `worker` -1 (CONDUCTOR_SELF) is the conductor itself; its worker_key is the conductor's key.
 plan.validated
-    {round, action: "accepted"|"repaired"|"blocked", violations: [{code, message, step}],
+    {round, action: "accepted"|"repaired"|"blocked"|"held", violations: [{code, message, step}],
      original: plan, plan: plan|None, reason: str|None}
 step.started
     {index, round, worker_key, worker_name, instruction, access: [int], messages: [Message]}
@@ -50,9 +55,16 @@ run.finished
     {status, answer, error, reason, totals: {input_tokens, output_tokens, cost_usd, priced,
      latency_ms, steps}}
     Always the last event of a run, whatever happened.
+run.awaiting_approval
+    {reason, error, round, plan, violations: [{code, message, step}], hold: {...}, totals}
+    Instead of run.finished when a plan is held for an approver (plan.validated action "held"):
+    this attempt ends, the run does not. On approval the Django side queues it again and writes
+    run.plan_decided {decision, by, note}; the next attempt's events follow (run.started again,
+    planning replayed from the journal). On refusal or timeout a run.finished (blocked) follows.
 
 Step statuses: pending running succeeded failed timed_out skipped blocked.
-Run statuses: queued running succeeded failed blocked cancelled timed_out.
+Run statuses: queued running succeeded failed blocked cancelled timed_out, and awaiting_approval
+(paused: not terminal).
 """
 
 from __future__ import annotations
@@ -73,12 +85,15 @@ class EventType(StrEnum):
     RUN_STARTED = "run.started"
     GUARDRAIL_CHECKED = "guardrail.checked"
     PLAN_STARTED = "plan.started"
+    PLAN_DELTA = "plan.delta"
     PLAN_PROPOSED = "plan.proposed"
     PLAN_VALIDATED = "plan.validated"
     STEP_STARTED = "step.started"
     STEP_DELTA = "step.delta"
     STEP_FINISHED = "step.finished"
     RUN_FINISHED = "run.finished"
+    RUN_AWAITING_APPROVAL = "run.awaiting_approval"
+    RUN_PLAN_DECIDED = "run.plan_decided"  # written by the Django side (apps.runs.approvals)
 
 
 class StepStatus(StrEnum):
@@ -99,6 +114,7 @@ class RunStatus(StrEnum):
     BLOCKED = "blocked"
     CANCELLED = "cancelled"
     TIMED_OUT = "timed_out"
+    AWAITING_APPROVAL = "awaiting_approval"  # paused, not ended: the plan waits for an approver
 
 
 class CheckStatus(StrEnum):

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from apps.engine.pool import WorkerPool
 
 Stage = Literal["input", "step_output", "output"]
-PlanAction = Literal["accepted", "repaired", "blocked"]
+# "held": the plan waits for an approver; the run pauses (run.awaiting_approval) before any
+# worker is called and resumes, re-planning from its journal, once approved.
+PlanAction = Literal["accepted", "repaired", "blocked", "held"]
 
 
 @dataclass(slots=True)
@@ -96,7 +98,8 @@ class PlanValidation:
     action: PlanAction
     violations: list[Violation] = field(default_factory=list)
     plan: Plan | None = None  # the plan to execute: the original (accepted) or the repaired one
-    reason: str | None = None  # for "blocked": plain words shown to the user
+    reason: str | None = None  # for "blocked" / "held": plain words shown to the user
+    hold: dict[str, Any] | None = None  # for "held": what the Django side needs to ask (opaque here)
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from apps.engine.hooks import CheckResult, GovernanceHooks, GuardrailOutcome, No
 from apps.engine.plan import Plan
 from apps.engine.pool import WorkerPool
 from apps.engine.providers.base import ProviderError
-from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
+from apps.engine.session import CancelToken, RunAborted, RunHeld, RunSession, StepRecord
 from apps.engine.strategies import Strategy
 from apps.engine.types import Limits, Totals
 
@@ -175,6 +175,34 @@ def run_request(
                 f"The answer was blocked: {out.block_reason or 'output guardrail'}",
             )
         status, answer, reason = RunStatus.SUCCEEDED, out.text, "completed"
+    except RunHeld as held:
+        # Paused, not ended: the plan waits for an approver, so no run.finished.
+        status, error, reason = held.status, held.error, held.reason
+        totals = session.totals()
+        emitter.emit(
+            EventType.RUN_AWAITING_APPROVAL,
+            {
+                "reason": held.reason,
+                "error": held.error,
+                "round": held.round,
+                "plan": held.plan,
+                "violations": held.violations,
+                "hold": held.hold,
+                "totals": totals.to_dict(),
+            },
+        )
+        return RunResult(
+            run_id=run_id,
+            status=status,
+            answer=None,
+            error=error,
+            reason=reason,
+            totals=totals,
+            steps=[session.records[i] for i in sorted(session.records)],
+            plans=list(session.plans),
+            flags=list(session.flags),
+            last_seq=emitter.last_seq,
+        )
     except RunAborted as stop:
         status, error, reason = stop.status, stop.error, stop.reason
     except ProviderError as err:

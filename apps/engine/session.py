@@ -58,6 +58,27 @@ class RunAborted(Exception):
         self.error = error
 
 
+class RunHeld(RunAborted):
+    """Pauses a run: its plan waits for an approver (no worker was called for it)."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        plan: dict[str, Any] | None,
+        round: int,
+        violations: list[dict[str, Any]],
+        hold: dict[str, Any],
+    ) -> None:
+        super().__init__(
+            RunStatus.AWAITING_APPROVAL, "approval_required", f"The plan waits for an approver: {reason}"
+        )
+        self.plan = plan
+        self.round = round
+        self.violations = violations
+        self.hold = hold
+
+
 @dataclass(slots=True)
 class StepRecord:
     step: PlanStep
@@ -225,6 +246,7 @@ class RunSession:
         json_schema: dict | None = None,
         max_tokens: int | None = None,
         worker: Worker | None = None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> WorkerResult:
         """One planning call, bounded by the step timeout and the run deadline; counted in the
         run totals whether or not its plan turns out valid."""
@@ -236,7 +258,11 @@ class RunSession:
         try:
             result = call_in_thread(
                 lambda: worker.complete(
-                    messages, max_tokens=max_tokens, timeout=timeout, json_schema=json_schema
+                    messages,
+                    max_tokens=max_tokens,
+                    timeout=timeout,
+                    json_schema=json_schema,
+                    on_delta=on_delta if self.limits.stream else None,
                 ),
                 timeout=timeout,
                 cancelled=self.is_cancelled,
@@ -348,7 +374,7 @@ class RunSession:
                     verdict = PlanValidation(
                         "blocked", list(verdict.violations) + over, None, over[0].message
                     )
-        final = verdict.plan if verdict.action != "blocked" else None
+        final = verdict.plan if verdict.action not in ("blocked", "held") else None
         self.emitter.emit(
             EventType.PLAN_VALIDATED,
             {
@@ -360,6 +386,15 @@ class RunSession:
                 "reason": verdict.reason,
             },
         )
+        if verdict.action == "held":
+            held = verdict.plan if verdict.plan is not None else plan
+            raise RunHeld(
+                verdict.reason or "the plan needs an approver",
+                plan=self.plan_dict(held),
+                round=round,
+                violations=[v.to_dict() for v in verdict.violations],
+                hold=dict(verdict.hold or {}),
+            )
         if final is None:
             reason = verdict.reason or (
                 verdict.violations[0].message if verdict.violations else "blocked by policy"
@@ -384,4 +419,4 @@ class RunSession:
         self.deadline = self.started + limits.run_timeout_s
 
 
-__all__ = ["CancelToken", "RunAborted", "RunSession", "StepRecord", "call_in_thread"]
+__all__ = ["CancelToken", "RunAborted", "RunHeld", "RunSession", "StepRecord", "call_in_thread"]

@@ -374,12 +374,25 @@ class ConductorStrategy(_Base):
                     "worker_name": conductor.info.name,
                     "model": conductor.info.model,
                     "first": first,
+                    # What the conductor is asked (its prompt after the input guardrails): the
+                    # training export pairs it with the plan and the run's reward.
+                    "messages": [dict(m) for m in messages],
                 },
             )
             for attempt in range(1, attempts + 1):
                 source = "conductor" if attempt == 1 else "repair"
+
+                def on_delta(text: str, round: int = round, attempt: int = attempt) -> None:
+                    # The planning node streams its output like a step does.
+                    if text:
+                        session.emitter.emit(
+                            EventType.PLAN_DELTA, {"round": round, "attempt": attempt, "text": text}
+                        )
+
                 try:
-                    result = session.call_conductor(messages, json_schema=schema, max_tokens=self.max_tokens)
+                    result = session.call_conductor(
+                        messages, json_schema=schema, max_tokens=self.max_tokens, on_delta=on_delta
+                    )
                 except ProviderError as err:
                     # Retries already happened inside the provider; a repair prompt cannot fix an outage.
                     last_error = f"the conductor call failed: {err}"
@@ -417,17 +430,40 @@ class ConductorStrategy(_Base):
                 )
                 return plan, results
         # Fallback: never hidden — it is emitted as its own plan.proposed with the reason.
-        worker = _default_worker(session)
-        access: tuple[int, ...] | str = "all" if first > 0 else ()
-        fallback = Plan((PlanStep(first, worker, "Answer the question.", access),))  # type: ignore[arg-type]
+        fallback, what = self._fallback_plan(session, first)
         session.propose(
             round=round,
             attempt=attempts + 1 if session.pool.conductor is not None else 1,
             source="fallback",
             plan=fallback,
-            error=f"Fell back to a single step on the default worker: {last_error}",
+            error=f"Fell back to {what}: {last_error}",
         )
         return fallback, results
+
+    def _fallback_plan(self, session: RunSession, first: int) -> tuple[Plan, str]:
+        """The plan used when the conductor wrote none, shaped by the preset so mini and ultra
+        differ even then (a tiny demo conductor rarely writes a valid plan): mini, one step on
+        the default worker; ultra, the strongest worker answers and another checks it."""
+        access: tuple[int, ...] | str = "all" if first > 0 else ()
+        worker = _default_worker(session)
+        allowed = _allowed(session)
+        if self.preset == "ultra" and len(allowed) > 1 and session.limits.max_steps >= 2:
+            strongest = _strongest(session)
+            checker = worker if worker != strongest else next(i for i in allowed if i != strongest)
+            plan = Plan(
+                (
+                    PlanStep(first, strongest, "Answer the question.", access),  # type: ignore[arg-type]
+                    PlanStep(
+                        first + 1,
+                        checker,
+                        f"Check the answer of step {first} for mistakes and give the corrected final answer.",
+                        (first,),
+                    ),
+                )
+            )
+            return plan, "the ultra preset's answer-and-check plan"
+        plan = Plan((PlanStep(first, worker, "Answer the question.", access),))  # type: ignore[arg-type]
+        return plan, "a single step on the default worker"
 
     def run(self, session: RunSession) -> str:
         question = session.question

@@ -1,12 +1,8 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_save
 
 
 class GovernanceConfig(AppConfig):
     name = "apps.governance"
     label = "governance"
-
-    def ready(self) -> None:
-        from apps.governance.signals import policy_saved
-
-        post_save.connect(policy_saved, sender="policies.Policy", dispatch_uid="governance.policy_saved")
+    # Object permissions are granted by services (apps.governance.services.grant_object_perms),
+    # never by a signal: every grant is audited in the transaction that made it (issue #16).

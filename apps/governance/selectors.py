@@ -246,6 +246,11 @@ def can_review_run(user: Any, run: Run) -> bool:
     return _has(user, "governance.review_team_runs", run.team) or _has(user, "runs.review_run", run)
 
 
+def can_review_team_runs(user: Any, team: Team) -> bool:
+    """Team-wide review (admins and reviewers; not a per-run share): also who decides held plans."""
+    return _has(user, "governance.review_team_runs", team)
+
+
 def can_view_pool(user: Any, pool: Pool) -> bool:
     return _has(user, "workers.view_pool", pool) or _has(user, "workers.change_pool", pool)
 

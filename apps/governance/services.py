@@ -240,6 +240,42 @@ def team_set_default_pool(*, actor: Any, team: Team, pool: Any | None) -> Team:
     return team
 
 
+def grant_object_perms(*, team: Team, obj: Any, actor: Any = None) -> list[dict[str, Any]]:
+    """Grant a new team-owned object's permissions, audited, in the caller's transaction.
+
+    Every member of ``team`` may read ``obj`` (the group's ``view_<model>``); the configuring roles
+    get their per-user grants (``perms.sync_team``). One ``permission.granted`` event lists them
+    all, so no grant exists without its audit row (issue #16: this replaced a ``post_save``
+    signal that granted silently). Call it where the object is created, in the same
+    ``transaction.atomic()``. Returns the changes.
+    """
+    label = obj._meta.label_lower
+    view = f"{obj._meta.app_label}.view_{obj._meta.model_name}"
+    with transaction.atomic():
+        changes: list[dict[str, Any]] = []
+        if not perms.group_has(team.group, view, obj):
+            assign_perm(view, team.group, obj)
+            changes.append(
+                {
+                    "op": "grant",
+                    "perm": view.split(".")[1],
+                    "object": f"{label}:{obj.pk}",
+                    "group": team.group.name,
+                }
+            )
+        changes += perms.sync_team(team, [obj])
+        granted = [c for c in changes if c["op"] == "grant"]
+        if granted:
+            audit_record(
+                event_type=AuditEventType.PERMISSION_GRANTED,
+                actor=actor,
+                team=team,
+                obj=obj,
+                payload={"permissions": granted},
+            )
+    return changes
+
+
 def team_permissions_sync(*, team: Team, objects: list[Any] | None = None) -> list[dict[str, Any]]:
     """Re-derive members' grants for ``team`` (called when a team's policy is created).
 

@@ -6,8 +6,12 @@ class InsightsConfig(AppConfig):
     label = "insights"
 
     def ready(self) -> None:
-        from apps.insights import rollup, services
+        from django.db.models.signals import post_save, pre_save
+
+        from apps.audit.models import RunReview
+        from apps.insights import reviews, rollup, services
         from apps.runs import observers
+        from apps.runs.models import Run
         from conductor_web import metrics, telemetry
 
         # Rollups commit with the event (never disagree with the run); traces and metric
@@ -16,3 +20,7 @@ class InsightsConfig(AppConfig):
         observers.register("insights.telemetry", telemetry.on_run_event)
         observers.register("insights.metrics", metrics.on_run_event)
         observers.register("insights.budget_alerts", services.on_run_event)
+        # A reviewer's verdict saves the run: its review rollup follows in the same transaction.
+        pre_save.connect(reviews.on_run_pre_save, sender=Run, dispatch_uid="insights.review_pre")
+        post_save.connect(reviews.on_run_post_save, sender=Run, dispatch_uid="insights.review_post")
+        post_save.connect(reviews.on_review_saved, sender=RunReview, dispatch_uid="insights.review_fact")

@@ -71,10 +71,10 @@ def budget_alerts_check(*, team_id: int) -> list[BudgetAlert]:
     """Raise every threshold the team's budget windows have crossed and not yet raised."""
     from apps.governance.models import Team
     from apps.policies.budgets import budget_status
-    from apps.policies.services import effective_policy
+    from apps.policies.selectors import effective_policy_cached
 
     team = Team.objects.get(pk=team_id)
-    status = budget_status(team=team, effective=effective_policy(team))
+    status = budget_status(team=team, effective=effective_policy_cached(team))
     raised = []
     for window in status.windows:
         used = window.used_percent

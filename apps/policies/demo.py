@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.policies.models import Policy
-from apps.policies.services import policy_get_or_create, policy_publish, policy_save_draft
+from apps.policies.services import policy_get_or_create, policy_save
 
 PLATFORM_SPEC: dict[str, Any] = {
     "constraints": {
@@ -91,8 +91,7 @@ def _ensure(team: Any | None, spec: dict[str, Any], note: str) -> Policy:
     policy = policy_get_or_create(actor=None, team=team)
     if policy.current_version is not None or policy.versions.exists():
         return policy  # an admin's policy (or an earlier seed): leave it exactly as it is
-    draft = policy_save_draft(actor=None, policy=policy, spec=spec, note=note)
-    policy_publish(actor=None, version=draft)
+    policy_save(actor=None, team=team, spec=spec, note=note, publish=True)  # one transaction
     return policy
 
 

@@ -83,20 +83,22 @@ def forecast_violations(
     found: list[Violation] = []
     cost, tokens = fc.cost_usd, fc.total_tokens
 
-    def over_cost(field: str, limit: Decimal, what: str) -> None:
+    # Codes tell what an approver may lift: a plan-check limit (forecast_over_limit) can be
+    # approved; a run cap or the team's hard budget (forecast_over_cap / _budget) cannot.
+    def over_cost(field: str, limit: Decimal, what: str, code: str = "forecast_over_limit") -> None:
         if cost > limit:
             found.append(
                 Violation(
-                    "forecast_over_limit",
+                    code,
                     f"{field}: the plan is forecast to cost ${cost:.6f}, above {what} (${limit})",
                 )
             )
 
-    def over_tokens(field: str, limit: int) -> None:
+    def over_tokens(field: str, limit: int, code: str = "forecast_over_limit") -> None:
         if tokens > limit:
             found.append(
                 Violation(
-                    "forecast_over_limit",
+                    code,
                     f"{field}: the plan is forecast to use {tokens} tokens, above the limit ({limit})",
                 )
             )
@@ -107,11 +109,16 @@ def forecast_violations(
     if f.max_tokens is not None:
         over_tokens("constraints.forecast.max_tokens", f.max_tokens)
     if c.caps.max_cost_usd is not None:
-        over_cost("constraints.caps.max_cost_usd", c.caps.max_cost_usd, "the run's cost cap")
+        over_cost(
+            "constraints.caps.max_cost_usd", c.caps.max_cost_usd, "the run's cost cap", "forecast_over_cap"
+        )
     if c.caps.max_total_tokens is not None:
-        over_tokens("constraints.caps.max_total_tokens", c.caps.max_total_tokens)
+        over_tokens("constraints.caps.max_total_tokens", c.caps.max_total_tokens, "forecast_over_cap")
     for room in budgets:
         over_cost(
-            f"budgets.{room.name}.hard_usd", room.remaining, f"what the team's {room.name} budget has left"
+            f"budgets.{room.name}.hard_usd",
+            room.remaining,
+            f"what the team's {room.name} budget has left",
+            "forecast_over_budget",
         )
     return found

@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from apps.engine.events import CheckStatus
-from apps.engine.hooks import CheckResult, GuardrailOutcome, PlanValidation, RunContext, StepGate
+from apps.engine.hooks import (
+    CheckResult,
+    GuardrailOutcome,
+    PlanValidation,
+    RunContext,
+    StepGate,
+    Violation,
+)
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.types import Totals, WorkerInfo
 from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
@@ -55,6 +62,10 @@ class PolicyHooks:
         self._confidential = False
         self._confidential_why = ""
         self._rounds = 0
+        # Guardrail labels (pii, secrets) the request still carries unmasked, for the data boundary.
+        self._labels: set[str] = set()
+        # Digests of the plans an approver let through (set by the executor on a resumed run).
+        self.approved_digests: set[str] = set()
         if budget_rooms is None:
             budget_rooms, budget_warnings = self._load_budgets()
         self.budget_rooms = list(budget_rooms)
@@ -135,6 +146,15 @@ class PolicyHooks:
             if "warn" not in flags:
                 flags.append("warn")
         outcome = self._stage("input", text)
+        found = {
+            c.name
+            for c in outcome.checks
+            if c.name in ("pii", "secrets")
+            and c.status == CheckStatus.INTERVENED
+            and c.action not in ("redact", "block")  # masked or stopped: nothing labelled flows on
+        }
+        with self._lock:
+            self._labels = found
         outcome.checks = extra + outcome.checks
         for f in flags:
             if f not in outcome.flags:
@@ -149,18 +169,101 @@ class PolicyHooks:
             confidential = self._confidential
         facts = PlanFacts(question=ctx.question, confidential=confidential, round=round_)
         verdict = check_plan(plan, pool.infos, self.spec.constraints, facts)
-        if verdict.plan is None or not self.spec.constraints.forecast.enabled:
+        c = self.spec.constraints
+        if verdict.plan is None or not (c.forecast.enabled or c.data_boundary.enabled):
             return verdict
-        # Plan checks: the plan that would run, forecast before any worker is called.
+        return self._plan_checks(ctx, verdict, pool.infos)
+
+    def _plan_checks(
+        self, ctx: RunContext, verdict: PlanValidation, infos: Sequence[WorkerInfo]
+    ) -> PlanValidation:
+        """Plan checks on the plan that would run, before any worker is called: the forecast
+        (cost, tokens) and the data boundary. A hard limit blocks; a plan-check limit whose
+        action is require_approval holds the plan for an approver unless one approved it."""
         from apps.policies.forecast import forecast_plan, forecast_violations
 
-        infos = pool.infos
-        history = worker_output_history([i.key for i in infos])
-        forecast = forecast_plan(verdict.plan, infos, question=ctx.question, history=history)
-        over = forecast_violations(forecast, self.spec.constraints, self.budget_rooms)
-        if not over:
+        assert verdict.plan is not None
+        c = self.spec.constraints
+        hard: list[Violation] = []
+        holdable: list[tuple[Violation, str]] = []  # (violation, the policy field whose action applies)
+        forecast = None
+        if c.forecast.enabled:
+            history = worker_output_history([i.key for i in infos])
+            forecast = forecast_plan(verdict.plan, infos, question=ctx.question, history=history)
+            for v in forecast_violations(forecast, c, self.budget_rooms):
+                if v.code == "forecast_over_limit" and c.forecast.action == "require_approval":
+                    holdable.append((v, "constraints.forecast.action"))
+                else:
+                    hard.append(v)
+        if c.data_boundary.enabled:
+            for v in self._boundary_violations(verdict.plan, infos):
+                if c.data_boundary.action == "require_approval":
+                    holdable.append((v, "constraints.data_boundary.action"))
+                else:
+                    hard.append(v)
+        if hard:
+            return PlanValidation("blocked", [*verdict.violations, *hard], None, hard[0].message)
+        if not holdable:
             return verdict
-        return PlanValidation("blocked", [*verdict.violations, *over], None, over[0].message)
+        violations = [v for v, _ in holdable]
+        digest = plan_digest(verdict.plan, infos)
+        if digest in self.approved_digests:
+            # An approver saw exactly this plan: it runs, and the record says why it was allowed.
+            return PlanValidation(
+                "repaired" if verdict.action == "repaired" else "accepted",
+                [
+                    *verdict.violations,
+                    *(Violation("approved", f"approved: {v.message}", v.step) for v in violations),
+                ],
+                verdict.plan,
+                None,
+            )
+        approval = c.approval
+        return PlanValidation(
+            "held",
+            [*verdict.violations, *violations],
+            verdict.plan,
+            violations[0].message,
+            hold={
+                "digest": digest,
+                "fields": sorted({f for _, f in holdable}),
+                "timeout_s": approval.timeout_s,
+                "api_wait_s": approval.api_wait_s or 0,
+                "forecast": (
+                    {
+                        "cost_usd": str(forecast.cost_usd),
+                        "tokens": forecast.total_tokens,
+                        "unpriced": list(forecast.unpriced),
+                    }
+                    if forecast is not None
+                    else None
+                ),
+            },
+        )
+
+    def _boundary_violations(self, plan: Plan, infos: Sequence[WorkerInfo]) -> list[Violation]:
+        """Steps that would carry labelled request data to a worker outside the boundary."""
+        b = self.spec.constraints.data_boundary
+        with self._lock:
+            labels = sorted(self._labels & set(b.labels))
+        if not labels:
+            return []
+        out: list[Violation] = []
+        for step in plan.steps:
+            if step.is_self or not (0 <= step.worker < len(infos)):
+                continue
+            info = infos[step.worker]
+            if info.key in b.inside_workers or set(info.tags) & set(b.inside_tags):
+                continue
+            out.append(
+                Violation(
+                    "data_boundary",
+                    f"constraints.data_boundary: step {step.index} would send data labelled "
+                    f"{', '.join(labels)} to worker {info.key!r}, outside the team's data boundary",
+                    step.index,
+                )
+            )
+        return out
 
     def before_step(
         self, ctx: RunContext, step: PlanStep, worker_info: WorkerInfo, totals: Totals
@@ -210,3 +313,18 @@ def worker_output_history(keys: Sequence[str]) -> dict[str, float]:
         if recent:
             out[key] = sum(recent) / len(recent)
     return out
+
+
+def plan_digest(plan: Plan, infos: Sequence[WorkerInfo]) -> str:
+    """What an approver approves: the steps' workers, subtasks and access lists (sha256)."""
+    import hashlib
+    import json
+
+    def key(worker: int) -> str:
+        return infos[worker].key if 0 <= worker < len(infos) else str(worker)
+
+    body = [
+        [s.index, key(s.worker), s.instruction, s.access if s.access == "all" else list(s.access)]
+        for s in plan.steps
+    ]
+    return hashlib.sha256(json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()).hexdigest()

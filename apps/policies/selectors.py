@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from apps.engine.types import WorkerInfo
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
+from apps.policies.spec import EffectivePolicy
 
 
 def platform_policy() -> Policy | None:
@@ -75,3 +78,70 @@ def pool_infos(pool: Any) -> list[WorkerInfo]:
 
     entries = pool.pool_workers.select_related("worker", "worker__provider").order_by("position")
     return [worker_info(e.worker) for e in entries]
+
+
+# --- the effective policy, cached by the versions it merges -------------------------------------
+#
+# A published PolicyVersion never changes (drafts are edited, publishing makes a new current
+# version, a rollback points current_version at another one), so the merged policy of (team,
+# platform version, team version) is the same object for as long as those two ids are current.
+# Each call still reads the two current ids (one indexed query, always fresh in every process);
+# only the version rows, spec validation and merge are skipped.
+
+_EFFECTIVE_MAX = 512
+Stamp = tuple[int, Any] | None  # (version id, created_at): ids alone repeat after a database reset
+_effective: OrderedDict[tuple[Any, Stamp, Stamp], EffectivePolicy] = OrderedDict()
+_effective_lock = threading.Lock()
+
+
+def _current_versions(team: Any) -> tuple[Stamp, Stamp]:
+    """The platform default's and the team's current version (id, created_at), in one query."""
+    platform: Stamp = None
+    own: Stamp = None
+    seen_platform = seen_team = False
+    scope = Q(team__isnull=True) | Q(team=team) if team is not None else Q(team__isnull=True)
+    rows = Policy.objects.filter(scope).order_by("pk")
+    for owner, version_id, created_at in rows.values_list(
+        "team_id", "current_version_id", "current_version__created_at"
+    ):
+        stamp = (version_id, created_at) if version_id is not None else None
+        if owner is None and not seen_platform:
+            platform, seen_platform = stamp, True
+        elif owner is not None and not seen_team:
+            own, seen_team = stamp, True
+    return platform, own
+
+
+def effective_policy_cached(team: Any) -> EffectivePolicy:
+    """``apps.policies.services.effective_policy`` for the versions current now, merged once per
+    process per (team, platform version, team version)."""
+    from apps.policies.services import effective_policy
+
+    key = (getattr(team, "pk", None), *_current_versions(team))
+    with _effective_lock:
+        hit = _effective.get(key)
+        if hit is not None:
+            _effective.move_to_end(key)
+            return hit
+    effective = effective_policy(team)
+    built = (key[0], _stamp(effective.platform_version), _stamp(_team_version(effective)))
+    if built == key:  # a publish between the two reads: serve it, keep it out of the cache
+        with _effective_lock:
+            _effective[key] = effective
+            while len(_effective) > _EFFECTIVE_MAX:
+                _effective.popitem(last=False)
+    return effective
+
+
+def _stamp(version: Any) -> Stamp:
+    return (version.pk, version.created_at) if version is not None else None
+
+
+def _team_version(effective: EffectivePolicy) -> Any:
+    version = effective.version
+    return None if version is None or version is effective.platform_version else version
+
+
+def clear_effective_policy_cache() -> None:
+    with _effective_lock:
+        _effective.clear()

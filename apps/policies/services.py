@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.governance.services import grant_object_perms
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.spec import (
     EffectivePolicy,
@@ -127,6 +128,9 @@ def policy_get_or_create(*, actor: Any, team: Any | None, name: str = "") -> Pol
             obj=policy,
             payload={"name": policy.name},
         )
+        if team is not None:
+            # Members read it, configuring roles change/publish it: granted and audited here.
+            grant_object_perms(team=team, obj=policy, actor=actor)
     return policy
 
 
@@ -204,6 +208,20 @@ def policy_publish(*, actor: Any, version: PolicyVersion, note: str = "") -> Pol
                 "diff": policy_diff(previous, version),
             },
         )
+    return version
+
+
+def policy_save(
+    *, actor: Any, team: Any | None, spec: dict[str, Any], note: str = "", publish: bool = False
+) -> PolicyVersion:
+    """The editor's save: the policy (created on first use), its draft and — with ``publish`` —
+    the draft put in force, all in ONE transaction (issue #16): a failure anywhere (an invalid
+    spec, a refused publish) leaves no policy, draft or audit row half-done."""
+    with transaction.atomic():
+        policy = policy_get_or_create(actor=actor, team=team)
+        version = policy_save_draft(actor=actor, policy=policy, spec=spec, note=note)
+        if publish:
+            version = policy_publish(actor=actor, version=version)
     return version
 
 

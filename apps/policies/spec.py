@@ -11,10 +11,14 @@ Shape (every key optional; a missing key means the default shown by `default_spe
       workers: {allowed_workers: [key]|null, allowed_tags: [tag]|null, denied_workers: [key], action}
       confidential: {enabled, detect, detect_patterns: [regex], local_tag, action}
       caps: {max_total_tokens, max_cost_usd, max_wall_clock_s, step_timeout_s}
-      forecast: {enabled, max_cost_usd, max_tokens}
+      forecast: {enabled, max_cost_usd, max_tokens, action: block|require_approval}
+      data_boundary: {enabled, labels: [pii, secrets], inside_tags: [tag], inside_workers: [key], action}
+      approval: {timeout_s, api_wait_s}
       verification: {rules: [{name, pattern}], verifier_workers: [key], verifier_tags: [tag], action}
     budgets:
       daily / monthly: {soft_usd, hard_usd}
+    learning:
+      {enabled, metric, max_exploration, cost_weight, latency_weight}   (the learned router, apps.learning)
     guardrails:
       on_check_error: fail_closed|fail_open
       input / step_output / output:
@@ -66,6 +70,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 ConstraintAction = Literal["repair", "block"]
+# A plan that crosses a plan-check limit: wait for an approver, or end blocked at once.
+HoldAction = Literal["require_approval", "block"]
+BoundaryLabel = Literal["pii", "secrets"]
 GuardAction = Literal["block", "redact", "warn", "require_review"]
 OnCheckError = Literal["fail_closed", "fail_open"]
 TermKind = Literal["keyword", "regex"]
@@ -82,6 +89,7 @@ STRICTNESS: dict[str, int] = {
     "repair": 1,
     "redact": 2,
     "require_review": 3,
+    "require_approval": 3,
     "block": 4,
     "fail_open": 1,
     "fail_closed": 2,
@@ -223,6 +231,59 @@ class ForecastRule:
     max_tokens: int | None = _f(
         None, "Most forecast input+output tokens of one plan. Empty: only the caps apply.", "min", minimum=1
     )
+    action: HoldAction = _f(
+        "block",
+        "block: a plan over a limit ends the run blocked; require_approval: the plan waits for an "
+        "approver (see constraints.approval) before any worker is called.",
+        "stricter",
+    )
+
+
+@dataclass(frozen=True)
+class DataBoundary:
+    enabled: bool = _f(
+        False,
+        "Check where labelled data goes: a plan that sends a request an input guardrail labelled "
+        "(and did not mask) to a worker outside the boundary is held or blocked.",
+        "or",
+    )
+    labels: tuple[BoundaryLabel, ...] = _f(
+        ("pii", "secrets"),
+        "Which input guardrail findings bind the boundary (the pii / secrets checks must be on "
+        "and not redact, or nothing stays labelled).",
+        "union",
+    )
+    inside_tags: tuple[str, ...] = _f(
+        ("local",),
+        "Workers carrying any of these tags are inside the team's data boundary (both sides must agree).",
+        "intersection",
+    )
+    inside_workers: tuple[str, ...] = _f(
+        (), "Worker keys inside the boundary besides the tagged ones (both sides must agree).", "intersection"
+    )
+    action: HoldAction = _f(
+        "require_approval",
+        "require_approval: the plan waits for an approver; block: the run ends blocked.",
+        "stricter",
+    )
+
+
+@dataclass(frozen=True)
+class ApprovalRule:
+    timeout_s: float | None = _f(
+        3600,
+        "How long a held plan waits for an approver before the run ends blocked. Empty: until decided.",
+        "min",
+        minimum=1,
+    )
+    api_wait_s: float | None = _f(
+        None,
+        "How long a /v1 caller waits for the decision before it gets an approval_required error "
+        "(the run still resumes on approval). Empty or 0: answer at once.",
+        "min",
+        minimum=0,
+        maximum=600,
+    )
 
 
 @dataclass(frozen=True)
@@ -274,6 +335,10 @@ class Constraints:
     )
     caps: Caps = _f(Caps(), "Per-run caps, checked before every step.", "nested")
     forecast: ForecastRule = _f(ForecastRule(), "Plan checks: forecast before execution.", "nested")
+    data_boundary: DataBoundary = _f(
+        DataBoundary(), "Plan checks: labelled data stays inside the team's data boundary.", "nested"
+    )
+    approval: ApprovalRule = _f(ApprovalRule(), "Plans held for an approver.", "nested")
     verification: Verification = _f(Verification(), "Required verification steps.", "nested")
 
 
@@ -295,6 +360,52 @@ class Budgets:
     daily: BudgetLimit = _f(BudgetLimit(), "Per UTC day; resets at 00:00 UTC.", "nested")
     monthly: BudgetLimit = _f(
         BudgetLimit(), "Per UTC calendar month; resets at 00:00 UTC on the 1st.", "nested"
+    )
+
+
+# ------------------------------------------------------------------------------------ learning
+
+
+@dataclass(frozen=True)
+class Learning:
+    """The learned router (strategy ``learned``): a per-team contextual bandit over strategies."""
+
+    enabled: bool = _f(
+        False,
+        "The learned router learns from feedback and explores. Off: runs with strategy 'learned' are "
+        "still routed, greedily, by the router as it stands (it never explores or learns).",
+        "or",
+    )
+    metric: str = _f(
+        "",
+        "The feedback metric the router learns from. Empty: 'helpful' (the thumbs control). The "
+        "platform's choice wins when it names one, so every team is scored the same way.",
+        "platform",
+    )
+    max_exploration: float = _f(
+        0.1,
+        "Largest share (0-1) of the team's routed runs that may try an arm other than the best "
+        "known one; at the share, the router only exploits.",
+        "min",
+        minimum=0,
+        maximum=1,
+    )
+    cost_weight: float | None = _f(
+        None,
+        "Reward = metric - cost_weight x normalised cost - latency_weight x normalised latency (the "
+        "paper's limited-budget dial). The trade-off is the organisation's: the platform's weight "
+        "wins when it sets one, otherwise the team's. Empty: 0 (cost does not count).",
+        "platform",
+        minimum=0,
+        maximum=10,
+    )
+    latency_weight: float | None = _f(
+        None,
+        "Weight of the normalised latency in the reward (see cost_weight); platform's value wins "
+        "when set. Empty: 0.",
+        "platform",
+        minimum=0,
+        maximum=10,
     )
 
 
@@ -431,6 +542,7 @@ class PolicySpec:
         Constraints(), "Workflow constraints, checked at plan time and before every step.", "nested"
     )
     budgets: Budgets = _f(Budgets(), "Team spend limits.", "nested")
+    learning: Learning = _f(Learning(), "The learned router: exploration, reward and metric.", "nested")
     guardrails: Guardrails = _f(Guardrails(), "Guardrails per stage.", "nested")
 
 

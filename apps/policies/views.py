@@ -31,10 +31,9 @@ from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.services import (
     effective_policy,
     policy_diff,
-    policy_get_or_create,
     policy_publish,
     policy_rollback,
-    policy_save_draft,
+    policy_save,
 )
 from apps.policies.spec import (
     MERGE_RULE_TEXT,
@@ -164,12 +163,15 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
                 )
             elif action in ("save", "review", "publish"):
                 try:
-                    policy = policy_get_or_create(actor=request.user, team=team)
-                    version = policy_save_draft(
-                        actor=request.user, policy=policy, spec=data, note=form.cleaned_data["note"]
+                    # One transaction for policy, draft and publish (issue #16).
+                    version = policy_save(
+                        actor=request.user,
+                        team=team,
+                        spec=data,
+                        note=form.cleaned_data["note"],
+                        publish=action == "publish",
                     )
                     if action == "publish":
-                        policy_publish(actor=request.user, version=version)
                         messages.success(request, f"Version {version.number} is published and in force.")
                     elif action == "review":
                         messages.info(

@@ -221,7 +221,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 return
             event = {**event, "data": {**data, "answer_held": now.answer_held}}
         if self.access is not None and self.access.withheld:
-            if kind == "step.delta":
+            if kind in ("step.delta", "plan.delta"):
                 return  # nothing left to show of it
             event = selectors.withhold_event(event)
         await self.send_json(event)

@@ -237,7 +237,8 @@ def execute_run(run_id: UUID | str) -> str | None:
             # Plain words for users; the traceback is in the log.
             message = (
                 str(exc)
-                if exc.__class__.__name__ == "PoolUnavailableError"
+                # Both say in user-safe words which pool state or policy rule refused the run.
+                if exc.__class__.__name__ in ("PoolUnavailableError", "NoArmAvailable")
                 else "The run failed before it could finish; see the server log."
             )
             run_finish_externally(
@@ -247,6 +248,8 @@ def execute_run(run_id: UUID | str) -> str | None:
             logger.warning("run %s: lease lost to another executor; this attempt's outcome dropped", run_id)
             return None
         run = Run.objects.only("status").get(pk=run_id)
+        if run.status == RunStatus.AWAITING_APPROVAL:
+            return str(run.status)  # paused for an approver (apps.runs.approvals), not ended
         if not run.is_terminal:
             # The engine returned but run.finished was not persisted (sink failure): end it anyway.
             run_finish_externally(
@@ -288,6 +291,11 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     sink = RunSink(run, owner=cancel.owner, journal=journal)
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
+    hooks = integration.governance_hooks(run.team, policy, str(run.id))
+    if hasattr(hooks, "approved_digests"):
+        from apps.runs.approvals import approved_digests
+
+        hooks.approved_digests = approved_digests(run.id)  # plans an approver let through
     run_request(
         run_id=str(run.id),
         question=run.question or _replay_question(run),
@@ -296,7 +304,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
         # Fenced by the lease and numbered after the events of earlier attempts (Run.last_seq),
         # so a re-queued run's log continues.
         sink=sink,
-        hooks=integration.governance_hooks(run.team, policy, str(run.id)),
+        hooks=hooks,
         cancel=cancel,  # type: ignore[arg-type]  # duck-typed CancelToken
         limits=limits,
         metadata={
@@ -325,6 +333,18 @@ def build_run_strategy(run: Run, engine_pool: Any) -> Any:
         return build_strategy("conductor", preset=run.preset or "mini")
     if run.strategy == "single":
         return build_strategy("single", worker=run.worker.slug if run.worker else None)
+    if run.strategy == "learned":  # the team's router picks the arm (apps.learning, below runs)
+        from apps.learning.services import learned_strategy
+        from apps.runs import integration
+
+        return learned_strategy(
+            run_id=run.id,
+            team_id=run.team_id,
+            question=run.question,
+            pool=engine_pool,
+            effective=integration.policy_in_force(run.team).effective,
+            classification=run.classification,
+        )
     return build_strategy(run.strategy)
 
 
@@ -379,7 +399,9 @@ def sweep_stale_runs() -> int:
         )
         if run_finish_externally(run_id=pk, status=RunStatus.TIMED_OUT, reason="swept", error=reason):
             ended += 1
-    return ended
+    from apps.runs.approvals import expire_approvals
+
+    return ended + expire_approvals()
 
 
 def start_sweeper() -> None:

@@ -21,6 +21,7 @@ STRATEGY_CHOICES = [
     ("single", "Single worker"),
     ("moa", "Mixture of agents"),
     ("pev", "Planner-executor-verifier"),
+    ("learned", "Learned router (picks one of the above per request)"),
 ]
 
 

@@ -41,11 +41,12 @@ class PolicyInForce:
 def build_pool(pool: Pool) -> WorkerPool:
     """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason)."""
     from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool
+    from apps.workers.selectors import pool_rows
 
     if not pool.enabled:
         raise PoolUnavailableError(f"The pool “{pool.name}” is disabled.")
     try:
-        return build_engine_pool(pool)
+        return build_engine_pool(pool, pool_rows(pool))
     except PoolUnavailable as exc:
         raise PoolUnavailableError(str(exc)) from None
 
@@ -54,16 +55,21 @@ def check_pool_available(pool: Pool) -> None:
     """Refuse a pool that cannot run (disabled, a worker without a key...) without building SDK
     clients: that costs tens of milliseconds per client and execution builds them anyway."""
     from apps.workers.engine_adapter import pool_unavailable_reason
+    from apps.workers.selectors import pool_rows
 
-    reason = pool_unavailable_reason(pool)
+    # The rows are read once per process while unchanged (pool_rows); availability (enabled,
+    # keys) is judged from them on every call.
+    reason = pool_unavailable_reason(pool, pool_rows(pool)) if pool.enabled else pool_unavailable_reason(pool)
     if reason:
         raise PoolUnavailableError(reason)
 
 
 def policy_in_force(team: Team) -> PolicyInForce:
-    from apps.policies.services import effective_policy
+    # Merged once per process per version pair (a run asks up to three times: create, execute,
+    # the sink's hold decision); the current version ids are read fresh on every call.
+    from apps.policies.selectors import effective_policy_cached
 
-    effective = effective_policy(team)
+    effective = effective_policy_cached(team)
     version = getattr(effective, "version", None)
     return PolicyInForce(effective, getattr(version, "pk", None))
 

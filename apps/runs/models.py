@@ -16,6 +16,9 @@ class RunStatus(models.TextChoices):
     BLOCKED = "blocked", "Blocked"
     CANCELLED = "cancelled", "Cancelled"
     TIMED_OUT = "timed_out", "Timed out"
+    # Not terminal: the plan waits for an approver (constraints.forecast / data_boundary); on
+    # approval the run is queued again and resumes from its journal, on refusal it ends blocked.
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
 
 
 TERMINAL_RUN_STATUSES = frozenset(
@@ -38,6 +41,8 @@ class Strategy(models.TextChoices):
     SINGLE = "single", "Single worker"
     MOA = "moa", "Mixture of agents"
     PEV = "pev", "Planner-executor-verifier"
+    # A contextual bandit picks one of the other strategies (an arm) per request (apps.learning).
+    LEARNED = "learned", "Learned router"
 
 
 class Preset(models.TextChoices):
@@ -90,7 +95,7 @@ class Run(models.Model):
     request_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
     api_request = models.JSONField(null=True, blank=True)
     answer = models.TextField(blank=True)
-    status = models.CharField(max_length=12, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     status_reason = models.TextField(blank=True)
     error = models.TextField(blank=True)
     review_status = models.CharField(max_length=16, choices=ReviewStatus.choices, blank=True, default="")
@@ -227,3 +232,46 @@ class RunCall(models.Model):
 
     def __str__(self) -> str:
         return f"Call {self.digest[:12]} of {self.run_id}"
+
+
+class ApprovalDecision(models.TextChoices):
+    PENDING = "pending", "Waiting"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Refused"
+    EXPIRED = "expired", "Expired"
+
+
+class PlanApproval(models.Model):
+    """A plan held for an approver (plan checks: constraints.forecast / data_boundary with action
+    require_approval). The run pauses in ``awaiting_approval``; an approval lets exactly the plan
+    with ``digest`` run (the next attempt replays the planning call from the journal), a refusal
+    or the deadline ends the run blocked. Holds no model output beyond the plan's subtasks."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    round = models.PositiveSmallIntegerField(default=1)
+    digest = models.CharField(max_length=64)
+    reason = models.TextField()
+    # [{code, message, step}] and the policy fields whose action held it
+    violations = models.JSONField(default=list)
+    fields = models.JSONField(default=list)
+    plan = models.JSONField(null=True, blank=True)
+    forecast = models.JSONField(null=True, blank=True)
+    requested_at = models.DateTimeField()
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    # How long a /v1 caller waits for the decision (constraints.approval.api_wait_s).
+    api_wait_until = models.DateTimeField(null=True, blank=True)
+    decision = models.CharField(
+        max_length=10, choices=ApprovalDecision.choices, default=ApprovalDecision.PENDING
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [models.Index(fields=["decision", "deadline_at"], name="planapproval_open")]
+
+    def __str__(self) -> str:
+        return f"Approval of {self.run_id} round {self.round}: {self.decision}"

@@ -92,7 +92,9 @@ def run_snapshot(
     decisions = []
     started: Any = _NOT_READ
     for e in RunEvent.objects.filter(
-        run_id=run.pk, type__in=(*DECISION_TYPES[:3], "plan.started", "run.started"), seq__lte=run.last_seq
+        run_id=run.pk,
+        type__in=(*DECISION_TYPES[:3], "plan.started", "plan.delta", "run.started"),
+        seq__lte=run.last_seq,
     ).order_by("seq"):
         if e.type == "run.started":
             started = e.data
@@ -349,7 +351,7 @@ def withhold_event_data(kind: str, data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     out = dict(data)
-    if kind == "step.delta":
+    if kind in ("step.delta", "plan.delta"):
         out["text"] = ""
     elif kind == "step.started":
         out["messages"] = []
@@ -365,6 +367,11 @@ def withhold_event_data(kind: str, data: Any) -> Any:
         out["raw"] = ""
         if _later_round(data.get("round")):
             out["plan"] = _withhold_plan(data.get("plan"))
+    elif kind == "plan.started":
+        if _later_round(data.get("round")):
+            out["messages"] = []  # a re-plan's prompt quotes earlier step outputs
+        else:
+            return data  # round 1: the question and the worker list, which every viewer sees
     elif kind == "plan.validated":
         if _later_round(data.get("round")):
             out["plan"] = _withhold_plan(data.get("plan"))

@@ -223,10 +223,21 @@ def run_cancel(*, actor: Any, run: Run) -> Run:
         if locked.is_terminal:
             return locked
         now = timezone.now()
-        if locked.status == RunStatus.QUEUED:
+        if locked.status in (RunStatus.QUEUED, RunStatus.AWAITING_APPROVAL):
+            # No executor holds it: it ends now (a held plan is withdrawn with it).
+            waiting = locked.status == RunStatus.AWAITING_APPROVAL
             locked.status = RunStatus.CANCELLED
             locked.status_reason = "cancelled"
-            locked.error = "The run was cancelled before it started."
+            locked.error = (
+                "The run was cancelled while its plan waited for an approver."
+                if waiting
+                else "The run was cancelled before it started."
+            )
+            if waiting:
+                locked.approvals.filter(decision="pending").update(
+                    decision="rejected", decided_by=actor, decided_at=now, note="withdrawn: run cancelled"
+                )
+                forget_calls(locked.id)
             locked.finished_at = now
             locked.cancel_requested = True
             locked.last_seq += 1

@@ -25,7 +25,7 @@ from django.db.models import F
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
-from apps.audit.services import audit_record
+from apps.audit.services import audit_batch, audit_record
 from apps.engine.events import Event
 from apps.runs import observers
 from apps.runs.journal import forget as forget_calls
@@ -140,7 +140,7 @@ def _ts(event: dict[str, Any]) -> datetime:
 # during that wait), step.started the worker's. step.finished is one only while another step is
 # still running (else the engine goes on at once: the next step, the output check, run.finished);
 # any other provider call flushes first through the journal (RunSink.before_provider_call).
-_FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished"})
+_FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished", "run.awaiting_approval"})
 # A buffer (e.g. a token stream) older than this is stored at the next event.
 DELTA_FLUSH_S = 0.05
 
@@ -243,10 +243,12 @@ class RunSink:
         now = time.monotonic()
         last = self._buffer[-1] if self._buffer else None
         if (
-            kind == "step.delta"
+            kind in ("step.delta", "plan.delta")
             and last is not None
-            and last["type"] == "step.delta"
+            and last["type"] == kind
             and last["data"].get("index") == event["data"].get("index")
+            and last["data"].get("round") == event["data"].get("round")
+            and last["data"].get("attempt") == event["data"].get("attempt")
         ):
             # One row and one publish for a burst of tokens of one step.
             last["data"]["text"] = f"{last['data'].get('text') or ''}{event['data'].get('text') or ''}"
@@ -278,7 +280,8 @@ class RunSink:
         keep_connection_healthy()
         views: list[observers.RunEventView] = []
         try:
-            with transaction.atomic():
+            # audit_batch: this boundary's audit rows go in as one multi-row INSERT (issue #15).
+            with transaction.atomic(), audit_batch():
                 # The row lock orders this batch against a re-queue (which takes the same row).
                 if (
                     self.owner is not None
@@ -580,6 +583,19 @@ class RunSink:
         if ended:
             forget_calls(self.run_id)  # the resume journal is done with (and holds output)
             self._queue_for_review()
+
+    def _on_run_awaiting_approval(self, event: dict[str, Any], data: dict[str, Any]) -> None:
+        """The plan waits for an approver: the run pauses (lease given back, journal kept)."""
+        from apps.runs.approvals import approval_requested
+
+        approval_requested(
+            run_id=self.run_id,
+            team_id=self.team_id,
+            policy_version_id=self.policy_version_id,
+            owner=self.owner,
+            at=_ts(event),
+            data=data,
+        )
 
     def _queue_for_review(self) -> None:
         """warn / require_review guardrails put the run in the review queue; others may be sampled."""

@@ -206,8 +206,36 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "held_reason": selectors.held_reason(selectors.run_hold_rules(run.pk)) if run.answer_held else "",
         "audit_events": selectors.run_audit_events(user=request.user, run=run)[:200],
         "review_panel": "audit/_review_panel.html" if _template_exists("audit/_review_panel.html") else None,
+        "approval": _approval_context(request, run),
+        "learning_decision": _learning_decision(run),
     }
     return render(request, "runs/run_detail.html", context)
+
+
+def _learning_decision(run: Run) -> Any:
+    """The learned router's choice for this run ("why this arm"), when it routed it."""
+    if run.strategy != Strategy.LEARNED:
+        return None
+    from apps.learning.selectors import decision_for_run
+
+    return decision_for_run(run.id)
+
+
+def _approval_context(request: HttpRequest, run: Run) -> dict[str, Any] | None:
+    """The held plan (or the decisions taken on earlier ones) for the run page's approval panel."""
+    from apps.runs import approvals
+
+    history = list(run.approvals.select_related("decided_by").order_by("requested_at"))
+    if not history:
+        return None
+    pending = next((a for a in history if a.decision == "pending"), None)
+    mine = run.created_by_id is not None and run.created_by_id == request.user.pk
+    return {
+        "pending": pending,
+        "history": [a for a in history if a is not pending],
+        "may_decide": pending is not None and not mine and approvals.can_approve(request.user, run),
+        "own_run": mine,
+    }
 
 
 @require_GET
@@ -336,3 +364,36 @@ def _input_guardrails(team: Any) -> list[str]:
 def _last_user_message(msgs: list[dict[str, str]]) -> str:
     users = [m.get("content", "") for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
     return (users[-1] if users else "")[:2000] or "(replay)"
+
+
+@require_POST
+def plan_decide(request: HttpRequest, run_id: str) -> HttpResponse:
+    """Approve or refuse a plan held for an approver (apps.runs.approvals)."""
+    from apps.runs import approvals
+
+    run = selectors.run_get_visible(user=request.user, run_id=run_id)
+    if run is None:
+        raise Http404("No such run.")
+    decision = request.POST.get("decision", "")
+    note = request.POST.get("note", "")
+    wants_json = "application/json" in request.headers.get("Accept", "")
+    try:
+        approvals.check_may_decide(request.user, run)
+        if decision == "approve":
+            run = approvals.plan_approve(actor=request.user, run=run, note=note)
+        elif decision == "reject":
+            run = approvals.plan_reject(actor=request.user, run=run, note=note)
+        else:
+            raise approvals.ApprovalError("decision: 'approve' or 'reject'.", rule="decision", status=400)
+    except approvals.ApprovalError as exc:
+        if exc.status == 403:
+            raise PermissionDenied(str(exc)) from None
+        if wants_json:
+            return JsonResponse({"error": str(exc), "rule": exc.rule}, status=exc.status)
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
+    if wants_json:
+        return JsonResponse({"id": str(run.id), "status": run.status})
+    done = "approved: the run resumes" if decision == "approve" else "refused: the run ended blocked"
+    messages.success(request, f"Plan {done}.")
+    return HttpResponseRedirect(_safe_next(request, reverse("runs:detail", args=[run.id])))

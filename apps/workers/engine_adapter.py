@@ -19,6 +19,7 @@ from apps.workers.secrets import SecretError, key_status, resolve_api_key
 
 if TYPE_CHECKING:
     from apps.workers.models import Pool, Worker
+    from apps.workers.selectors import PoolRows
 
 
 class PoolUnavailable(Exception):
@@ -92,13 +93,18 @@ def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> E
         ) from None
 
 
-def build_engine_pool(pool: Pool) -> WorkerPool:
-    """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor."""
+def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> WorkerPool:
+    """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor.
+    ``rows``: the pool's worker rows already read (``apps.workers.selectors.pool_rows``)."""
     if not pool.enabled:
         raise PoolUnavailable(f"The pool “{pool.name}” is disabled.")
-    entries = list(
-        pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by(
-            "position"
+    entries = (
+        list(rows.entries)
+        if rows is not None
+        else list(
+            pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by(
+                "position"
+            )
         )
     )
     if not entries:
@@ -114,15 +120,20 @@ def build_engine_pool(pool: Pool) -> WorkerPool:
             default_index = i
     conductor = None
     if pool.conductor_worker_id:
-        conductor = build_engine_worker(pool.conductor_worker)  # type: ignore[arg-type]
+        own = rows.conductor if rows is not None else pool.conductor_worker
+        conductor = build_engine_worker(own)  # type: ignore[arg-type]
     return WorkerPool(workers=workers, default_index=default_index, conductor=conductor)
 
 
-def pool_unavailable_reason(pool: Pool) -> str | None:
+def pool_unavailable_reason(pool: Pool, rows: PoolRows | None = None) -> str | None:
     """Why ``pool`` cannot run now (without building clients), or None. For UI and pre-checks."""
     if not pool.enabled:
         return f"The pool “{pool.name}” is disabled."
-    entries = list(pool.pool_workers.select_related("worker", "worker__provider"))
+    entries = (
+        list(rows.entries)
+        if rows is not None
+        else list(pool.pool_workers.select_related("worker", "worker__provider"))
+    )
     if not entries:
         return f"The pool “{pool.name}” has no workers."
     for entry in entries:
@@ -130,5 +141,6 @@ def pool_unavailable_reason(pool: Pool) -> str | None:
         if reason:
             return reason
     if pool.conductor_worker_id:
-        return worker_unavailable_reason(pool.conductor_worker)  # type: ignore[arg-type]
+        own = rows.conductor if rows is not None else pool.conductor_worker
+        return worker_unavailable_reason(own)  # type: ignore[arg-type]
     return None

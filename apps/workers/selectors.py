@@ -7,10 +7,12 @@ when it is in a visible pool or belongs to a provider the user configures.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
 from apps.governance import selectors as gov
 from apps.governance.models import Team
@@ -182,3 +184,73 @@ def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHeal
         )
     failing = "; ".join(w.reason for w in allowed if w.state == FAILING)
     return PoolHealth(FAILING, f"No allowed worker passes its health check. {failing}", tuple(workers))
+
+
+# --- a pool's worker rows, cached by what they were read from ------------------------------------
+#
+# Every run reads its pool's workers (with providers and fallbacks) twice: run_create's pre-check
+# and execution's engine pool. The rows change only through saves that bump ``updated_at`` (pool
+# edits rewrite the membership and save the pool; worker and provider edits save those rows), so
+# one aggregate query says whether the rows read earlier in this process are still the rows.
+# Keys, egress rules and availability are still judged from the rows on every call.
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRows:
+    entries: tuple[PoolWorker, ...]  # position order; worker, provider, fallback loaded
+    conductor: Worker | None  # the pool's own conductor (provider loaded), if it names one
+
+
+_POOL_ROWS_MAX = 256
+_pool_rows: OrderedDict[tuple[Any, ...], PoolRows] = OrderedDict()
+_pool_rows_lock = threading.Lock()
+
+
+def _pool_rows_token(pool: Pool) -> tuple[Any, ...]:
+    members = Q(pools=pool) | Q(pk=pool.conductor_worker_id) if pool.conductor_worker_id else Q(pools=pool)
+    seen = Worker.objects.filter(members).aggregate(
+        n=Count("pk", distinct=True),
+        worker=Max("updated_at"),
+        provider=Max("provider__updated_at"),
+        fallback=Max("fallback__updated_at"),
+    )
+    return (
+        pool.pk,
+        pool.updated_at,
+        pool.conductor_worker_id,
+        seen["n"],
+        seen["worker"],
+        seen["provider"],
+        seen["fallback"],
+    )
+
+
+def pool_rows(pool: Pool) -> PoolRows:
+    """The pool's worker rows and conductor: one query when this process read them already."""
+    key = _pool_rows_token(pool)
+    with _pool_rows_lock:
+        hit = _pool_rows.get(key)
+        if hit is not None:
+            _pool_rows.move_to_end(key)
+            return hit
+    entries = tuple(
+        pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by(
+            "position"
+        )
+    )
+    conductor = (
+        Worker.objects.select_related("provider").filter(pk=pool.conductor_worker_id).first()
+        if pool.conductor_worker_id
+        else None
+    )
+    rows = PoolRows(entries, conductor)
+    with _pool_rows_lock:
+        _pool_rows[key] = rows
+        while len(_pool_rows) > _POOL_ROWS_MAX:
+            _pool_rows.popitem(last=False)
+    return rows
+
+
+def clear_pool_rows_cache() -> None:
+    with _pool_rows_lock:
+        _pool_rows.clear()

@@ -79,6 +79,9 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.api",
     "apps.insights",
+    "apps.learning",
+    "apps.feedback",
+    "apps.experiments",
 ]
 
 MIDDLEWARE = [

@@ -10,12 +10,16 @@
 
   var COLOURS = {
     pending: "#9aa6ba", running: "#2f6fde", succeeded: "#1f9d55", failed: "#d64545",
-    timed_out: "#d98b00", skipped: "#c9b458", blocked: "#8e2b2b", cancelled: "#6b778c"
+    timed_out: "#d98b00", skipped: "#c9b458", blocked: "#8e2b2b", cancelled: "#6b778c",
+    awaiting_approval: "#7a4fd0"
   };
-  var STRATEGIES = { conductor: "Conductor", single: "Single worker", moa: "Mixture of agents",
-    pev: "Planner-executor-verifier" };
-  var DECISIONS = ["guardrail.checked", "plan.proposed", "plan.validated"];
-  var TERMINAL = ["succeeded", "failed", "blocked", "cancelled", "timed_out"];
+  // Statuses, event types and strategy labels come from the page (apps/runs/templatetags/
+  // run_vocabulary.py, read from the engine's and the runs app's definitions), never repeated here.
+  var VOCAB = JSON.parse((document.getElementById("run-vocabulary") || {}).textContent || "{}");
+  var EV = VOCAB.event_types || {};
+  var STRATEGIES = VOCAB.strategies || {};
+  var DECISIONS = [EV.GUARDRAIL_CHECKED, EV.PLAN_PROPOSED, EV.PLAN_VALIDATED];
+  var TERMINAL = VOCAB.terminal || [];
   var BAND = 6; // x units per recursion round: depth 0..4 fits, so rounds never overlap
 
   function el(tag, attrs, text) {
@@ -156,7 +160,7 @@
   // Plans and guardrail verdicts go to the decisions panel; a step joins the graph only when it
   // starts (or is skipped), so the graph grows as the run really progresses.
   RunView.prototype.applyDecision = function (ev) {
-    if (ev.type === "guardrail.checked" && (ev.data || {}).stage === "input") this.inputChecked = true;
+    if (ev.type === EV.GUARDRAIL_CHECKED && (ev.data || {}).stage === "input") this.inputChecked = true;
     // Only verdicts are listed; plan.started (a node) and run.started may ride along in a snapshot.
     if (DECISIONS.indexOf(ev.type) >= 0) this.decisions.push(ev);
   };
@@ -165,13 +169,19 @@
   // then carrying every attempt's tokens, cost and latency (from plan.proposed) and its verdict.
   RunView.prototype.applyPlanning = function (ev) {
     var d = ev.data || {}, r = d.round || 1, p = this.plans[r];
-    if (ev.type === "plan.started") {
+    if (ev.type === EV.PLAN_STARTED) {
       this.plans[r] = { key: "p" + r, round: r, kind: "plan", status: "running", worker_key: d.worker_key,
         worker_name: d.worker_name, model: d.model, first: d.first || 0, attempts: 0, output: "", error: "",
         usage: { input_tokens: 0, output_tokens: 0 }, cost_usd: null, priced: true, latency_ms: 0 };
       return;
     }
-    if (ev.type === "plan.proposed") {
+    if (ev.type === EV.PLAN_DELTA) {
+      // The conductor's text as it writes it: the running planning node's live output.
+      if (p && p.status === "running" && d.text) p.output = (p.attempt_live === d.attempt ? p.output : "") + d.text;
+      if (p) p.attempt_live = d.attempt;
+      return;
+    }
+    if (ev.type === EV.PLAN_PROPOSED) {
       if (!p) return; // no planning call (fixed plans, or a pool without a conductor)
       var u = d.usage || {};
       p.attempts += d.source === "fallback" ? 0 : 1;
@@ -189,9 +199,10 @@
       if (d.plan && d.plan.steps) this.roundSteps[r] = d.plan.steps.map(function (s) { return s.index; });
       return;
     }
-    if (ev.type === "plan.validated") {
+    if (ev.type === EV.PLAN_VALIDATED) {
       if (d.plan && d.plan.steps) this.roundSteps[r] = d.plan.steps.map(function (s) { return s.index; });
       if (p && d.action === "blocked") { p.status = "blocked"; p.error = d.reason || "The plan was blocked."; }
+      if (p && d.action === "held") { p.status = "awaiting_approval"; p.error = d.reason || "The plan waits for an approver."; }
     }
   };
 
@@ -199,35 +210,54 @@
     var d = ev.data || {};
     var run = this.run;
     switch (ev.type) {
-      case "run.started":
+      case EV.RUN_STARTED:
         if (run) { run.status = "running"; run.started_at = run.started_at || new Date(ev.ts * 1000).toISOString(); }
         break;
-      case "guardrail.checked":
+      case EV.GUARDRAIL_CHECKED:
         this.applyDecision(ev);
         break;
-      case "plan.started":
-      case "plan.validated":
+      case EV.PLAN_STARTED:
+      case EV.PLAN_VALIDATED:
         this.applyDecision(ev);
         this.applyPlanning(ev);
         break;
-      case "plan.proposed":
+      case EV.PLAN_DELTA:
+        this.applyPlanning(ev);
+        break;
+      case EV.PLAN_PROPOSED:
         this.applyDecision(ev);
         this.applyPlanning(ev);
         this.addUsage(d.usage, d.cost_usd);
         break;
-      case "step.started":
+      case EV.STEP_STARTED:
         this.steps[d.index] = Object.assign({}, this.steps[d.index] || {}, d, { status: "running", live: "" });
         break;
-      case "step.delta":
+      case EV.STEP_DELTA:
         if (this.steps[d.index]) this.steps[d.index].live = (this.steps[d.index].live || "") + (d.text || "");
         break;
-      case "step.finished":
+      case EV.STEP_FINISHED:
         var prev = this.steps[d.index] || { access: [], instruction: "", messages: [] };
         this.steps[d.index] = Object.assign({}, prev, d, { live: "" });
         this.addUsage(d.usage, d.cost_usd);
         if (run) run.step_count += 1;
         break;
-      case "run.finished":
+      case EV.RUN_AWAITING_APPROVAL:
+        // Paused before any worker call: the plan waits for a team admin or reviewer.
+        if (run) { run.status = "awaiting_approval"; run.error = d.error || ""; run.status_reason = d.reason || ""; }
+        if (this.root.getAttribute("data-on-run-page") === "true" && !document.querySelector("[data-testid=approval-panel]")) {
+          window.location.reload(); // the run page's approval panel (plan, reasons, decision form) is server-rendered
+        }
+        break;
+      case EV.RUN_PLAN_DECIDED:
+        if (run && d.decision === "approved") {
+          // The next attempt replays planning from the journal and rebuilds the graph and usage.
+          run.status = "queued"; run.error = ""; run.status_reason = "";
+          run.input_tokens = 0; run.output_tokens = 0; run.cost_usd = null; run.step_count = 0;
+          this.steps = {}; this.plans = {}; this.roundSteps = {}; this.inputChecked = false;
+        }
+        if (run) run.plan_decision = d;
+        break;
+      case EV.RUN_FINISHED:
         if (run) {
           var t = d.totals || {};
           run.status = d.status;
@@ -396,7 +426,11 @@
       return "Finished: " + run.status + (run.answer_held ? " (answer held for review)" : "") + (why ? " — " + why : "");
     }
     if (this.cancelling || run.cancel_requested) return "Cancelling: stopping at the current call…";
-    if (run.status === "queued") return "Queued: waiting for an executor to pick the run up.";
+    if (run.status === "awaiting_approval") return "Waiting for an approver (a team admin or reviewer): " + (run.error || "the plan needs approval") ;
+    if (run.status === "queued") {
+      var decided = run.plan_decision && run.plan_decision.decision === "approved" ? "Plan approved by " + run.plan_decision.by + ". " : "";
+      return decided + "Queued: waiting for an executor to pick the run up.";
+    }
     var planning = Object.keys(this.plans).map(function (r) { return self.plans[r]; })
       .filter(function (p) { return p.status === "running"; })[0];
     if (planning) {
@@ -469,16 +503,16 @@
     box.textContent = "";
     this.decisions.forEach(function (ev) {
       var d = ev.data || {}, li = el("li");
-      if (ev.type === "guardrail.checked") {
+      if (ev.type === EV.GUARDRAIL_CHECKED) {
         li.appendChild(el("strong", {}, "Guardrails (" + d.stage + (d.step !== null && d.step !== undefined ? " step " + d.step : "") + "): "));
         (d.checks || []).forEach(function (c) {
           li.appendChild(el("span", { "class": "badge badge-" + c.status }, c.name + " " + c.status));
           li.appendChild(document.createTextNode(" "));
         });
-      } else if (ev.type === "plan.proposed") {
+      } else if (ev.type === EV.PLAN_PROPOSED) {
         li.appendChild(el("strong", {}, "Plan proposed (round " + d.round + ", attempt " + d.attempt + ", " + d.source + ")"));
         if (d.error) li.appendChild(el("div", { "class": "error" }, d.error));
-      } else if (ev.type === "plan.validated") {
+      } else if (ev.type === EV.PLAN_VALIDATED) {
         li.appendChild(el("strong", {}, "Plan " + d.action + " (round " + d.round + ")"));
         (d.violations || []).forEach(function (v) { li.appendChild(el("div", { "class": "error" }, v.code + ": " + v.message)); });
         if (d.reason) li.appendChild(el("div", {}, d.reason));

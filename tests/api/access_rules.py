@@ -352,6 +352,21 @@ RULES: dict[str, Any] = {
         "team_admin": 201,
         "superuser": 201,
     },
+    # Deciding a held plan: approvers pass the permission check, then get a 409 (nothing waits).
+    "api:run_approval": {
+        **ANON,
+        "kwargs": _run_kwargs,
+        "method": "POST",
+        "json": True,
+        "data": {"decision": "approve"},
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 404,
+        "reviewer": 409,
+        "policy_admin": 403,
+        "team_admin": 409,
+        "superuser": 409,
+    },
     # --- audit ---
     "api:audit_event_list": {**EVERYONE, "note": "filtered to the events the caller may see"},
     "api:audit_event_detail": {

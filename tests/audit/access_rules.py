@@ -14,10 +14,10 @@ from apps.audit.events import AuditEventType
 
 def _alpha_event_seq(ctx: Any) -> dict[str, Any]:
     from apps.audit.models import AuditEvent
-    from apps.audit.services import audit_flush, audit_record
+    from apps.audit.services import audit_flush, audit_record_standalone
 
     event = ctx.memo(
-        "alpha_event", lambda c: audit_record(event_type=AuditEventType.POOL_UPDATED, team=c.alpha)
+        "alpha_event", lambda c: audit_record_standalone(event_type=AuditEventType.POOL_UPDATED, team=c.alpha)
     )
     audit_flush()  # numbered after commit; the URL needs its seq
     return {"seq": AuditEvent.objects.get(pk=event.pk).seq}

@@ -24,7 +24,7 @@ from apps.audit.chain import (
 )
 from apps.audit.events import AuditEventType
 from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent, SignedTreeHead
-from apps.audit.services import audit_flush, audit_record, event_content, hmac_key
+from apps.audit.services import audit_flush, audit_record, audit_record_standalone, event_content, hmac_key
 from apps.audit.verify import verify_chain
 from conductor_web.request_context import RequestMeta, request_meta
 from tests.factories.audit import append_events
@@ -65,7 +65,7 @@ def test_appends_form_a_chain_that_verifies() -> None:
 @pytest.mark.django_db
 def test_request_context_is_recorded_and_reread_digest_matches() -> None:
     with request_meta(RequestMeta(ip="2001:DB8::1", user_agent="pytest-agent", api_key_id=42)):
-        event = audit_record(
+        event = audit_record_standalone(
             event_type=AuditEventType.APIKEY_DENIED, payload={"n": 1.5, "nested": {"b": [1, "x"]}}
         )
     assert event.seq is None  # pending until the sequencer numbers it
@@ -97,7 +97,7 @@ def test_model_refuses_update_and_delete() -> None:
 @pytest.mark.django_db
 def test_secrets_in_before_after_never_reach_the_row() -> None:
     secret = "sk-live-THIS-MUST-NOT-LEAK-1234567890"
-    event = audit_record(
+    event = audit_record_standalone(
         event_type=AuditEventType.PROVIDER_UPDATED,
         before={"base_url": "http://a", "api_key": secret, "headers": {"Authorization": f"Bearer {secret}"}},
         after={"base_url": "http://b", "api_key": secret + "x", "client_secret": secret},

@@ -14,14 +14,14 @@ from apps.audit.events import AuditEventType
 from apps.audit.filters import AuditEventFilterSet, filter_audit_events
 from apps.audit.models import AuditChainHead, AuditEvent
 from apps.audit.selectors import PAGE_SIZE, audit_events_for_run, page_of_events
-from apps.audit.services import audit_flush, audit_record
+from apps.audit.services import audit_flush, audit_record_standalone
 from tests.factories.audit import append_events
 
 
 @pytest.mark.django_db
 def test_filters_each_parameter(alpha: Any, beta: Any, owner: Any, teammate: Any) -> None:
     run_id = uuid.uuid4()
-    audit_record(
+    audit_record_standalone(
         event_type=AuditEventType.RUN_CREATED,
         actor=owner,
         team=alpha,
@@ -29,14 +29,16 @@ def test_filters_each_parameter(alpha: Any, beta: Any, owner: Any, teammate: Any
         object_type="runs.run",
         object_id=str(run_id),
     )
-    audit_record(
+    audit_record_standalone(
         event_type=AuditEventType.POOL_UPDATED,
         actor=teammate,
         team=alpha,
         object_type="workers.pool",
         object_id="7",
     )
-    audit_record(event_type=AuditEventType.POOL_CREATED, team=beta, object_type="workers.pool", object_id="8")
+    audit_record_standalone(
+        event_type=AuditEventType.POOL_CREATED, team=beta, object_type="workers.pool", object_id="8"
+    )
     audit_flush()  # time filters map onto seq ranges: only numbered rows are found
     qs = AuditEvent.objects.all()
 
@@ -133,7 +135,7 @@ def test_event_detail_shows_masked_changes_chain_and_run_link(
     client: Any, reviewer: Any, alpha: Any, beta: Any
 ) -> None:
     run_id = uuid.uuid4()
-    event = audit_record(
+    event = audit_record_standalone(
         event_type=AuditEventType.PROVIDER_UPDATED,
         team=alpha,
         run_id=run_id,
@@ -171,7 +173,7 @@ def test_verify_now_is_for_reviewers_and_superusers(client: Any, superuser: Any,
 
 @pytest.mark.django_db
 def test_audit_events_for_run(owner: Any, reviewer: Any, outsider: Any, alpha_run: Any) -> None:
-    audit_record(
+    audit_record_standalone(
         event_type=AuditEventType.RUN_FINISHED, team=alpha_run.team, run_id=alpha_run.pk, obj=alpha_run
     )
     assert audit_events_for_run(owner, alpha_run).filter(event_type="run.finished").exists()

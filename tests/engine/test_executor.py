@@ -523,4 +523,5 @@ def test_step_status_values_match_protocol() -> None:
         "blocked",
         "cancelled",
         "timed_out",
+        "awaiting_approval",
     }

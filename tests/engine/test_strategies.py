@@ -121,13 +121,18 @@ def test_conductor_scripted_plan(openai_fake: FakeOpenAIServer) -> None:
     assert proposed[0].data["plan"]["steps"][1]["worker_key"] == "w1"
     assert proposed[0].data["usage"]["input_tokens"] > 0
     types = sink.types()
-    assert types[:5] == [
+    # The planning call streams: its text arrives as plan.delta events before plan.proposed.
+    deltas = [e for e in sink.events if e.type == "plan.delta"]
+    assert deltas and "".join(e.data["text"] for e in deltas) == proposed[0].data["raw"]
+    assert {(e.data["round"], e.data["attempt"]) for e in deltas} == {(1, 1)}
+    assert [t for t in types if t != "plan.delta"][:5] == [
         "run.started",
         "guardrail.checked",
         "plan.started",
         "plan.proposed",
         "plan.validated",
     ]
+    assert types.index("plan.started") < types.index("plan.delta") < types.index("plan.proposed")
     # Conductor tokens count toward the run totals.
     all_in = sum(
         json.loads(json.dumps(e.data["usage"]))["input_tokens"]
@@ -182,6 +187,23 @@ def test_conductor_fallback_is_recorded(openai_fake: FakeOpenAIServer) -> None:
     assert "Fell back" in proposed[-1]["error"] and "no plan found" in proposed[-1]["error"]
     assert proposed[-1]["plan"]["steps"][0]["worker_key"] == "w0"
     assert len(conductor_requests(openai_fake)) == 2
+
+
+def test_mini_and_ultra_fall_back_to_different_plans(openai_fake: FakeOpenAIServer) -> None:
+    """A conductor that writes no plan (a tiny demo model) still leaves mini and ultra distinct:
+    mini answers in one step on the default worker, ultra has the strongest worker answer and
+    another check it (reading step 0)."""
+    plans = {}
+    for preset in ("mini", "ultra"):
+        openai_fake.responder = router(["no idea", "still no idea"])
+        result, sink = go(openai_fake, build_strategy(f"conductor-{preset}"))
+        assert result.status == RunStatus.SUCCEEDED
+        fallback = sink.of_type(EventType.PLAN_PROPOSED)[-1].data
+        assert fallback["source"] == "fallback"
+        plans[preset] = [(s["worker_key"], s["access"]) for s in fallback["plan"]["steps"]]
+    assert plans["mini"] == [("w0", [])]
+    assert plans["ultra"] == [("w1", []), ("w0", [0])]
+    assert "answer-and-check" in fallback["error"]
 
 
 def test_conductor_provider_outage_falls_back(openai_fake: FakeOpenAIServer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
@@ -66,10 +66,11 @@ def add_steps_and_events(run: Run, *, instruction: str, output: str) -> None:
 def append_events(
     n: int, *, team: Any = None, event_type: AuditEventType = AuditEventType.TEAM_UPDATED, **kwargs: Any
 ) -> list[AuditEvent]:
-    events = [
-        audit_record(event_type=event_type, team=team, payload={"i": i, "note": f"event {i}"}, **kwargs)
-        for i in range(n)
-    ]
+    with transaction.atomic():  # audit_record refuses to run outside one (issue #16)
+        events = [
+            audit_record(event_type=event_type, team=team, payload={"i": i, "note": f"event {i}"}, **kwargs)
+            for i in range(n)
+        ]
     audit_flush()  # number them now: callers assert on seq and digests
     by_id = AuditEvent.objects.in_bulk([e.pk for e in events])
     return [by_id[e.pk] for e in events]

@@ -203,9 +203,24 @@ def test_policy_grants_follow_policy_creation(
     alpha: Any, policy_admin: Any, owner: Any, outsider: Any
 ) -> None:
     from apps.policies.models import Policy
+    from apps.policies.services import policy_get_or_create
 
-    policy = Policy.objects.create(team=alpha, name="Alpha policy")
-    default = Policy.objects.create(team=None, name="Platform default")
+    # No signal grants behind a save's back any more (issue #16): a bare row has no grants.
+    bare = Policy.objects.create(team=alpha, name="Bare")
+    assert not sel.can_change_policy(policy_admin, bare)
+    bare.delete()
+    policy = policy_get_or_create(actor=None, team=alpha)
+    default = policy_get_or_create(actor=None, team=None)
+    # The grants were written with their audit row, in the policy's creating transaction.
+    audit_flush()
+    (granted,) = AuditEvent.objects.filter(event_type="permission.granted", object_id=str(policy.pk))
+    assert granted.object_type == "policies.policy" and granted.team_id == alpha.pk
+    perms_granted = {(c["perm"], c.get("user"), c.get("group")) for c in granted.payload["permissions"]}
+    assert ("view_policy", None, alpha.group.name) in perms_granted
+    assert ("change_policy", policy_admin.get_username(), None) in perms_granted
+    assert ("publish_policy", policy_admin.get_username(), None) in perms_granted
+    created = AuditEvent.objects.get(event_type="policy.created", object_id=str(policy.pk))
+    assert created.seq is not None and created.seq < granted.seq  # one transaction, in order
     assert sel.can_change_policy(policy_admin, policy) and sel.can_publish_policy(policy_admin, policy)
     assert not sel.can_change_policy(owner, policy)
     assert set(sel.policies_visible_to(owner)) == {policy, default}

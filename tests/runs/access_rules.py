@@ -63,6 +63,20 @@ RULES: dict[str, Any] = {
     "runs:detail": {"kwargs": _run_kwargs, **READ_RUN},
     "runs:snapshot": {"kwargs": _run_kwargs, **READ_RUN},
     "runs:cancel": {"kwargs": _run_kwargs, "method": "POST", **ACT_RUN},
+    # Deciding a held plan: team admins and reviewers (the run here waits for nothing: a 302 back
+    # with the reason); runners who are not approvers get a 403 naming the permission.
+    "runs:plan_decide": {
+        "kwargs": _run_kwargs,
+        "method": "POST",
+        "anonymous": "login",
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 404,
+        "reviewer": 302,
+        "policy_admin": 403,
+        "team_admin": 302,
+        "superuser": 302,
+    },
     "runs:step_replay": {"kwargs": lambda ctx: {**_run_kwargs(ctx), "index": 0}, "method": "POST", **ACT_RUN},
     "ws:run-stream": {
         "path": lambda ctx: f"/ws/runs/{ctx.memo('run', _run).id}/",

@@ -199,7 +199,12 @@ def test_superuser_key_cannot_use_a_pool_not_granted_to_its_team(server: Any, fi
         with pytest.raises(openai.NotFoundError) as exc:
             sdk.chat.completions.create(model=model, messages=PROMPT)
         assert exc.value.body["code"] == "model_not_found"
-    assert {m.id for m in sdk.models.list()} == {"conductor-mini", "conductor-ultra", "finance-pool"}
+    assert {m.id for m in sdk.models.list()} == {
+        "conductor-mini",
+        "conductor-ultra",
+        "conductor-learned",
+        "finance-pool",
+    }
     rest = client.post("/api/runs/", {"question": "hi", "pool": "fake"})
     assert rest.status_code == 400 and "pool" in rest.json()
     assert not Run.objects.exclude(pk__in=[w["beta_run"].pk, w["finance_run"].pk]).exists()

@@ -40,6 +40,7 @@ from apps.policies.spec import (
 # Ranks by meaning, independent of apps.policies.spec.STRICTNESS (higher = stricter).
 GUARD_RANK = {"warn": 1, "redact": 2, "require_review": 3, "block": 4}
 CONSTRAINT_RANK = {"repair": 1, "block": 2}
+HOLD_RANK = {"require_approval": 1, "block": 2}
 ON_ERROR_RANK = {"fail_open": 1, "fail_closed": 2}
 
 # Leaf field → what "stricter" means for it. Paths are dotted from the spec root; `*` is a stage.
@@ -66,6 +67,14 @@ SEMANTICS: dict[str, str] = {
     "constraints.forecast.enabled": "switch",
     "constraints.forecast.max_cost_usd": "limit",
     "constraints.forecast.max_tokens": "limit",
+    "constraints.forecast.action": "rank:hold",
+    "constraints.data_boundary.enabled": "switch",
+    "constraints.data_boundary.labels": "more",
+    "constraints.data_boundary.inside_tags": "fewer",
+    "constraints.data_boundary.inside_workers": "fewer",
+    "constraints.data_boundary.action": "rank:hold",
+    "constraints.approval.timeout_s": "limit",
+    "constraints.approval.api_wait_s": "limit",
     "constraints.confidential.enabled": "switch",
     "constraints.confidential.detect": "switch",
     "constraints.confidential.detect_patterns": "more",
@@ -83,6 +92,13 @@ SEMANTICS: dict[str, str] = {
     "budgets.daily.hard_usd": "limit",
     "budgets.monthly.soft_usd": "limit",
     "budgets.monthly.hard_usd": "limit",
+    # The learned router (issue 19): less exploration is stricter; the reward's metric and weights
+    # are the platform's when it sets them (the organisation's limited-budget dial).
+    "learning.enabled": "switch",
+    "learning.max_exploration": "limit",
+    "learning.metric": "platform_tag",
+    "learning.cost_weight": "platform_tag",
+    "learning.latency_weight": "platform_tag",
     "guardrails.on_check_error": "rank:on_error",
     "guardrails.*.pii.enabled": "switch",
     "guardrails.*.pii.action": "rank:guard",
@@ -106,7 +122,7 @@ SEMANTICS: dict[str, str] = {
     "guardrails.*.model_judge.action": "rank:guard",
     "guardrails.*.model_judge.judges": "more",
 }
-RANKS = {"guard": GUARD_RANK, "constraint": CONSTRAINT_RANK, "on_error": ON_ERROR_RANK}
+RANKS = {"guard": GUARD_RANK, "constraint": CONSTRAINT_RANK, "on_error": ON_ERROR_RANK, "hold": HOLD_RANK}
 
 
 def _semantic(path: str) -> str:

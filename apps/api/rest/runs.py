@@ -392,3 +392,42 @@ class RunReview(ApiView):
         data.is_valid(raise_exception=True)
         review = run_review(actor=request.user, run=run, **data.validated_data)
         return Response(ReviewOutput(review).data, status=status.HTTP_201_CREATED)
+
+
+class ApprovalInput(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    note = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class ApprovalRefused(APIException):
+    status_code = 409
+    default_code = "approval_refused"
+
+
+class RunApproval(ApiView):
+    """Decide a plan held for an approver: ``approve`` resumes the run, ``reject`` ends it blocked
+    (a note is required). Team admins and reviewers; never on their own run."""
+
+    key_scopes = {"POST": ApiScope.RUNS_REVIEW}
+
+    @extend_schema(request=ApprovalInput, responses=RunOutput)
+    def post(self, request: Request, run_id: Any) -> Response:
+        from rest_framework.exceptions import PermissionDenied
+
+        from apps.runs import approvals
+
+        run = visible_run(self, run_id)
+        data = ApprovalInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        decide = (
+            approvals.plan_approve if data.validated_data["decision"] == "approve" else approvals.plan_reject
+        )
+        try:
+            run = decide(actor=request.user, run=run, note=data.validated_data["note"])
+        except approvals.ApprovalError as exc:
+            if exc.status == 403:
+                raise PermissionDenied(str(exc)) from None
+            if exc.status == 400:
+                raise ValidationError({exc.rule: [str(exc)]}) from None
+            raise ApprovalRefused(str(exc)) from None
+        return Response(RunOutput(visible_run(self, run.pk), context={"request": request}).data)

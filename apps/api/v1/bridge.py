@@ -54,6 +54,8 @@ from apps.engine.generation import GenerationOptions
 logger = logging.getLogger(__name__)
 
 PRESETS = {"conductor-mini": "mini", "conductor-ultra": "ultra"}
+# The learned router (apps.learning): strategy "learned"; ":<pool>" picks the pool like a preset.
+LEARNED_MODEL = "conductor-learned"
 # How long a follower sleeps between database reads when no channel message wakes it.
 FOLLOW_POLL_S = 0.25
 # Joining or leaving the run's channel group may not stall a client longer than this.
@@ -181,6 +183,7 @@ class Target:
     model: str
     direct: bool = False
     passthrough: bool = False
+    strategy: str = "conductor"  # "learned" for conductor-learned
 
 
 def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> OpenAIError:
@@ -204,8 +207,9 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
     model = model.strip()
     base, sep, slug = model.partition(":")
     direct = False
-    if base in PRESETS:
-        preset = PRESETS[base]
+    strategy = "learned" if base == LEARNED_MODEL else "conductor"
+    if base in PRESETS or base == LEARNED_MODEL:
+        preset = PRESETS.get(base, "mini")
         pool_slug: str | None = slug if sep else None
         if sep and not slug:
             raise OpenAIError(
@@ -243,14 +247,19 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
             param="model",
         )
     passthrough = direct and pool.default_worker_id is not None and pool.pool_workers.count() == 1
-    return Target(preset=preset, pool=pool, model=model, direct=direct, passthrough=passthrough)
+    return Target(
+        preset=preset, pool=pool, model=model, direct=direct, passthrough=passthrough, strategy=strategy
+    )
 
 
 def models_payload(key: ApiKey) -> dict[str, Any]:
     """OpenAI's model list: the presets, then every pool the key may use."""
     user = key.created_by
     created = int(key.team.created_at.timestamp())
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "conductor"} for name in PRESETS]
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "conductor"}
+        for name in [*PRESETS, LEARNED_MODEL]
+    ]
     for pool in api_sel.pools_usable_for(user, key).order_by("slug"):
         data.append(
             {
@@ -445,7 +454,7 @@ def _start_run(
             question=req.question,
             # A pool model's tool conversation (or any chat, on a one-worker pool) runs as one step
             # on the default worker.
-            strategy="single" if "conversation" in record else "conductor",
+            strategy="single" if "conversation" in record else target.strategy,
             preset=target.preset,
             source=RunSource.OPENAI_API,
             api_key=key,
@@ -566,7 +575,7 @@ def _may_end_run(message: dict[str, Any] | None) -> bool:
     if message is None or message.get("type") != "run.event":
         return True
     event = message.get("event")
-    return not isinstance(event, dict) or event.get("type") == "run.finished"
+    return not isinstance(event, dict) or event.get("type") in ("run.finished", "run.awaiting_approval")
 
 
 def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
@@ -634,21 +643,52 @@ def _load_ended(run_id: Any) -> tuple[Any, float | None]:
     return run, provider_wait_ms(run_id) if run.is_terminal else None
 
 
+def approval_wait_left(run_id: Any) -> float:
+    """Seconds a /v1 caller may still wait for the decision on the run's held plan
+    (``constraints.approval.api_wait_s``); 0 when it must be answered now."""
+    from django.utils import timezone
+
+    from apps.runs.models import PlanApproval
+
+    until = (
+        PlanApproval.objects.filter(run_id=run_id, decision="pending")
+        .order_by("-requested_at")
+        .values_list("api_wait_until", flat=True)
+        .first()
+    )
+    return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
+
+
+def _ends_wait(run: Any) -> tuple[bool, float]:
+    """(whether the caller is answered now, how long it may wait at most) for a run as it is."""
+    if run.is_terminal:
+        return True, 0.0
+    if run.status == "awaiting_approval":
+        left = approval_wait_left(run.id)
+        return left <= 0, left
+    return False, float("inf")
+
+
 async def wait_for_run(run: Any) -> Any:
-    """The run once it is terminal, or as it is at the client's deadline."""
+    """The run once it is terminal (or paused for an approver past the policy's wait), or as it
+    is at the client's deadline."""
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
         while True:
             current, waited_ms = await sync_to_async(_load_ended)(run.id)
-            if current.is_terminal or time.monotonic() >= deadline:
+            ended, may_wait = await sync_to_async(_ends_wait)(current)
+            # An approved run is given a fresh time limit: so is its caller.
+            deadline = max(deadline, run_deadline(current))
+            if ended or time.monotonic() >= deadline:
                 state = _current_state.get()
                 if state is not None and waited_ms is not None:
                     state.provider_ms = waited_ms
                 return current
+            until = min(deadline, time.monotonic() + may_wait)
             # Skip the read for events that cannot end the run; a quiet interval (a lost publish
             # included) still reads the database every FOLLOW_POLL_S.
-            while not _may_end_run(await follower.wait(deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
+            while not _may_end_run(await follower.wait(until - time.monotonic())):
+                if time.monotonic() >= until:
                     break
 
 
@@ -670,6 +710,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
     last_sent = time.monotonic()
     next_check = time.monotonic() + STATUS_CHECK_S
     terminal_seen = False
+    held_until: float | None = None  # set while the run's plan waits for an approver
     async with RunFollower(run.id) as follower:
         finished = False
         while not finished and time.monotonic() < deadline:
@@ -680,6 +721,14 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 if event["type"] == "run.finished":
                     finished = True
                     break
+                if event["type"] == "run.awaiting_approval":
+                    held_until = time.monotonic() + await sync_to_async(approval_wait_left)(run.id)
+            if not finished and held_until is not None and time.monotonic() >= held_until:
+                current = await sync_to_async(load_run)(run.id)
+                if current.status == "awaiting_approval":
+                    break  # the policy's wait for an approver is over: the caller is answered now
+                held_until = None
+                deadline = max(deadline, run_deadline(current))
             if not finished and time.monotonic() >= next_check:
                 # The events are the truth, but a run that vanished (deleted: DoesNotExist) or
                 # ended without its run.finished row showing up must end the stream too.
@@ -691,7 +740,8 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 if time.monotonic() - last_sent > KEEPALIVE_S:
                     yield RunUpdate("keepalive")
                     last_sent = time.monotonic()
-                await follower.wait(deadline - time.monotonic())
+                wake = deadline if held_until is None else min(deadline, held_until)
+                await follower.wait(wake - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
         final = await sync_to_async(load_run)(run.id)
     yield RunUpdate("final", run=final)
@@ -857,6 +907,19 @@ def final_answer(run: Any) -> FinalAnswer:
     return FinalAnswer(run.answer, calls, finish, False)
 
 
+def awaiting_fields(run_id: Any) -> list[str]:
+    """The policy fields whose action held the run's plan."""
+    from apps.runs.models import PlanApproval
+
+    row = (
+        PlanApproval.objects.filter(run_id=run_id, decision="pending")
+        .order_by("-requested_at")
+        .values_list("fields", flat=True)
+        .first()
+    )
+    return [str(f) for f in row or []]
+
+
 def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
     """The error for a run that ended without a releasable answer, else None."""
     status = run.status
@@ -876,6 +939,17 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
     if status == "cancelled":
         return OpenAIError(
             409, "The run was cancelled.", code="run_cancelled", headers=no_retry(), conductor=conductor
+        )
+    if status == "awaiting_approval":
+        fields = ", ".join(awaiting_fields(run.id)) or "constraints.forecast.action"
+        return OpenAIError(
+            409,
+            f"{run.error or 'The plan waits for an approver.'} (policy field: {fields}). Run {run.id} "
+            "resumes once a team admin or reviewer approves its plan; follow it at its URL.",
+            type_="approval_required",
+            code="plan_awaiting_approval",
+            headers=no_retry(),
+            conductor=conductor,
         )
     if status in ("timed_out", "queued", "running"):
         message = (

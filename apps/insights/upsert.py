@@ -1,0 +1,72 @@
+"""Counter rows added to in one statement: ``INSERT ... ON CONFLICT (key) DO UPDATE SET c = c +
+EXCLUDED.c`` (SQLite >= 3.24 and PostgreSQL speak the same syntax).
+
+Django's ``bulk_create(update_conflicts=True)`` can only overwrite a column with the proposed
+value (``SET c = EXCLUDED.c``), never add to it, so concurrent writers would lose increments; the
+database-side addition here is atomic per row on both backends. Rows go in key order so two
+writers that touch the same rows lock them in the same order (no deadlock on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field, Model, UniqueConstraint
+
+Key = tuple[tuple[str, Any], ...]
+
+
+@cache
+def _shape(model: type[Model]) -> tuple[list[Field[Any, Any]], list[Field[Any, Any]]]:
+    """The model's conflict key (its one unique constraint) and its other (counter) columns."""
+    meta = model._meta
+    unique = next(c for c in meta.constraints if isinstance(c, UniqueConstraint))
+    keys = [meta.get_field(name) for name in unique.fields]
+    counters = [f for f in meta.concrete_fields if not f.primary_key and f not in keys]
+    return keys, counters  # type: ignore[return-value]
+
+
+def key_of(values: Mapping[str, Any]) -> Key:
+    return tuple(sorted(values.items()))
+
+
+def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> None:
+    """Add each row's amounts to the row of its key, creating missing rows (one statement).
+
+    A key's items name the unique constraint's fields by name or attname (``team`` or
+    ``team_id``); amounts name counter fields. Keys must be distinct (merge before calling)."""
+    if not rows:
+        return
+    keys, counters = _shape(model)
+    used = sorted({name for amounts in rows.values() for name in amounts})
+    unknown = set(used) - {f.name for f in counters}
+    if unknown:
+        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    columns = [*keys, *counters]
+    params: list[Any] = []
+    for key in sorted(rows, key=repr):
+        named = dict(key)
+        amounts = rows[key]
+        for field in keys:
+            value = named[field.attname] if field.attname in named else named[field.name]
+            params.append(field.get_db_prep_save(value, connection))
+        for field in counters:
+            value = amounts.get(field.name, field.get_default())
+            params.append(field.get_db_prep_save(value, connection))
+    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    by_name = {f.name: str(f.column) for f in counters}
+    adds = ", ".join(f"{qn(c)} = {table}.{qn(c)} + EXCLUDED.{qn(c)}" for c in (by_name[n] for n in used))
+    sql = (
+        # Identifiers come from model metadata (quoted); every value is a parameter.
+        f"INSERT INTO {table} ({', '.join(qn(str(f.column)) for f in columns)}) "  # noqa: S608
+        f"VALUES {', '.join([one] * len(rows))} "
+        f"ON CONFLICT ({', '.join(qn(str(f.column)) for f in keys)}) "
+        + (f"DO UPDATE SET {adds}" if adds else "DO NOTHING")
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)

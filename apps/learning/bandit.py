@@ -1,0 +1,152 @@
+"""The contextual bandit: Vowpal Wabbit's ``--cb_adf`` learner with a policy-bounded epsilon layer.
+
+Pure Python (no Django). One example per arm (action-dependent features), the request's context
+as the shared example; the learner regresses each arm's *cost* = 1 - reward (so an arm never tried
+predicts cost 0, the best possible: optimism makes a new arm get tried by the greedy choice
+rather than by exploration) and the scores shown to people are predicted rewards (1 - cost).
+
+Why ``--cb_adf`` plus our own epsilon layer instead of ``--cb_explore_adf --epsilon``: the explore
+reduction returns only its probability vector, which hides the per-arm scores "why this arm" must
+show, and its epsilon is baked into the saved model, while the policy's ``max_exploration`` may
+change between two requests and bounds the *realised* share of explored runs per team. The layer
+below computes exactly the distribution ``cb_explore_adf --epsilon`` would (greedy arm 1-eps, the
+rest eps/(K-1)) and logs the probability of the chosen arm for VW's IPS/MTR update.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from apps.learning.features import Context, arm_line
+
+# MTR: importance-weighted regression on the chosen arm (VW's default for cb_adf and robust with
+# few arms). Interactions: task tags x arm, words x arm, length/team x arm; without them the
+# shared features would be the same for every arm and could not change the ranking.
+VW_ARGS = "--cb_adf --cb_type mtr --interactions ta --interactions sa --interactions la -b 18"
+MIN_PROB = 0.01  # floor on a logged probability (bounds the importance weight 1/p)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One thing the router can choose: a strategy, and the worker or preset it is fixed to."""
+
+    id: str  # "single:<worker>", "moa", "pev", "conductor-mini", "conductor-ultra"
+    kind: str  # single | moa | pev | conductor
+    worker: str | None = None
+    preset: str | None = None
+    forecast_cost_usd: Decimal | None = None  # upper bound from prices; None = unpriced
+
+    def line(self) -> str:
+        return arm_line(self.id, kind=self.kind, worker=self.worker, preset=self.preset)
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    explored: bool
+    probs: tuple[float, ...]
+    greedy: int
+
+
+class Bandit:
+    """A VW workspace for one team's router; ``state`` is the saved model (None: a fresh one)."""
+
+    def __init__(self, state: bytes | None = None, *, seed: int = 0) -> None:
+        import vowpalwabbit
+
+        self._vw: Any
+        if state:
+            fd, path = tempfile.mkstemp(suffix=".vw")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(state)
+                self._vw = vowpalwabbit.Workspace(f"--quiet -i {path}")
+            finally:
+                os.unlink(path)
+        else:
+            self._vw = vowpalwabbit.Workspace(f"{VW_ARGS} --quiet --random_seed {seed}")
+
+    def close(self) -> None:
+        self._vw.finish()
+
+    def __enter__(self) -> Bandit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def scores(self, context: Context, arms: Sequence[Arm]) -> list[float]:
+        """Predicted reward per arm, in the order of ``arms``."""
+        if not arms:
+            return []
+        costs = self._vw.predict([context.shared_line(), *(a.line() for a in arms)])
+        return [round(1.0 - float(c), 6) for c in costs]
+
+    def learn(self, context: Context, arms: Sequence[Arm], chosen: int, reward: float, prob: float) -> None:
+        cost = 1.0 - reward
+        p = max(MIN_PROB, min(1.0, prob))
+        lines = [context.shared_line()]
+        for i, arm in enumerate(arms):
+            label = f"0:{cost:.6f}:{p:.6f} " if i == chosen else ""
+            lines.append(label + arm.line())
+        self._vw.learn(lines)
+
+    def to_bytes(self) -> bytes:
+        fd, path = tempfile.mkstemp(suffix=".vw")
+        os.close(fd)
+        try:
+            self._vw.save(path)
+            with open(path, "rb") as fh:
+                return fh.read()
+        finally:
+            os.unlink(path)
+
+
+def greedy_index(scores: Sequence[float], arms: Sequence[Arm]) -> int:
+    """Best predicted reward; ties go to the cheaper forecast, then to the arm order."""
+
+    def key(i: int) -> tuple[float, float, int]:
+        cost = arms[i].forecast_cost_usd
+        return (-round(scores[i], 4), float(cost) if cost is not None else float("inf"), i)
+
+    return min(range(len(arms)), key=key)
+
+
+def choose(scores: Sequence[float], arms: Sequence[Arm], *, epsilon: float, rng: random.Random) -> Choice:
+    """Epsilon-greedy over the arms (epsilon already capped by the policy and the team's share)."""
+    n = len(arms)
+    best = greedy_index(scores, arms)
+    if n == 1 or epsilon <= 0:
+        probs = tuple(1.0 if i == best else 0.0 for i in range(n))
+        return Choice(best, False, probs, best)
+    epsilon = min(1.0, epsilon)
+    probs = tuple((1.0 - epsilon) if i == best else epsilon / (n - 1) for i in range(n))
+    if rng.random() < epsilon:
+        others = [i for i in range(n) if i != best]
+        return Choice(rng.choice(others), True, probs, best)
+    return Choice(best, False, probs, best)
+
+
+def reward_of(
+    value: float,
+    *,
+    cost_usd: float | None,
+    latency_ms: float | None,
+    cost_weight: float,
+    latency_weight: float,
+    cost_scale_usd: float | None,
+    latency_scale_ms: float | None,
+) -> float:
+    """metric - cost_weight x cost/scale - latency_weight x latency/scale (each share clipped to 0..1)."""
+    reward = float(value)
+    if cost_weight and cost_usd is not None and cost_scale_usd:
+        reward -= cost_weight * min(1.0, max(0.0, cost_usd / cost_scale_usd))
+    if latency_weight and latency_ms is not None and latency_scale_ms:
+        reward -= latency_weight * min(1.0, max(0.0, latency_ms / latency_scale_ms))
+    return reward

@@ -1,0 +1,365 @@
+"""Plans held for an approver (issue 17: plan checks before execution).
+
+A plan over a plan-check limit whose policy action is ``require_approval`` (the cost/token
+forecast, or labelled data leaving the team's data boundary) pauses the run before any worker is
+called: the engine emits ``run.awaiting_approval`` and the sink calls ``approval_requested`` in
+the event's transaction. The run holds no lease while it waits. Then, exactly one of:
+
+- ``plan_approve``: the run is queued again (outbox, same transaction); the next attempt replays
+  the planning call from the resume journal, so the same plan comes back, and the hooks let the
+  plan with the approved digest through. Counters are reset as on a re-queue (the replay rebuilds
+  them, each call billed once).
+- ``plan_reject``: the run ends ``blocked`` naming the approver's refusal.
+- ``expire_approvals`` (the sweep): past ``constraints.approval.timeout_s`` the run ends blocked.
+- ``run_cancel`` withdraws the plan with the run.
+
+Every transition is audited in its own transaction with the state change, and shown live on the
+run's websocket (``run.plan_decided``, then the resumed attempt's events or ``run.finished``).
+
+Who approves: a team admin or reviewer (``governance.review_team_runs`` on the run's team), never
+the person who asked (separation of duties).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_record
+from apps.engine.events import EventType
+from apps.governance import selectors as gov
+from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunDispatch, RunEvent, RunStatus
+
+logger = logging.getLogger(__name__)
+
+APPROVE_PERMISSION = "governance.review_team_runs"
+MAX_NOTE_CHARS = 2000
+
+
+class ApprovalError(Exception):
+    """A decision that cannot be taken; ``rule`` names what refused it, ``status`` the HTTP code."""
+
+    def __init__(self, message: str, *, rule: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.status = status
+
+
+def approval_requested(
+    *,
+    run_id: UUID,
+    team_id: int,
+    policy_version_id: int | None,
+    owner: str | None,
+    at: datetime,
+    data: dict[str, Any],
+) -> PlanApproval | None:
+    """Pause the run on a held plan (inside the sink's transaction, under the run's row lock)."""
+    hold = data.get("hold") or {}
+    totals = data.get("totals") or {}
+    paused = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING)
+    if owner is not None:
+        paused = paused.filter(lease_owner=owner)
+    if not paused.update(
+        status=RunStatus.AWAITING_APPROVAL,
+        status_reason="approval_required",
+        error=str(data.get("error") or ""),
+        lease_owner="",
+        lease_expires_at=None,
+        input_tokens=int(totals.get("input_tokens") or 0),
+        output_tokens=int(totals.get("output_tokens") or 0),
+        cost_usd=totals.get("cost_usd"),
+        priced=bool(totals.get("priced", True)),
+    ):
+        return None  # ended meanwhile (cancel, sweep): nothing waits
+    timeout = hold.get("timeout_s")
+    wait = hold.get("api_wait_s")
+    approval = PlanApproval.objects.create(
+        run_id=run_id,
+        round=int(data.get("round") or 1),
+        digest=str(hold.get("digest") or ""),
+        reason=str(data.get("error") or "the plan needs an approver"),
+        violations=list(data.get("violations") or []),
+        fields=list(hold.get("fields") or []),
+        plan=data.get("plan"),
+        forecast=hold.get("forecast"),
+        requested_at=at,
+        deadline_at=at + timedelta(seconds=float(timeout)) if timeout else None,
+        api_wait_until=at + timedelta(seconds=float(wait or 0)),
+    )
+    audit_record(
+        event_type=AuditEventType.RUN_APPROVAL_REQUESTED,
+        team=team_id,
+        object_type="runs.run",
+        object_id=str(run_id),
+        run_id=run_id,
+        policy_version_id=policy_version_id,
+        payload={
+            "approval": approval.pk,
+            "round": approval.round,
+            "plan_digest": approval.digest,
+            "fields": approval.fields,
+            "violations": [v.get("message") for v in approval.violations if isinstance(v, dict)],
+            "forecast": approval.forecast,
+            "deadline_at": approval.deadline_at.isoformat() if approval.deadline_at else None,
+        },
+    )
+    transaction.on_commit(lambda: _announce(run_id))
+    return approval
+
+
+def _announce(run_id: UUID) -> None:
+    """Reviewers' badge and (optionally) e-mail: a plan waits for them."""
+    from apps.runs.sink import publish_review
+
+    try:
+        publish_review(run_id)
+        run = Run.objects.select_related("team").get(pk=run_id)
+        from apps.audit.notify import notify_review_requested
+
+        notify_review_requested(run=run, reason="plan awaiting approval")
+    except Exception:  # a notification never costs the run anything
+        logger.exception("approval notification for run %s failed", run_id)
+
+
+def can_approve(user: Any, run: Run) -> bool:
+    return gov.can_review_team_runs(user, run.team)
+
+
+def pending_approval(run: Run) -> PlanApproval | None:
+    return run.approvals.filter(decision=ApprovalDecision.PENDING).order_by("-requested_at").first()
+
+
+def check_may_decide(actor: Any, run: Run) -> None:
+    """Raise ApprovalError (403) unless ``actor`` may decide the run's held plans."""
+    if not can_approve(actor, run):
+        raise ApprovalError(
+            f"Deciding a held plan needs the team permission {APPROVE_PERMISSION} "
+            "(team admin or reviewer role).",
+            rule=APPROVE_PERMISSION,
+            status=403,
+        )
+    if run.created_by_id is not None and run.created_by_id == getattr(actor, "pk", None):
+        raise ApprovalError(
+            "Separation of duties: the person who asked cannot approve or refuse their own run's plan.",
+            rule="separation_of_duties",
+            status=403,
+        )
+
+
+def _locked_waiting(run_id: UUID) -> tuple[Run, PlanApproval]:
+    run = Run.objects.select_for_update().select_related("team").get(pk=run_id)
+    approval = pending_approval(run)
+    if run.status != RunStatus.AWAITING_APPROVAL or approval is None:
+        raise ApprovalError(
+            f"The run is {run.get_status_display().lower()}: there is no plan waiting for a decision.",
+            rule="run.status",
+        )
+    return run, approval
+
+
+def _decided_event(run: Run, now: datetime, data: dict[str, Any]) -> dict[str, Any]:
+    run.last_seq += 1
+    Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
+    kind = EventType.RUN_PLAN_DECIDED.value
+    RunEvent.objects.create(run=run, seq=run.last_seq, type=kind, data=data)
+    return {"type": kind, "run_id": str(run.id), "seq": run.last_seq, "ts": now.timestamp(), "data": data}
+
+
+def _clean_note(note: str) -> str:
+    note = (note or "").strip()
+    if len(note) > MAX_NOTE_CHARS:
+        raise ApprovalError(f"note: at most {MAX_NOTE_CHARS} characters.", rule="note", status=400)
+    return note
+
+
+def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
+    """Let the held plan run: the run is queued again and resumes from its journal."""
+    from apps.runs.execution import dispatch_pending
+    from apps.runs.sink import publish
+
+    check_may_decide(actor, run)
+    note = _clean_note(note)
+    now = timezone.now()
+    with transaction.atomic():
+        locked, approval = _locked_waiting(run.pk)
+        approval.decision = ApprovalDecision.APPROVED
+        approval.decided_by = actor
+        approval.decided_at = now
+        approval.note = note
+        approval.save(update_fields=["decision", "decided_by", "decided_at", "note"])
+        # As a re-queue: the next attempt rebuilds steps and usage from the journal, billed once;
+        # its time limit starts now, not when the run first asked.
+        locked.steps.all().delete()
+        Run.objects.filter(pk=locked.pk).update(
+            status=RunStatus.QUEUED,
+            status_reason="",
+            error="",
+            input_tokens=0,
+            output_tokens=0,
+            cost_usd=None,
+            priced=True,
+            step_count=0,
+            answer="",
+            latency_ms=None,
+            deadline_at=now + timedelta(seconds=float(settings.RUN_TIMEOUT_S)),
+        )
+        RunDispatch.objects.update_or_create(
+            run_id=locked.pk,
+            defaults={"dispatched_at": None, "dispatched_by": "", "next_attempt_at": None, "last_error": ""},
+        )
+        audit_record(
+            event_type=AuditEventType.RUN_PLAN_APPROVED,
+            actor=actor,
+            team=locked.team_id,
+            obj=locked,
+            run_id=locked.id,
+            policy_version_id=locked.policy_version_id,
+            payload={
+                "approval": approval.pk,
+                "round": approval.round,
+                "plan_digest": approval.digest,
+                "note": note,
+            },
+        )
+        event = _decided_event(
+            locked,
+            now,
+            {"decision": "approved", "by": actor.get_username(), "note": note, "round": approval.round},
+        )
+        run_id = locked.pk
+        transaction.on_commit(lambda: publish(run_id, event))
+        transaction.on_commit(lambda: dispatch_pending(run_id))
+    return Run.objects.get(pk=run.pk)
+
+
+def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
+    """Refuse the held plan: the run ends blocked, naming who refused it and why."""
+    check_may_decide(actor, run)
+    note = _clean_note(note)
+    if not note:
+        raise ApprovalError(
+            "note: say why the plan is refused (it is shown to the person who asked).",
+            rule="note",
+            status=400,
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        locked, approval = _locked_waiting(run.pk)
+        approval.decision = ApprovalDecision.REJECTED
+        approval.decided_by = actor
+        approval.decided_at = now
+        approval.note = note
+        approval.save(update_fields=["decision", "decided_by", "decided_at", "note"])
+        audit_record(
+            event_type=AuditEventType.RUN_PLAN_REJECTED,
+            actor=actor,
+            team=locked.team_id,
+            obj=locked,
+            run_id=locked.id,
+            policy_version_id=locked.policy_version_id,
+            payload={
+                "approval": approval.pk,
+                "round": approval.round,
+                "plan_digest": approval.digest,
+                "note": note,
+            },
+        )
+        _end_blocked(
+            locked,
+            now,
+            reason="approval_rejected",
+            error=f"The plan was refused by {actor.get_username()}: {note}",
+            decided={
+                "decision": "rejected",
+                "by": actor.get_username(),
+                "note": note,
+                "round": approval.round,
+            },
+        )
+    return Run.objects.get(pk=run.pk)
+
+
+def _end_blocked(run: Run, now: datetime, *, reason: str, error: str, decided: dict[str, Any]) -> None:
+    """Inside the caller's transaction: run.plan_decided, then the run ends blocked."""
+    from apps.runs.journal import forget as forget_calls
+    from apps.runs.services import run_finish_externally
+    from apps.runs.sink import publish
+
+    event = _decided_event(run, now, decided)
+    run_id = run.pk
+    transaction.on_commit(lambda: publish(run_id, event))
+    run_finish_externally(run_id=run_id, status=RunStatus.BLOCKED, reason=reason, error=error)
+    forget_calls(run_id)
+
+
+def expire_approvals(now: datetime | None = None) -> int:
+    """End runs whose held plan passed ``constraints.approval.timeout_s`` undecided (the sweep)."""
+    now = now or timezone.now()
+    due = list(
+        PlanApproval.objects.filter(
+            decision=ApprovalDecision.PENDING, deadline_at__lt=now, run__status=RunStatus.AWAITING_APPROVAL
+        ).values_list("run_id", flat=True)[:200]
+    )
+    ended = 0
+    for run_id in due:
+        with transaction.atomic():
+            try:
+                locked, approval = _locked_waiting(run_id)
+            except ApprovalError:
+                continue  # decided meanwhile
+            if approval.deadline_at is None or approval.deadline_at >= now:
+                continue
+            approval.decision = ApprovalDecision.EXPIRED
+            approval.decided_at = now
+            approval.save(update_fields=["decision", "decided_at"])
+            waited = (now - approval.requested_at).total_seconds()
+            audit_record(
+                event_type=AuditEventType.RUN_APPROVAL_EXPIRED,
+                team=locked.team_id,
+                obj=locked,
+                run_id=locked.id,
+                policy_version_id=locked.policy_version_id,
+                payload={"approval": approval.pk, "round": approval.round, "waited_s": round(waited, 1)},
+            )
+            _end_blocked(
+                locked,
+                now,
+                reason="approval_timeout",
+                error=(
+                    f"constraints.approval.timeout_s: no approver decided within {waited:.0f} s; "
+                    "the held plan was not run."
+                ),
+                decided={"decision": "expired", "by": None, "note": "", "round": approval.round},
+            )
+            ended += 1
+    return ended
+
+
+def approved_digests(run_id: UUID | str) -> set[str]:
+    """The plans an approver let through for this run (the hooks accept exactly these)."""
+    return set(
+        PlanApproval.objects.filter(run_id=run_id, decision=ApprovalDecision.APPROVED).values_list(
+            "digest", flat=True
+        )
+    )
+
+
+def approvals_waiting_for(user: Any) -> Any:
+    """Held plans the user may decide (teams where they approve), oldest first."""
+    teams = gov.teams_reviewable_by(user)
+    return (
+        PlanApproval.objects.filter(
+            decision=ApprovalDecision.PENDING, run__status=RunStatus.AWAITING_APPROVAL, run__team__in=teams
+        )
+        .select_related("run", "run__team", "run__created_by")
+        .order_by("requested_at")
+    )

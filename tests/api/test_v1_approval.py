@@ -1,0 +1,99 @@
+"""/v1 and plans held for an approver (issue 17): the official openai client gets a clear
+409 ``plan_awaiting_approval`` naming the policy field at once (``constraints.approval.api_wait_s``
+0), or waits up to that many seconds and gets the answer when an approver lets the plan run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from apps.runs.models import Run
+
+pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
+
+PROMPT = [{"role": "user", "content": "What is six times seven?"}]
+
+
+def _policy(wait: float) -> dict[str, Any]:
+    return {
+        "constraints": {
+            "forecast": {"enabled": True, "max_tokens": 50, "action": "require_approval"},
+            "approval": {"api_wait_s": wait},
+        }
+    }
+
+
+@pytest.fixture
+def client(api_server: Any, runtime_workers: Any, api_key: tuple[Any, str]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api_server.url}/v1", api_key=api_key[1], max_retries=0, timeout=90)
+
+
+def test_a_held_plan_is_a_409_naming_the_policy_field(
+    conductor_fake: Any, client: openai.OpenAI, alpha: Any
+) -> None:
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, _policy(0))
+    with pytest.raises(openai.ConflictError) as exc:
+        client.chat.completions.create(model="conductor-mini", messages=PROMPT)
+    body = exc.value.response.json()
+    assert body["error"]["code"] == "plan_awaiting_approval"
+    assert body["error"]["type"] == "approval_required"
+    assert "constraints.forecast.max_tokens" in body["error"]["message"]
+    assert "constraints.forecast.action" in body["error"]["message"]
+    run = Run.objects.get(pk=body["conductor"]["run_id"])
+    assert run.status == "awaiting_approval"
+    # Only the conductor was asked; no worker saw the request.
+    assert len(conductor_fake.server.chat_requests()) == 1
+
+
+def test_the_caller_waits_for_the_approver_and_gets_the_answer(
+    conductor_fake: Any, client: openai.OpenAI, alpha: Any, reviewer: Any
+) -> None:
+    from apps.runs.approvals import plan_approve
+    from tests.factories.policies import publish_policy
+    from tests.fixtures.api import CONDUCTOR_ANSWER
+
+    publish_policy(alpha, _policy(60))
+    out: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            out["completion"] = client.chat.completions.create(model="conductor-mini", messages=PROMPT)
+        except Exception as exc:  # reported by the assertion below
+            out["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    end = time.monotonic() + 30
+    run = None
+    while time.monotonic() < end and run is None:
+        run = Run.objects.filter(status="awaiting_approval").first()
+        time.sleep(0.05)
+    assert run is not None, out
+    assert caller.is_alive()  # still waiting for the decision
+    plan_approve(actor=reviewer, run=run, note="ok")
+    caller.join(60)
+    assert "error" not in out, out.get("error")
+    assert out["completion"].choices[0].message.content == CONDUCTOR_ANSWER
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    models = [r.json.get("model") for r in conductor_fake.server.chat_requests()]
+    assert models.count(models[0]) == 1  # the planning call was replayed, not asked again
+
+
+def test_a_streaming_caller_gets_the_approval_error_event(
+    conductor_fake: Any, client: openai.OpenAI, alpha: Any
+) -> None:
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, _policy(0))
+    stream = client.chat.completions.create(model="conductor-mini", messages=PROMPT, stream=True)
+    with pytest.raises(openai.APIError) as exc:
+        list(stream)
+    assert "constraints.forecast.action" in str(exc.value) and "approver" in str(exc.value)
+    assert Run.objects.get().status == "awaiting_approval"

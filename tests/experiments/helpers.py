@@ -1,0 +1,44 @@
+"""A fake pool whose workers are right on purpose: the solver on maths, the planner on geography,
+the critic never. The conductor plans THREE_STEP_PLAN (its last step is the critic: wrong)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from tests.fakes.base import FakeReply
+from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN
+
+QUESTIONS = [
+    ("What is 2 + 2?", "4", "math"),
+    ("What is 3 * 5?", "15", "math"),
+    ("What is the capital of France?", "Paris", "geo"),
+    ("What is the capital of Italy?", "Rome", "geo"),
+]
+RIGHT_ON = {"fake-solver-1": "math", "fake-planner-1": "geo"}
+
+
+def jsonl(questions: list[tuple[str, str, str]] = QUESTIONS) -> bytes:
+    return "\n".join(json.dumps({"input": q, "reference": a, "tags": [t]}) for q, a, t in questions).encode()
+
+
+class Responder:
+    """Answers per model; ``gate`` (when set up) holds the workers until the test opens it."""
+
+    def __init__(self, questions: list[tuple[str, str, str]] = QUESTIONS, gated: bool = False) -> None:
+        self.questions = questions
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
+
+    def __call__(self, req: dict[str, Any]) -> Any:
+        model = str(req.get("model"))
+        if model == CONDUCTOR_MODEL:
+            return FakeReply(json.dumps(THREE_STEP_PLAN))
+        self.gate.wait(60)
+        text = " ".join(str(m.get("content", "")) for m in req.get("messages") or [])
+        for q, answer, tag in self.questions:
+            if q in text:
+                return FakeReply(answer if RIGHT_ON.get(model) == tag else "I do not know.")
+        return FakeReply("I do not know.")

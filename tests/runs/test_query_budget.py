@@ -1,0 +1,151 @@
+"""Queries per /v1 run (issue 15): what does not change per request (the effective policy by
+version, the pool and its workers by ``updated_at``, the API key by its hash) is read once per
+process, so a run costs a bounded number of queries. Counted across every thread of this process
+(the embedded runtime executes the run here)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db.backends.utils import CursorWrapper
+from django.test import Client
+
+from tests.runtime import MODE
+
+pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
+
+
+class Queries:
+    """Every SQL statement any thread of this process sends while installed."""
+
+    def __init__(self) -> None:
+        self.sql: list[str] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.sql)
+
+    def common(self, n: int = 15) -> list[tuple[str, int]]:
+        return Counter(s[:150] for s in self.sql).most_common(n)
+
+
+@pytest.fixture
+def queries(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queries]:
+    seen = Queries()
+    original = CursorWrapper._execute_with_wrappers  # type: ignore[attr-defined]
+
+    def counting(self: Any, sql: str, params: Any, many: bool, executor: Any) -> Any:
+        with seen._lock:
+            seen.sql.append(sql)
+        return original(self, sql, params, many, executor)
+
+    monkeypatch.setattr(CursorWrapper, "_execute_with_wrappers", counting)
+    yield seen
+
+
+def _ask(client: Client, key: str, model: str = "conductor-mini") -> dict[str, Any]:
+    resp = client.post(
+        "/v1/chat/completions",
+        data=json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "What is six times seven?"}]}
+        ),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert resp.status_code == 200, resp.content
+    return resp.json()
+
+
+# What a warm run (second of the process) may cost at most; ~115 measured when this was written
+# (~170 before the rollup upserts and the caches). Above it, something started reading per event.
+BUDGET = 130
+
+
+def _count(queries: Queries, pattern: str) -> int:
+    return sum(1 for sql in queries.sql if re.search(pattern, sql))
+
+
+@pytest.mark.skipif(MODE != "embedded", reason="the run executes in this process only when embedded")
+def test_queries_per_v1_run(conductor_fake: Any, api_key: tuple[Any, str], queries: Queries) -> None:
+    client = Client()
+    _ask(client, api_key[1])  # the first run of the process fills the caches
+    queries.sql.clear()
+    answer = _ask(client, api_key[1])
+    assert answer["choices"][0]["message"]["content"]
+    common = queries.common()
+    assert len(queries) <= BUDGET, common
+    # The policy: only the two current version ids, once per ask (create, execute, hold decision,
+    # budget alerts); the versions themselves are not read again.
+    assert _count(queries, r'FROM "policies_policyversion"') == 0, common
+    assert _count(queries, r'FROM "policies_policy"') <= 4, common
+    # The pool's worker rows: one freshness query per use, no membership reads.
+    assert _count(queries, r'FROM "workers_poolworker"') == 0, common
+    assert _count(queries, r'MAX\("workers_worker"."updated_at"\)') == 2, common
+    # The key: one query with its membership folded in.
+    assert _count(queries, r'FROM "api_apikey"') == 1, common
+    assert (
+        _count(queries, r'SELECT .* FROM "governance_membership" WHERE \("governance_membership"."team_id"')
+        == 0
+    )
+    # The rollups: one upsert per table per event, never a read-then-update.
+    assert _count(queries, r'^SELECT .* FROM "insights_') == 0, common
+    assert _count(queries, r'^UPDATE "insights_') == 0, common
+
+
+def test_a_published_policy_is_in_force_at_once(alpha: Any, queries: Queries) -> None:
+    from apps.policies.selectors import effective_policy_cached
+    from apps.policies.services import policy_rollback
+    from apps.runs.integration import policy_in_force
+    from tests.factories.policies import publish_policy
+
+    v1 = publish_policy(alpha, {"constraints": {"max_steps": {"value": 4}}})
+    assert policy_in_force(alpha).effective.spec.constraints.max_steps.value == 4
+    assert policy_in_force(alpha).version_id == v1.pk
+    queries.sql.clear()
+    assert effective_policy_cached(alpha) is effective_policy_cached(alpha)  # cached: same object
+    assert len(queries) == 2  # the current version ids, nothing else
+    v2 = publish_policy(alpha, {"constraints": {"max_steps": {"value": 3}}})
+    assert policy_in_force(alpha).effective.spec.constraints.max_steps.value == 3
+    assert policy_in_force(alpha).version_id == v2.pk
+    v3 = policy_rollback(actor=None, policy=v1.policy, to_version=v1)
+    assert policy_in_force(alpha).version_id == v3.pk
+    assert policy_in_force(alpha).effective.spec.constraints.max_steps.value == 4
+    publish_policy(None, {"constraints": {"max_steps": {"value": 2}}})  # the platform tightens
+    assert policy_in_force(alpha).effective.spec.constraints.max_steps.value == 2
+
+
+def test_pool_rows_follow_every_edit(fake_pool: Any, alpha: Any, queries: Queries) -> None:
+    from apps.runs.integration import PoolUnavailableError, build_pool, check_pool_available
+    from apps.workers.models import Pool
+    from apps.workers.selectors import pool_rows
+    from apps.workers.services import pool_update, worker_update
+
+    def fresh() -> Any:
+        return Pool.objects.get(pk=fake_pool.pool.pk)
+
+    first = pool_rows(fresh())
+    queries.sql.clear()
+    assert pool_rows(fresh()) is first
+    assert _count(queries, r'FROM "workers_poolworker"') == 0
+    check_pool_available(fresh())
+    assert len(build_pool(fresh()).workers) == len(first.entries)
+
+    solver = next(w for w in fake_pool.workers if w.slug == "fake-solver")
+    worker_update(actor=None, worker=solver, enabled=False)
+    with pytest.raises(PoolUnavailableError, match="disabled"):
+        check_pool_available(fresh())
+    worker_update(actor=None, worker=solver, enabled=True)
+    check_pool_available(fresh())
+
+    dropped = next(w for w in fake_pool.workers if w.pk != fresh().default_worker_id)
+    others = [w for w in fake_pool.workers if w.pk != dropped.pk]
+    pool_update(actor=None, pool=fresh(), workers=others)
+    rows = pool_rows(fresh())
+    assert [e.worker.slug for e in rows.entries] == [w.slug for w in others]
+    assert len(build_pool(fresh()).workers) == len(others)
