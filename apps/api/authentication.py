@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Exists, OuterRef
 from django.http import HttpRequest
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed, Throttled
@@ -32,25 +31,6 @@ def presented_key(request: HttpRequest) -> str | None:
         return None
     value = request.META.get("HTTP_X_API_KEY", "").strip()
     return value or None
-
-
-def key_for_prefix(prefix: str) -> ApiKey | None:
-    """The key of ``prefix`` with its team and principal, and ``in_team``: whether the principal
-    is still a member of the key's team, all in one query.
-
-    Deliberately read on every request and never cached in the process: revocation, expiry, a
-    deactivated principal or a left team must stop the key at once in every daphne process and
-    Celery worker, and with no shared cache only the database knows that. One indexed query is
-    what that costs (it was two)."""
-    from apps.governance.models import Membership
-
-    member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
-    return (
-        ApiKey.objects.select_related("team", "created_by")
-        .annotate(in_team=Exists(member))
-        .filter(prefix=prefix)
-        .first()
-    )
 
 
 def authenticate_key(raw: str) -> ApiKey:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from apps.api.models import ApiKey, ApiScope
 from apps.governance import selectors as gov
@@ -193,3 +193,20 @@ def audit_events_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 def api_keys_for(user: Any, key: ApiKey | None) -> QuerySet[ApiKey]:
     """Keys of the teams the caller manages (only admins see keys, even by prefix)."""
     return ApiKey.objects.filter(team__in=teams_managed_for(user, key)).select_related("team", "created_by")
+
+
+def key_for_prefix(prefix: str) -> ApiKey | None:
+    """The key of ``prefix`` with its team and principal, and ``in_team``: whether the principal
+    is still a member of the key's team, all in one query.
+
+    Deliberately read on every request and never cached in the process: revocation, expiry, a
+    deactivated principal or a left team must stop the key at once in every daphne process and
+    Celery worker, and with no shared cache only the database knows that. One indexed query is
+    what that costs (it was two)."""
+    member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
+    return (
+        ApiKey.objects.select_related("team", "created_by")
+        .annotate(in_team=Exists(member))
+        .filter(prefix=prefix)
+        .first()
+    )

@@ -28,7 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
-from apps.api.selectors import creator_role, effective_scopes, grantable_scopes
+from apps.api.selectors import creator_role, effective_scopes, grantable_scopes, key_for_prefix
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 
@@ -289,8 +289,6 @@ def apikey_authenticate(plaintext: str) -> ApiKey:
     prefix = parse_prefix(plaintext.strip())
     if prefix is None:
         raise ApiKeyInvalid("Malformed API key. Keys look like cw_<prefix>_<secret>.")
-    from apps.api.authentication import key_for_prefix
-
     key = key_for_prefix(prefix)  # with ``in_team``, in one query
     if key is None:
         raise ApiKeyInvalid("Unknown API key.")
