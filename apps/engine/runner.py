@@ -113,6 +113,7 @@ def run_request(
     session = RunSession(ctx=ctx, pool=pool, limits=limits, emitter=emitter, hooks=hooks, cancel=cancel)
     status, answer, error, reason = RunStatus.FAILED, None, None, "internal_error"
     ending: dict[str, Any] = {}
+    paused: dict[str, Any] | None = None  # set when the plan is held for an approver
     try:
         conductor = pool.conductor
         emitter.emit(
@@ -178,31 +179,14 @@ def run_request(
     except RunHeld as held:
         # Paused, not ended: the plan waits for an approver, so no run.finished.
         status, error, reason = held.status, held.error, held.reason
-        totals = session.totals()
-        emitter.emit(
-            EventType.RUN_AWAITING_APPROVAL,
-            {
-                "reason": held.reason,
-                "error": held.error,
-                "round": held.round,
-                "plan": held.plan,
-                "violations": held.violations,
-                "hold": held.hold,
-                "totals": totals.to_dict(),
-            },
-        )
-        return RunResult(
-            run_id=run_id,
-            status=status,
-            answer=None,
-            error=error,
-            reason=reason,
-            totals=totals,
-            steps=[session.records[i] for i in sorted(session.records)],
-            plans=list(session.plans),
-            flags=list(session.flags),
-            last_seq=emitter.last_seq,
-        )
+        paused = {
+            "reason": held.reason,
+            "error": held.error,
+            "round": held.round,
+            "plan": held.plan,
+            "violations": held.violations,
+            "hold": held.hold,
+        }
     except RunAborted as stop:
         status, error, reason = stop.status, stop.error, stop.reason
     except ProviderError as err:
@@ -217,19 +201,22 @@ def run_request(
         )
     totals = session.totals()
     try:
-        emitter.emit(
-            EventType.RUN_FINISHED,
-            {
-                "status": status.value,
-                "answer": answer,
-                "error": error,
-                "reason": reason,
-                "totals": totals.to_dict(),
-                **(ending if status == RunStatus.SUCCEEDED else {}),
-            },
-        )
+        if paused is not None:
+            emitter.emit(EventType.RUN_AWAITING_APPROVAL, {**paused, "totals": totals.to_dict()})
+        else:
+            emitter.emit(
+                EventType.RUN_FINISHED,
+                {
+                    "status": status.value,
+                    "answer": answer,
+                    "error": error,
+                    "reason": reason,
+                    "totals": totals.to_dict(),
+                    **(ending if status == RunStatus.SUCCEEDED else {}),
+                },
+            )
     except Exception:  # pragma: no cover — Emitter already swallows sink errors
-        logger.exception("could not emit run.finished for run %s", run_id)
+        logger.exception("could not emit the last event for run %s", run_id)
     return RunResult(
         run_id=run_id,
         status=status,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -86,7 +86,10 @@ class Bandit:
         if not arms:
             return []
         costs = self._vw.predict([context.shared_line(), *(a.line() for a in arms)])
-        return [round(1.0 - float(c), 6) for c in costs]
+        # No reward exceeds 1 (a metric in 0..1 less penalties): a prediction above it is the
+        # regression overshooting on an importance-weighted lucky draw, and must not outrank
+        # an arm that really earns 1 — capped, the two tie and the tie-break decides.
+        return [round(min(1.0, 1.0 - float(c)), 6) for c in costs]
 
     def learn(self, context: Context, arms: Sequence[Arm], chosen: int, reward: float, prob: float) -> None:
         cost = 1.0 - reward
@@ -109,17 +112,33 @@ class Bandit:
 
 
 def greedy_index(scores: Sequence[float], arms: Sequence[Arm]) -> int:
-    """Best predicted reward; ties go to the cheaper forecast, then to the arm order."""
+    """Best predicted reward; ties go to the cheaper forecast, then to the arm that makes fewer
+    model calls (one worker before a composite: unpriced pools have no cheaper forecast, and a
+    composite that got lucky must not keep a tie it only shares), then to the arm order."""
 
-    def key(i: int) -> tuple[float, float, int]:
+    def key(i: int) -> tuple[float, float, int, int]:
         cost = arms[i].forecast_cost_usd
-        return (-round(scores[i], 4), float(cost) if cost is not None else float("inf"), i)
+        composite = 0 if arms[i].kind == "single" else 1
+        return (-round(scores[i], 4), float(cost) if cost is not None else float("inf"), composite, i)
 
     return min(range(len(arms)), key=key)
 
 
-def choose(scores: Sequence[float], arms: Sequence[Arm], *, epsilon: float, rng: random.Random) -> Choice:
-    """Epsilon-greedy over the arms (epsilon already capped by the policy and the team's share)."""
+def choose(
+    scores: Sequence[float],
+    arms: Sequence[Arm],
+    *,
+    epsilon: float,
+    rng: random.Random,
+    tried: Callable[[], Mapping[str, int]] | None = None,
+) -> Choice:
+    """Epsilon-greedy over the arms (epsilon already capped by the policy and the team's share).
+
+    An exploring step goes to the arm tried least often in a context like this one (``tried``:
+    arm id -> count, read only when exploring; ties at random), not to a uniformly random one:
+    the policy's exploration share is small (a few percent), and a uniform draw can spend all of
+    it on arms already known to be poor while the right one, never tried for this kind of
+    request, stays behind a greedy arm that merely looks fair."""
     n = len(arms)
     best = greedy_index(scores, arms)
     if n == 1 or epsilon <= 0:
@@ -129,6 +148,10 @@ def choose(scores: Sequence[float], arms: Sequence[Arm], *, epsilon: float, rng:
     probs = tuple((1.0 - epsilon) if i == best else epsilon / (n - 1) for i in range(n))
     if rng.random() < epsilon:
         others = [i for i in range(n) if i != best]
+        if tried is not None:
+            counts = tried()
+            fewest = min(counts.get(arms[i].id, 0) for i in others)
+            others = [i for i in others if counts.get(arms[i].id, 0) == fewest]
         return Choice(rng.choice(others), True, probs, best)
     return Choice(best, False, probs, best)
 

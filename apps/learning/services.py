@@ -41,6 +41,8 @@ LINEAGE_BREAKS = ("rollback", "reset")  # feedback older than these does not tea
 class NoArmAvailable(Exception):
     """The policy leaves no arm for this request. ``str()`` names the rules (user-safe)."""
 
+    user_safe = True  # execution shows str() to the user
+
 
 class RouterError(ValueError):
     """A lifecycle request that cannot be done (unknown version...). ``str()`` is user-safe."""
@@ -150,7 +152,22 @@ def route(
             explored = Decision.objects.filter(team_id=team_id, explored=True).count()
             if (explored + 1) / (total + 1) > learning.max_exploration:
                 epsilon = 0.0
-        choice = choose(scores, arms, epsilon=epsilon, rng=random.Random(f"{team_id}:{run_id}"))
+        tried: dict[str, int] | None = None
+        if epsilon > 0:
+            # Explore in earnest while some arm is barely known for this kind of request; once
+            # each has been tried a few times, a quarter of the share keeps the router current.
+            tried = _tried(team_id, context.tags)
+            if min(tried.get(a.id, 0) for a in arms) >= WELL_TRIED:
+                epsilon /= 4
+        choice = choose(
+            scores,
+            arms,
+            epsilon=epsilon,
+            # Seeded by the request alone (run ids are unique): a replay of the same request
+            # explores the same way whatever database ids the team got.
+            rng=random.Random(str(run_id)),
+            tried=(lambda: tried) if tried is not None else None,
+        )
         chosen = arms[choice.index]
         priced = [float(a.forecast_cost_usd) for a in arms if a.forecast_cost_usd]
         cap = spec.constraints.caps.max_cost_usd
@@ -389,20 +406,23 @@ def learn_offline(
         if router.frozen:
             raise RouterError("The router is frozen: unfreeze it before teaching it offline.")
         _learn_step(router, steps)
-        new = _new_version(router, reason="offline", actor=actor, state=_state(router), parent=router)
-        audit_record(
-            event_type=AuditEventType.ROUTER_SNAPSHOT,
-            actor=actor,
-            team=team,
-            obj=new,
-            object_repr=str(new),
-            payload={
-                "version": new.version,
-                "parent_version": router.version,
-                "offline_examples": len(steps),
-            },
-        )
+        _seal(router, actor=actor, team=team, reason="offline", offline_examples=len(steps))
     return len(steps)
+
+
+TRIED_WINDOW = 500  # recent decisions the exploration counts arms over
+WELL_TRIED = 3  # tries of every arm, for one kind of request, after which exploration slows
+
+
+def _tried(team_id: int, tags: Sequence[str]) -> dict[str, int]:
+    """How often each arm was chosen for requests with these task tags (recent decisions)."""
+    want = list(tags)
+    counts: dict[str, int] = {}
+    recent = Decision.objects.filter(team_id=team_id).order_by("-id").values_list("chosen_arm", "context")
+    for arm, context in recent[:TRIED_WINDOW]:
+        if isinstance(context, dict) and list(context.get("tags") or []) == want:
+            counts[arm] = counts.get(arm, 0) + 1
+    return counts
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
@@ -412,15 +432,20 @@ def router_snapshot(*, actor: Any, team: Team) -> Router:
     """Seal the live router as a version and continue learning in a new one."""
     with transaction.atomic():
         router = live_router(team.pk, lock=True)
-        new = _new_version(router, reason="snapshot", actor=actor, state=_state(router), parent=router)
-        audit_record(
-            event_type=AuditEventType.ROUTER_SNAPSHOT,
-            actor=actor,
-            team=team,
-            obj=new,
-            object_repr=str(new),
-            payload={"version": new.version, "parent_version": router.version, "updates": router.updates},
-        )
+        return _seal(router, actor=actor, team=team, reason="snapshot", updates=router.updates)
+
+
+def _seal(router: Router, *, actor: Any, team: Team, reason: str, **payload: Any) -> Router:
+    """Inside the caller's transaction: the live router becomes a version, audited."""
+    new = _new_version(router, reason=reason, actor=actor, state=_state(router), parent=router)
+    audit_record(
+        event_type=AuditEventType.ROUTER_SNAPSHOT,
+        actor=actor,
+        team=team,
+        obj=new,
+        object_repr=str(new),
+        payload={"version": new.version, "parent_version": router.version, **payload},
+    )
     return new
 
 

@@ -33,10 +33,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps.audit.events import AuditEventType
+from apps.audit.notify import notify_review_requested
 from apps.audit.services import audit_record
 from apps.engine.events import EventType
 from apps.governance import selectors as gov
-from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunDispatch, RunEvent, RunStatus
+from apps.runs.journal import forget as forget_calls
+from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunStatus
+from apps.runs.services import run_finish_externally, stored_event
+from apps.runs.sink import publish, publish_review
 
 logger = logging.getLogger(__name__)
 
@@ -118,13 +122,9 @@ def approval_requested(
 
 def _announce(run_id: UUID) -> None:
     """Reviewers' badge and (optionally) e-mail: a plan waits for them."""
-    from apps.runs.sink import publish_review
-
     try:
         publish_review(run_id)
         run = Run.objects.select_related("team").get(pk=run_id)
-        from apps.audit.notify import notify_review_requested
-
         notify_review_requested(run=run, reason="plan awaiting approval")
     except Exception:  # a notification never costs the run anything
         logger.exception("approval notification for run %s failed", run_id)
@@ -166,12 +166,18 @@ def _locked_waiting(run_id: UUID) -> tuple[Run, PlanApproval]:
     return run, approval
 
 
+def _decide(approval: PlanApproval, decision: str, *, actor: Any, at: datetime, note: str) -> None:
+    approval.decision = decision
+    approval.decided_by = actor
+    approval.decided_at = at
+    approval.note = note
+    approval.save(update_fields=["decision", "decided_by", "decided_at", "note"])
+
+
 def _decided_event(run: Run, now: datetime, data: dict[str, Any]) -> dict[str, Any]:
     run.last_seq += 1
     Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
-    kind = EventType.RUN_PLAN_DECIDED.value
-    RunEvent.objects.create(run=run, seq=run.last_seq, type=kind, data=data)
-    return {"type": kind, "run_id": str(run.id), "seq": run.last_seq, "ts": now.timestamp(), "data": data}
+    return stored_event(run, EventType.RUN_PLAN_DECIDED.value, data, now)
 
 
 def _clean_note(note: str) -> str:
@@ -183,38 +189,22 @@ def _clean_note(note: str) -> str:
 
 def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
     """Let the held plan run: the run is queued again and resumes from its journal."""
-    from apps.runs.execution import dispatch_pending
-    from apps.runs.sink import publish
+    # Execution reads approvals (approved digests, expiry in its sweep): this side is the lazy one.
+    from apps.runs.execution import dispatch_pending, reset_for_next_attempt
 
     check_may_decide(actor, run)
     note = _clean_note(note)
     now = timezone.now()
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
-        approval.decision = ApprovalDecision.APPROVED
-        approval.decided_by = actor
-        approval.decided_at = now
-        approval.note = note
-        approval.save(update_fields=["decision", "decided_by", "decided_at", "note"])
-        # As a re-queue: the next attempt rebuilds steps and usage from the journal, billed once;
-        # its time limit starts now, not when the run first asked.
-        locked.steps.all().delete()
-        Run.objects.filter(pk=locked.pk).update(
+        _decide(approval, ApprovalDecision.APPROVED, actor=actor, at=now, note=note)
+        # As a re-queue; its time limit starts now, not when the run first asked.
+        reset_for_next_attempt(
+            locked.pk,
             status=RunStatus.QUEUED,
             status_reason="",
             error="",
-            input_tokens=0,
-            output_tokens=0,
-            cost_usd=None,
-            priced=True,
-            step_count=0,
-            answer="",
-            latency_ms=None,
             deadline_at=now + timedelta(seconds=float(settings.RUN_TIMEOUT_S)),
-        )
-        RunDispatch.objects.update_or_create(
-            run_id=locked.pk,
-            defaults={"dispatched_at": None, "dispatched_by": "", "next_attempt_at": None, "last_error": ""},
         )
         audit_record(
             event_type=AuditEventType.RUN_PLAN_APPROVED,
@@ -254,11 +244,7 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
     now = timezone.now()
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
-        approval.decision = ApprovalDecision.REJECTED
-        approval.decided_by = actor
-        approval.decided_at = now
-        approval.note = note
-        approval.save(update_fields=["decision", "decided_by", "decided_at", "note"])
+        _decide(approval, ApprovalDecision.REJECTED, actor=actor, at=now, note=note)
         audit_record(
             event_type=AuditEventType.RUN_PLAN_REJECTED,
             actor=actor,
@@ -290,10 +276,6 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
 
 def _end_blocked(run: Run, now: datetime, *, reason: str, error: str, decided: dict[str, Any]) -> None:
     """Inside the caller's transaction: run.plan_decided, then the run ends blocked."""
-    from apps.runs.journal import forget as forget_calls
-    from apps.runs.services import run_finish_externally
-    from apps.runs.sink import publish
-
     event = _decided_event(run, now, decided)
     run_id = run.pk
     transaction.on_commit(lambda: publish(run_id, event))
@@ -318,9 +300,7 @@ def expire_approvals(now: datetime | None = None) -> int:
                 continue  # decided meanwhile
             if approval.deadline_at is None or approval.deadline_at >= now:
                 continue
-            approval.decision = ApprovalDecision.EXPIRED
-            approval.decided_at = now
-            approval.save(update_fields=["decision", "decided_at"])
+            _decide(approval, ApprovalDecision.EXPIRED, actor=None, at=now, note="")
             waited = (now - approval.requested_at).total_seconds()
             audit_record(
                 event_type=AuditEventType.RUN_APPROVAL_EXPIRED,

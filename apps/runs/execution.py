@@ -35,7 +35,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.runs.api_request import generation_for, passthrough_strategy
-from apps.runs.models import Run, RunCall, RunDispatch, RunStatus
+from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
 from conductor_web.request_context import set_request_id
 
 logger = logging.getLogger(__name__)
@@ -237,8 +237,9 @@ def execute_run(run_id: UUID | str) -> str | None:
             # Plain words for users; the traceback is in the log.
             message = (
                 str(exc)
-                # Both say in user-safe words which pool state or policy rule refused the run.
-                if exc.__class__.__name__ in ("PoolUnavailableError", "NoArmAvailable")
+                # Errors that say in user-safe words which pool state or policy rule refused the
+                # run mark themselves (``user_safe``); anything else stays in the log.
+                if getattr(exc, "user_safe", False)
                 else "The run failed before it could finish; see the server log."
             )
             run_finish_externally(
@@ -292,7 +293,8 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
     hooks = integration.governance_hooks(run.team, policy, str(run.id))
-    if hasattr(hooks, "approved_digests"):
+    if (run.attempts or 1) > 1 and hasattr(hooks, "approved_digests"):
+        # Only a later attempt can carry an approval (approving re-queues the run).
         from apps.runs.approvals import approved_digests
 
         hooks.approved_digests = approved_digests(run.id)  # plans an approver let through
@@ -520,6 +522,28 @@ def heartbeat() -> int:
     )
 
 
+def reset_for_next_attempt(run_id: UUID | str, **updates: Any) -> None:
+    """Inside the caller's transaction: clear what the next attempt rebuilds (steps and usage,
+    replayed from the resume journal and so billed once) and put the run in the outbox.
+    ``updates``: further Run fields the caller changes with it (status, deadline...)."""
+    Step.objects.filter(run_id=run_id).delete()
+    Run.objects.filter(pk=run_id).update(
+        input_tokens=0,
+        output_tokens=0,
+        cost_usd=None,
+        priced=True,
+        step_count=0,
+        answer="",
+        answer_held=False,
+        latency_ms=None,
+        **updates,
+    )
+    RunDispatch.objects.update_or_create(
+        run_id=run_id,
+        defaults={"dispatched_at": None, "dispatched_by": "", "next_attempt_at": None, "last_error": ""},
+    )
+
+
 def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bool) -> str | None:
     """Take a running run away from a lost executor. Conditional on the owner (and, unless the
     owner is known dead, on the lease having expired), so exactly one reaper acts. Returns the
@@ -567,21 +591,7 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
             "output_tokens": run.output_tokens,
             "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
         }
-        run.steps.all().delete()
-        Run.objects.filter(pk=run.id).update(
-            input_tokens=0,
-            output_tokens=0,
-            cost_usd=None,
-            priced=True,
-            step_count=0,
-            answer="",
-            answer_held=False,
-            latency_ms=None,
-        )
-        RunDispatch.objects.update_or_create(
-            run_id=run.id,
-            defaults={"dispatched_at": None, "dispatched_by": "", "next_attempt_at": None, "last_error": ""},
-        )
+        reset_for_next_attempt(run.id)
         audit_record(
             event_type=AuditEventType.RUN_REQUEUED,
             team=run.team_id,

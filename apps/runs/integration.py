@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 class PoolUnavailableError(Exception):
     """The pool cannot run now (disabled, a worker without a key...). ``str()`` is user-safe."""
 
+    user_safe = True  # execution shows str() to the user
+
 
 class BudgetRefusal(Exception):
     def __init__(self, budget_name: str, message: str, retry_after_s: int | None = None) -> None:

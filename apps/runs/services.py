@@ -287,14 +287,14 @@ def _terminal_event(run: Run, now: Any) -> dict[str, Any]:
             "steps": run.step_count,
         },
     }
-    RunEvent.objects.create(run=run, seq=run.last_seq, type="run.finished", data=data)
-    return {
-        "type": "run.finished",
-        "run_id": str(run.id),
-        "seq": run.last_seq,
-        "ts": now.timestamp(),
-        "data": data,
-    }
+    return stored_event(run, "run.finished", data, now)
+
+
+def stored_event(run: Run, kind: str, data: dict[str, Any], now: Any) -> dict[str, Any]:
+    """Store an event the Django side writes (numbered ``run.last_seq``, which the caller has
+    advanced under the run's row lock) and return it as the protocol publishes it."""
+    RunEvent.objects.create(run=run, seq=run.last_seq, type=kind, data=data)
+    return {"type": kind, "run_id": str(run.id), "seq": run.last_seq, "ts": now.timestamp(), "data": data}
 
 
 def run_wait(run_id: UUID | str, timeout_s: float) -> Run:

@@ -659,16 +659,6 @@ def approval_wait_left(run_id: Any) -> float:
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
-def _ends_wait(run: Any) -> tuple[bool, float]:
-    """(whether the caller is answered now, how long it may wait at most) for a run as it is."""
-    if run.is_terminal:
-        return True, 0.0
-    if run.status == "awaiting_approval":
-        left = approval_wait_left(run.id)
-        return left <= 0, left
-    return False, float("inf")
-
-
 async def wait_for_run(run: Any) -> Any:
     """The run once it is terminal (or paused for an approver past the policy's wait), or as it
     is at the client's deadline."""
@@ -676,7 +666,10 @@ async def wait_for_run(run: Any) -> Any:
     async with RunFollower(run.id) as follower:
         while True:
             current, waited_ms = await sync_to_async(_load_ended)(run.id)
-            ended, may_wait = await sync_to_async(_ends_wait)(current)
+            ended, may_wait = current.is_terminal, float("inf")
+            if current.status == "awaiting_approval":  # answered once the policy's wait is over
+                may_wait = await sync_to_async(approval_wait_left)(run.id)
+                ended = may_wait <= 0
             # An approved run is given a fresh time limit: so is its caller.
             deadline = max(deadline, run_deadline(current))
             if ended or time.monotonic() >= deadline:
