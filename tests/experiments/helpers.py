@@ -42,3 +42,17 @@ class Responder:
             if q in text:
                 return FakeReply(answer if RIGHT_ON.get(model) == tag else "I do not know.")
         return FakeReply("I do not know.")
+
+
+def wait_runs_settled(timeout_s: float = 90) -> None:
+    """Until no run is queued or running: an experiment leaves many runs with the executors, and
+    a test must not end (and its database be flushed) while one still writes (a flush that meets
+    a run's transaction on PostgreSQL deadlocks)."""
+    import time
+
+    from apps.runs.models import Run
+
+    deadline = time.monotonic() + timeout_s
+    while Run.objects.filter(status__in=("queued", "running")).exists():
+        assert time.monotonic() < deadline, "runs still executing after the test"
+        time.sleep(0.1)

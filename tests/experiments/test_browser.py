@@ -12,7 +12,7 @@ import pytest
 
 from apps.experiments.models import Experiment, ExperimentRun
 from apps.runs.models import Run
-from tests.experiments.helpers import Responder, jsonl
+from tests.experiments.helpers import Responder, jsonl, wait_runs_settled
 from tests.runs.test_builder_journey import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
@@ -108,3 +108,4 @@ def test_experiment_from_the_ui(
         assert Run.objects.filter(pk__in=run_ids, cancel_requested=False).count() == 0
     finally:
         responder.gate.set()
+        wait_runs_settled()

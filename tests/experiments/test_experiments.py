@@ -15,7 +15,7 @@ from apps.audit.services import audit_flush
 from apps.experiments import selectors, services
 from apps.experiments.models import Dataset, Experiment, ExperimentRun
 from apps.runs.models import Run
-from tests.experiments.helpers import QUESTIONS, Responder, jsonl
+from tests.experiments.helpers import QUESTIONS, Responder, jsonl, wait_runs_settled
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 ARMS = ["single:fake-solver", "single:fake-planner", "single:fake-critic", "conductor-mini"]
@@ -134,6 +134,7 @@ def test_cancel_stops_every_unfinished_run(runtime_workers: Any, fake_pool: Any,
         assert all(r.cancel_requested for r in runs)
     finally:
         responder.gate.set()
+        wait_runs_settled()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         services.experiment_refresh(experiment)
