@@ -6,9 +6,19 @@ product's own cost per request: key authentication and rate limit, validation, `
 (policy, budget, Run row, audit event), dispatch (thread pool or Celery), the engine with the
 Django sink (RunEvent/Step/Run rows, audit events and channel publishes, one transaction per
 step boundary) and the wait for the run's end. The same request through ``apps.engine.runner.run_request`` with a null sink in
-this process is the baseline ("engine").
+this process is the baseline ("engine"). ``--model pool`` sends ``model: apibench-solo`` instead, a
+one-worker pool: the pass-through (one provider call, no plan); its baseline is the same single
+call through the engine (``strategy: single``).
+
+``--queries N`` (embedded only) measures no latency: it sends N warm requests in this process
+(Django's test client; the embedded runtime executes the run here too), counts every SQL statement
+any thread sends and prints the statements per run grouped by kind, by table and by call site
+(the innermost frame in ``apps/`` or ``conductor_web/``), then exits. ``--profile FILE`` (with
+``--queries``) also writes a cProfile of those requests.
 
     .venv/bin/python bench/api_overhead.py --mode embedded
+    .venv/bin/python bench/api_overhead.py --mode embedded --model pool --concurrency 1 --requests 50
+    .venv/bin/python bench/api_overhead.py --mode embedded --model pool --queries 20
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/conductor_api_bench \\
       REDIS_URL=redis://127.0.0.1:6379/1 CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \\
       .venv/bin/python bench/api_overhead.py --mode distributed
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import statistics
@@ -43,6 +54,14 @@ parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.R
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
 parser.add_argument("--concurrency", default="1,10,50")
 parser.add_argument("--requests", type=int, default=0, help="requests per level (default: max(60, 4*c))")
+parser.add_argument(
+    "--model",
+    choices=["mini", "pool"],
+    default="mini",
+    help="mini: conductor-mini on a 2-worker pool; pool: a one-worker pool's slug (pass-through)",
+)
+parser.add_argument("--queries", type=int, default=0, help="count SQL per warm run over N runs, then exit")
+parser.add_argument("--profile", default="", help="with --queries: write a cProfile of the runs here")
 parser.add_argument("--celery-concurrency", type=int, default=16)
 parser.add_argument(
     "--shared-ssl",
@@ -84,10 +103,12 @@ from django.core.management import call_command  # noqa: E402
 
 from apps.api.services import apikey_create  # noqa: E402
 from apps.governance.services import membership_set, team_create  # noqa: E402
+from apps.workers.services import pool_create  # noqa: E402
 from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from tests.fixtures.core import free_port  # noqa: E402
 
+MODEL = "apibench-solo" if ARGS.model == "pool" else "conductor-mini"
 PLAN = 'model_id = [0, 1]\nsubtasks = ["Solve.", "Check and answer."]\naccess_list = [[], [0]]'
 
 
@@ -100,7 +121,7 @@ def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
     user = get_user_model().objects.create_user("apibench", password=uuid.uuid4().hex)
     team = team_create(actor=None, slug="apibench", name="API bench")
     membership_set(actor=None, team=team, user=user, role="admin")
-    pool, _, _, _ = build_openai_compatible_pool(
+    pool, _, workers, conductor = build_openai_compatible_pool(
         team=team,
         base_url=server.base_url,
         api_key="sk-bench-0000",
@@ -118,7 +139,16 @@ def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
         requests_per_minute=100_000,
         tokens_per_minute=100_000_000,
     )
-    return pool, key.plaintext
+    solo = pool_create(
+        actor=None,
+        team=team,
+        slug="apibench-solo",
+        name="Solo",
+        workers=[workers[0]],
+        default_worker=workers[0],
+        conductor_worker=conductor,
+    )
+    return (solo if ARGS.model == "pool" else pool), key.plaintext
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -198,7 +228,7 @@ async def api_level(base: str, key: str, concurrency: int, total: int) -> list[f
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(total):
         queue.put_nowait(i)
-    body = {"model": "conductor-mini", "messages": [{"role": "user", "content": "What is 6*7?"}]}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is 6*7?"}]}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(
         base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=300, limits=limits
@@ -238,7 +268,11 @@ def engine_level(pool: Any, concurrency: int, total: int) -> list[float]:
             run_id=str(uuid.uuid4()),
             question="What is 6*7?",
             pool=engine_pool,
-            strategy=build_strategy("conductor", preset="mini"),
+            strategy=(
+                build_strategy("single", conversation=[{"role": "user", "content": "What is 6*7?"}])
+                if ARGS.model == "pool"
+                else build_strategy("conductor", preset="mini")
+            ),
             sink=NullSink(),
         )
         assert result.answer == "42", result.to_dict()
@@ -248,7 +282,109 @@ def engine_level(pool: Any, concurrency: int, total: int) -> list[float]:
         return list(pool_exec.map(one, range(total)))
 
 
+def site_of(frames: list[Any]) -> str:
+    """The innermost frame of the product's own code (apps/, conductor_web/)."""
+    for frame in reversed(frames):
+        path = frame.filename
+        if "/site-packages/" in path or not path.startswith(str(ROOT)):
+            continue
+        rel = os.path.relpath(path, ROOT)
+        if rel.startswith(("apps/", "conductor_web/")):
+            return f"{rel}:{frame.lineno} {frame.name}"
+    return "(outside apps/)"
+
+
+def table_of(sql: str) -> tuple[str, str]:
+    """The statement's kind (SELECT, INSERT, ...) and its first table."""
+    kind = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else "?"
+    match = re.search(r'(?:FROM|INTO|UPDATE)\s+"?([A-Za-z0-9_]+)"?', sql)
+    return kind, match.group(1) if match else "-"
+
+
+def count_queries(total: int) -> None:
+    """Statements per warm run, grouped by kind, table and call site (embedded: all in-process)."""
+    import cProfile
+    import json
+    import threading
+    import traceback
+    from collections import Counter
+
+    from django.db.backends.utils import CursorWrapper
+    from django.test import Client
+
+    server = FakeOpenAIServer(responder)
+    server.start()
+    _pool, key = setup_data(server)
+    client = Client()
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "What is 6*7?"}]})
+
+    def ask() -> None:
+        resp = client.post(
+            "/v1/chat/completions",
+            data=body,
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {key}",
+        )
+        assert resp.status_code == 200, resp.content
+        assert resp.json()["choices"][0]["message"]["content"] == "42", resp.content
+
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    original = CursorWrapper._execute_with_wrappers  # type: ignore[attr-defined]
+
+    def counting(self: Any, sql: str, params: Any, many: bool, executor: Any) -> Any:
+        site = site_of(traceback.extract_stack()[:-1])
+        with lock:
+            seen.append((sql, site))
+        return original(self, sql, params, many, executor)
+
+    for _ in range(3):  # warm-up: imports and the per-process caches
+        ask()
+    # CPU per run, nothing counted: less sensitive to other load on the machine than wall time.
+    plain_started, plain_cpu_started = time.perf_counter(), time.process_time()
+    for _ in range(total):
+        ask()
+    plain_wall = time.perf_counter() - plain_started
+    plain_cpu = time.process_time() - plain_cpu_started
+    CursorWrapper._execute_with_wrappers = counting  # type: ignore[attr-defined]
+    profiler = cProfile.Profile() if ARGS.profile else None
+    try:
+        if profiler is not None:
+            profiler.enable()
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for _ in range(total):
+            ask()
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(ARGS.profile)
+    finally:
+        CursorWrapper._execute_with_wrappers = original  # type: ignore[attr-defined]
+        server.stop()
+    per = len(seen) / total
+    print(
+        f"\nmodel: {MODEL}, {total} warm runs in process (all threads; the fake upstream's included):\n"
+        f"  not counting: {plain_wall / total * 1000:.1f} ms wall, {plain_cpu / total * 1000:.1f} ms CPU per run\n"
+        f"  counting:     {wall / total * 1000:.1f} ms wall, {cpu / total * 1000:.1f} ms CPU per run"
+    )
+    print(f"statements per run: {per:.1f}  (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    for title, counter in (
+        ("by kind", Counter(table_of(sql)[0] for sql, _ in seen)),
+        ("by table", Counter(" ".join(table_of(sql)) for sql, _ in seen)),
+        ("by call site", Counter(site for _, site in seen)),
+        ("by table and call site", Counter(f"{' '.join(table_of(sql))}  {site}" for sql, site in seen)),
+    ):
+        print(f"\n{title}:")
+        for name, n in counter.most_common():
+            print(f"  {n / total:6.1f}  {name}")
+
+
 def main() -> None:
+    if ARGS.queries:
+        if ARGS.mode != "embedded":
+            sys.exit("--queries counts this process's statements: embedded mode only")
+        count_queries(ARGS.queries)
+        return
     server = FakeOpenAIServer(responder)
     server.start()
     pool, key = setup_data(server)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from apps.learning.bandit import Arm, Bandit, choose
+from apps.learning.bandit import Arm, Bandit, choose, exploration_rate
 from apps.learning.features import context_of
 
 ARMS = [
@@ -49,26 +50,51 @@ def question(rng: random.Random) -> tuple[str, str]:
     return "geography", f"What is the capital of {rng.choice(COUNTRIES)}?"
 
 
-def run(seed: int, events: int, epsilon: float) -> tuple[list[float], float]:
+def run(seed: int, events: int, epsilon: float) -> tuple[list[float], float, dict[str, float]]:
+    """(cumulative regret per event, explored share, share of each task type sent to its worker
+    over the last 100 events). Exploration as the service does it (``exploration_rate``: the
+    policy's share, the least-tried arm for this kind of request, slower once each is known)."""
     rng = random.Random(seed)
     state: bytes | None = None
     regret, total, explored = [], 0.0, 0
+    history: list[tuple[str, tuple[str, ...], str]] = []  # (task, tags, chosen arm)
     for n in range(events):
         task, q = question(rng)
         ctx = context_of(q, team=1)
+
+        def tried(tags: tuple[str, ...] = ctx.tags) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for _task, seen, arm_id in history[-500:]:
+                if seen == tags:
+                    counts[arm_id] = counts.get(arm_id, 0) + 1
+            return counts
+
         with Bandit(state, seed=seed) as bandit:
             scores = bandit.scores(ctx, ARMS)
-            eps = epsilon if (explored + 1) / (n + 1) <= epsilon else 0.0
-            c = choose(scores, ARMS, epsilon=eps, rng=rng)
+            eps, counts = exploration_rate(epsilon, decisions=n, explored=explored, arms=ARMS, tried=tried)
+            c = choose(
+                scores,
+                ARMS,
+                epsilon=eps,
+                rng=random.Random(f"{seed}-{n}"),
+                tried=partial(dict, counts) if counts is not None else None,
+            )
             explored += c.explored
             arm = ARMS[c.index]
             p_right = expected_reward(arm, task)
             reward = 1.0 if rng.random() < p_right else 0.0
             bandit.learn(ctx, ARMS, c.index, reward, c.probs[c.index])
             state = bandit.to_bytes()
+        history.append((task, ctx.tags, arm.id))
         total += 1.0 - p_right
         regret.append(total)
-    return regret, explored / events
+    tail = history[-100:]
+    shares = {
+        task: sum(a == right for t, _tags, a in tail if t == task)
+        / max(1, sum(t == task for t, _, _ in tail))
+        for task, right in RIGHT.items()
+    }
+    return regret, explored / events, shares
 
 
 def svg(curve: list[float], path: Path, title: str) -> None:
@@ -108,11 +134,17 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=0.05)
     ap.add_argument("--out", default=str(Path(__file__).with_name("learning_regret.svg")))
     args = ap.parse_args()
-    curves, shares = [], []
+    curves, shares, converged = [], [], []
     for seed in range(args.seeds):
-        curve, share = run(seed, args.events, args.epsilon)
+        curve, share, tail = run(seed, args.events, args.epsilon)
         curves.append(curve)
         shares.append(share)
+        converged.append(all(v >= 0.9 for v in tail.values()))
+        print(
+            f"seed {seed}: regret {curve[-1]:.1f}, explored {share:.3f}, last 100 to the right worker "
+            + ", ".join(f"{t} {v:.0%}" for t, v in tail.items()),
+            flush=True,
+        )
     mean = [sum(c[i] for c in curves) / len(curves) for i in range(args.events)]
     svg(mean, Path(args.out), f"Learned router: cumulative regret ({args.seeds} seeds, eps={args.epsilon})")
     print("| feedback events | cumulative regret (mean) | regret in the last 50 |")
@@ -122,6 +154,9 @@ def main() -> None:
             window = mean[n - 1] - (mean[n - 51] if n > 50 else 0.0)
             print(f"| {n} | {mean[n - 1]:.2f} | {window:.2f} |")
     print(f"explored share per seed: {', '.join(f'{s:.3f}' for s in shares)} (cap {args.epsilon})")
+    print(
+        f"converged (>= 90 % of each task type to its worker in the last 100): {sum(converged)}/{len(converged)}"
+    )
     print(f"wrote {args.out}")
 
 

@@ -99,7 +99,10 @@ def on_run_event(view: RunEventView) -> None:
         "gen_ai_operation_name": "chat",
         "gen_ai_provider_name": PROVIDER_NAMES.get(worker[1], worker[1]) if worker else "unknown",
         "gen_ai_request_model": worker[0] if worker else key,
-        "team": Team.objects.filter(pk=view.team_id).values_list("slug", flat=True).first() or "",
+        # The sink passes the slug it knows; a read only when it did not (issue #15).
+        "team": view.team_slug
+        or Team.objects.filter(pk=view.team_id).values_list("slug", flat=True).first()
+        or "",
     }
     usage = data.get("usage") or {}
     for token_type, field in (("input", "input_tokens"), ("output", "output_tokens")):

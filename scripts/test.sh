@@ -34,13 +34,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   echo "SKIPPED distributed phase: missing ${missing[*]} (set CI=true to make this an error)"
 else
-  DATABASE_URL=$DIST_DATABASE_URL REDIS_URL=$DIST_REDIS_URL CELERY_BROKER_URL=$DIST_BROKER_URL \
+  # The local-model (slow) tests run once, in the embedded phase below.
+  started=$SECONDS
+  CONDUCTOR_SLOW=skip DATABASE_URL=$DIST_DATABASE_URL REDIS_URL=$DIST_REDIS_URL CELERY_BROKER_URL=$DIST_BROKER_URL \
     "${PYTEST[@]}" "$@" || status=$?
+  echo "make test: distributed phase took $((SECONDS - started)) s"
 fi
 
 echo "=== make test: phase 2/2 — embedded mode (SQLite, in-memory channel layer, in-process threads) ==="
+started=$SECONDS
 env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL \
   "${PYTEST[@]}" "$@" || { rc=$?; [ $status -eq 0 ] && status=$rc; }
+echo "make test: embedded phase took $((SECONDS - started)) s"
 
 if [ $status -ne 0 ]; then echo "make test: FAILED (exit $status)"; else echo "make test: both modes passed"; fi
 exit $status

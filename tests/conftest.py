@@ -32,6 +32,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     only_runtime = os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1"
+    # The local-model tests exercise llama-cpp, not the runtime: make test runs them once, in the
+    # embedded phase (the embedded default is where the local model is the worker).
+    skip_slow = os.environ.get("CONDUCTOR_SLOW") == "skip"
     skip_distributed = pytest.mark.skip(
         reason="needs the distributed mode (PostgreSQL, Redis, Celery); runs in make test's distributed phase"
     )
@@ -40,7 +43,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if MODE != "distributed" and item.get_closest_marker("distributed"):
             item.add_marker(skip_distributed)
-        if only_runtime and not (item.get_closest_marker("runtime") or item.get_closest_marker("browser")):
+        slow = skip_slow and item.get_closest_marker("slow")
+        if slow or (
+            only_runtime and not (item.get_closest_marker("runtime") or item.get_closest_marker("browser"))
+        ):
             deselected.append(item)
         else:
             kept.append(item)

@@ -17,11 +17,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from apps.api.models import ApiKey, ApiScope
+from apps.audit.models import AuditEvent
 from apps.governance import selectors as gov
 from apps.governance.models import Membership, Role
+from apps.governance.visibility import is_platform_admin
+from apps.policies.models import Policy
+from apps.runs.models import Run
+from apps.workers.models import Pool
+from apps.workers.querysets import PoolQuerySet
+from apps.workers.visibility import pools_granted_to
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
 
@@ -60,8 +67,12 @@ def creator_role(user: Any, team: Any) -> str | None:
     if user is None or not getattr(user, "is_active", False):
         return None
     team_id = getattr(team, "pk", team)
-    role = Membership.objects.filter(team_id=team_id, user=user).values_list("role", flat=True).first()
-    if role is None and getattr(user, "is_superuser", False):
+    known: tuple[Any, str | None] | None = getattr(user, "_key_team_role", None)
+    if known is not None and known[0] == team_id:
+        role = known[1]  # read with the key (key_for_prefix), this request
+    else:
+        role = Membership.objects.filter(team_id=team_id, user=user).values_list("role", flat=True).first()
+    if role is None and is_platform_admin(user):
         return Role.ADMIN
     return role
 
@@ -114,39 +125,49 @@ def teams_managed_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 
 
 def runs_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    qs = gov.runs_visible_to(user)
+    qs = Run.objects.visible_to(user, "view")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
 def runs_reviewable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    qs = gov.runs_reviewable_by(user)
+    qs = Run.objects.visible_to(user, "review")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
+def _granted_to_key_team(key: ApiKey) -> QuerySet[Any]:
+    """The pools granted to the key's team, built once per request (the key object is read per
+    request): building it reads the team's grants, and resolve_model asks twice."""
+    cached: QuerySet[Any] | None = getattr(key, "_granted_pools", None)
+    if cached is None:
+        cached = pools_granted_to(key.team)
+        key._granted_pools = cached  # type: ignore[attr-defined]
+    return cached
+
+
 def _key_pool_ids(key: ApiKey) -> QuerySet[Any]:
-    granted = gov.pools_granted_to_team(key.team)
-    allowed = list(key.allowed_pools.values_list("pk", flat=True))
-    if allowed:
-        granted = granted.filter(pk__in=allowed)
+    granted = _granted_to_key_team(key)
+    # An empty allow-list allows every granted pool; as a subquery, not a read of its own.
+    allowed = ApiKey.allowed_pools.through.objects.filter(apikey_id=key.pk)
+    granted = granted.filter(Q(pk__in=allowed.values("pool_id")) | ~Exists(allowed))
     return granted.values("pk")
 
 
-def pools_usable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def pools_usable_for(user: Any, key: ApiKey | None) -> PoolQuerySet:
     """Pools the caller may run on: for a key, granted to its team and in its allow-list."""
-    qs = gov.pools_usable_by(user)
+    qs = Pool.objects.visible_to(user, "use")
     return qs.filter(pk__in=_key_pool_ids(key)) if key is not None else qs
 
 
-def pools_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def pools_visible_for(user: Any, key: ApiKey | None) -> PoolQuerySet:
     """For a key: the team's own pools and the pools granted to it (platform ones read-only)."""
-    qs = gov.pools_visible_to(user)
+    qs = Pool.objects.visible_to(user, "view")
     if key is None:
         return qs
-    return qs.filter(Q(pk__in=gov.pools_granted_to_team(key.team).values("pk")) | Q(team_id=key.team_id))
+    return qs.filter(Q(pk__in=_granted_to_key_team(key).values("pk")) | Q(team_id=key.team_id))
 
 
 def pools_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    qs = gov.pools_editable_by(user)
+    qs = Pool.objects.visible_to(user, "change")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
@@ -177,12 +198,12 @@ def providers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 
 def policies_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     """For a key: its team's policy only (the platform default is a platform object)."""
-    qs = gov.policies_visible_to(user)
+    qs = Policy.objects.visible_to(user, "view")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
 def audit_events_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    qs = gov.audit_events_visible_to(user)
+    qs = AuditEvent.objects.visible_to(user, "view")
     if key is None:
         return qs
     if not key_has_scope(key, ApiScope.AUDIT_READ):  # defence in depth: the views check it first
@@ -204,9 +225,14 @@ def key_for_prefix(prefix: str) -> ApiKey | None:
     Celery worker, and with no shared cache only the database knows that. One indexed query is
     what that costs (it was two)."""
     member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
-    return (
+    key = (
         ApiKey.objects.select_related("team", "created_by")
-        .annotate(in_team=Exists(member))
+        .annotate(in_team=Exists(member), member_role=Subquery(member.values("role")[:1]))
         .filter(prefix=prefix)
         .first()
     )
+    if key is not None and key.created_by is not None:
+        # The principal's role in the key's team, read in the same query: creator_role (the cap
+        # on the key's scopes) needs no read of its own this request (issue #15).
+        key.created_by._key_team_role = (key.team_id, key.member_role)  # type: ignore[attr-defined]
+    return key

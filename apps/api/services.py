@@ -31,6 +31,7 @@ from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
 from apps.api.selectors import creator_role, effective_scopes, grantable_scopes, key_for_prefix
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.governance.visibility import is_platform_admin
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def parse_prefix(plaintext: str) -> str | None:
 
 
 def _pools_team_may_use(team: Any) -> Any:
-    from apps.governance.permissions import pools_granted_to
+    from apps.workers.visibility import pools_granted_to
 
     return pools_granted_to(team)
 
@@ -205,7 +206,7 @@ def apikey_create(
     else:
         from apps.governance.models import Membership
 
-        if not acts_as.is_superuser and not Membership.objects.filter(team=team, user=acts_as).exists():
+        if not is_platform_admin(acts_as) and not Membership.objects.filter(team=team, user=acts_as).exists():
             errors.setdefault("principal", []).append("The key must act for a member of its team.")
     if errors:
         raise ValidationError(errors)
@@ -305,7 +306,7 @@ def apikey_authenticate(plaintext: str) -> ApiKey:
     if user is None or not user.is_active:
         apikey_record_denied(api_key=key, reason="principal_inactive")
         raise ApiKeyInvalid("The user this key acts for no longer exists or is inactive.", api_key=key)
-    if not user.is_superuser and not getattr(key, "in_team", False):
+    if not is_platform_admin(user) and not getattr(key, "in_team", False):
         apikey_record_denied(api_key=key, reason="principal_left_team")
         raise ApiKeyInvalid("The user this key acts for is no longer in the key's team.", api_key=key)
     apikey_touch(api_key=key)

@@ -15,6 +15,7 @@ from apps.api.forms import ApiKeyCreateForm
 from apps.api.models import ApiKey
 from apps.api.services import apikey_create, apikey_revoke
 from apps.governance import selectors as gov
+from apps.workers.visibility import pools_granted_to
 
 
 def _managed_team(request: HttpRequest, slug: str) -> Any:
@@ -31,7 +32,7 @@ def _managed_team(request: HttpRequest, slug: str) -> Any:
 @require_http_methods(["GET", "POST"])
 def key_list(request: HttpRequest, slug: str) -> HttpResponse:
     team = _managed_team(request, slug)
-    pools = gov.pools_granted_to_team(team).order_by("slug")
+    pools = pools_granted_to(team).order_by("slug")
     created = None
     if request.method == "POST":
         form = ApiKeyCreateForm(request.POST, pools=pools)

@@ -12,7 +12,7 @@ Query parameters (all optional):
 
 Every filter maps onto an index of ``AuditEvent`` (team/actor/type/object/run/time, each with
 ``seq``), so a page of a filtered search stays fast at millions of rows. Callers must start from
-``apps.governance.selectors.audit_events_visible_to(user)``: filters never widen visibility.
+``AuditEvent.objects.visible_to(user)``: filters never widen visibility.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from apps.audit import ports
 from apps.audit.models import AuditEvent
 
 FILTER_PARAMS = ("run", "team", "actor", "type", "object", "since", "until")
@@ -61,9 +62,7 @@ def _apply(qs: QuerySet[AuditEvent], name: str, value: str) -> QuerySet[AuditEve
     if name == "team":
         if value.isdigit():
             return qs.filter(team_id=int(value))
-        from apps.governance.models import Team
-
-        team_id = Team.objects.filter(slug=value).values_list("pk", flat=True).first()
+        team_id = ports.governance().team_id_for_slug(value)
         return qs.filter(team_id=team_id) if team_id is not None else qs.none()
     if name == "actor":
         if value.isdigit():

@@ -14,12 +14,13 @@ retention can erase run content without touching (and breaking) the chain.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 
+from apps.audit import ports
 from apps.audit.events import AuditEventType, AuditKind
 
 
@@ -28,6 +29,27 @@ class AppendOnlyError(Exception):
 
 
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
+    # The visibility rule (apps.governance.visibility, reached through apps.audit.ports): a team's
+    # events for holders of ``view_team_audit``; platform events (team null) for platform
+    # administrators only.
+    team_path: ClassVar[str] = "team"
+    team_perms: ClassVar[dict[str, tuple[str, ...]]] = {"view": ("governance.view_team_audit",)}
+    object_perms: ClassVar[dict[str, tuple[str, ...]]] = {}
+    extra_actions: ClassVar[frozenset[str]] = frozenset()
+
+    def visible_to(self, user: Any, action: str = "view") -> QuerySet[AuditEvent]:
+        return ports.governance().restrict(self, user, action)
+
+    def allows(self, user: Any, action: str, obj: AuditEvent | None) -> bool:
+        return ports.governance().allows(self, user, action, obj)
+
+    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+        return allowed
+
+    @classmethod
+    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
+        return allowed
+
     def update(self, **kwargs: Any) -> int:
         raise AppendOnlyError("audit events are append-only: update refused")
 

@@ -1,4 +1,5 @@
-"""Audit reads. Visibility always starts from ``apps.governance.selectors``."""
+"""Audit reads. Visibility always starts from ``Model.objects.visible_to(user, action)``: the
+rule is governance's, reached through :mod:`apps.audit.ports` (audit sits below governance and runs)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from apps.audit import ports
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, ReviewDecision, RunReview
-from apps.governance import selectors as gov
 
 PAGE_SIZE = 50
 
@@ -21,11 +22,11 @@ def audit_events_for_run(user: Any, run: Any) -> QuerySet[AuditEvent]:
     """The run's audit trail in seq order, for its run page.
 
     Who may view the run may see its decisions (run events); configuration events stay behind
-    the team's audit permission, which ``audit_events_visible_to`` decides.
+    the team's audit permission, which ``AuditEvent.objects.visible_to`` decides.
     """
-    if not gov.can_view_run(user, run):
+    if not ports.runs().run.objects.allows(user, "view", run):
         return AuditEvent.objects.none()
-    visible = gov.audit_events_visible_to(user).filter(run_id=run.pk).values("pk")
+    visible = AuditEvent.objects.visible_to(user).filter(run_id=run.pk).values("pk")
     return AuditEvent.objects.filter(Q(run_id=run.pk) & (Q(kind="run") | Q(pk__in=visible))).order_by("seq")
 
 
@@ -35,11 +36,10 @@ def reviews_for_run(run: Any) -> QuerySet[RunReview]:
 
 def runs_awaiting_review(user: Any) -> QuerySet[Any]:
     """Runs the user may review that are queued (guardrail ``warn``/``require_review`` or sampled)."""
-    from apps.runs.models import ReviewStatus
-
+    runs = ports.runs()
     return (
-        gov.runs_reviewable_by(user)
-        .filter(review_status=ReviewStatus.PENDING)
+        runs.run.objects.visible_to(user, "review")
+        .filter(review_status=runs.review_pending)
         .select_related("team", "created_by", "pool")
         .order_by("-answer_held", "created_at")
     )
@@ -125,7 +125,7 @@ def chain_state() -> ChainState:
 
 def linked_events(event: AuditEvent, user: Any, *, limit: int = 20) -> dict[str, list[AuditEvent]]:
     """Events related to ``event`` the user can see: the same run, and the policy version in force."""
-    visible = gov.audit_events_visible_to(user)
+    visible = AuditEvent.objects.visible_to(user)
     out: dict[str, list[AuditEvent]] = {}
     if event.run_id:
         out["run"] = list(visible.filter(run_id=event.run_id).exclude(pk=event.pk).order_by("seq")[:limit])
@@ -149,7 +149,7 @@ def linked_events(event: AuditEvent, user: Any, *, limit: int = 20) -> dict[str,
 
 # --- the review desk ------------------------------------------------------------------------------
 # The queue (pending, open flags, resolved flags), why each run is there, the preview rows, the nav
-# badge count and capped list totals. Rows start from ``gov.runs_reviewable_by``.
+# badge count and capped list totals. Rows start from ``Run.objects.visible_to(user, "review")``.
 
 TABS = {"pending": "Awaiting review", "flagged": "Open flags", "resolved": "Resolved flags"}
 REASONS = {
@@ -175,17 +175,16 @@ def review_queue(
     user: Any, *, tab: str = "pending", team: Any = None, reason: str = "", age: str = ""
 ) -> QuerySet[Any]:
     """Runs of one tab the user may review, filtered by team, reason and age."""
-    from apps.runs.models import ReviewStatus
-
-    qs = gov.runs_reviewable_by(user).select_related("team", "created_by", "pool")
+    runs = ports.runs()
+    qs = runs.run.objects.visible_to(user, "review").select_related("team", "created_by", "pool")
     if tab == "flagged":
-        qs = qs.filter(review_status=ReviewStatus.FLAGGED).filter(_open_flag(OuterRef("pk")))
+        qs = qs.filter(review_status=runs.review_flagged).filter(_open_flag(OuterRef("pk")))
         qs = qs.order_by("-created_at")
     elif tab == "resolved":
-        qs = qs.filter(review_status=ReviewStatus.FLAGGED).exclude(_open_flag(OuterRef("pk")))
+        qs = qs.filter(review_status=runs.review_flagged).exclude(_open_flag(OuterRef("pk")))
         qs = qs.order_by("-created_at")
     else:
-        qs = qs.filter(review_status=ReviewStatus.PENDING).order_by("-answer_held", "created_at")
+        qs = qs.filter(review_status=runs.review_pending).order_by("-answer_held", "created_at")
     if team is not None:
         qs = qs.filter(team=team)
     if reason == "held":
@@ -221,10 +220,12 @@ class QueueItem:
 
 def _rule_reasons(run_ids: list[Any]) -> dict[Any, list[str]]:
     """Guardrail checks that intervened with a review action, per run (names only, no findings)."""
-    from apps.runs.models import RunEvent
-
     out: dict[Any, list[str]] = {}
-    rows = RunEvent.objects.filter(run_id__in=run_ids, type="guardrail.checked").order_by("run_id", "seq")
+    rows = (
+        ports.runs()
+        .run_event.objects.filter(run_id__in=run_ids, type="guardrail.checked")
+        .order_by("run_id", "seq")
+    )
     for run_id, data in rows.values_list("run_id", "data"):
         if not isinstance(data, dict):
             continue
@@ -288,7 +289,7 @@ def queue_items(runs: list[Any], *, content_visible: Callable[[Any], bool]) -> l
 
 def reviews_any_team(user: Any) -> bool:
     """The user holds ``review_team_runs`` on some team (platform administrators on all)."""
-    return gov.teams_reviewable_by(user).exists()
+    return ports.governance().reviews_any_team(user)
 
 
 def can_verify_chain(user: Any) -> bool:

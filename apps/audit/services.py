@@ -19,6 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, models, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from apps.audit import ports
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
@@ -502,9 +503,8 @@ def _review_locked(
 ) -> Any:
     """One review inside the caller's transaction: lock the run, save the review, audit it."""
     from apps.audit.models import ReviewDecision, RunReview
-    from apps.runs.models import Run
 
-    locked = Run.objects.select_for_update().get(pk=run.pk)
+    locked = ports.runs().run.objects.select_for_update().get(pk=run.pk)
     before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
     release = status == ReviewDecision.APPROVED and locked.answer_held
     locked.review_status = status
@@ -550,6 +550,10 @@ def _review_locked(
     return review
 
 
+def _can_review_run(actor: Any, run: Any) -> bool:
+    return bool(ports.runs().run.objects.allows(actor, "review", run))
+
+
 def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
     """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
 
@@ -558,9 +562,7 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
     """
     from django.core.exceptions import PermissionDenied, ValidationError
 
-    from apps.governance.selectors import can_review_run
-
-    if not can_review_run(actor, run):
+    if not _can_review_run(actor, run):
         raise PermissionDenied("You may not review this run: it needs the review_team_runs permission.")
     reason, comment = (reason or "").strip(), (comment or "").strip()
     if errors := _review_errors(status, reason, comment):
@@ -581,7 +583,6 @@ def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
     from django.core.exceptions import PermissionDenied, ValidationError
 
     from apps.audit.models import ReviewDecision
-    from apps.governance.selectors import can_review_run
 
     note = (note or "").strip()
     if not runs:
@@ -592,7 +593,7 @@ def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
         raise ValidationError({"note": errors["comment"]})
     if not note:
         raise ValidationError({"note": ["Write the note that goes with this sign-off."]})
-    refused = [str(run.pk) for run in runs if not can_review_run(actor, run)]
+    refused = [str(run.pk) for run in runs if not _can_review_run(actor, run)]
     if refused:
         raise PermissionDenied(
             f"You may not review {len(refused)} of these runs: it needs the review_team_runs permission."
@@ -621,9 +622,8 @@ def run_flag_resolve(*, actor: Any, run: Any, note: str) -> Any:
     from django.core.exceptions import PermissionDenied, ValidationError
 
     from apps.audit.models import ReviewDecision, RunReview
-    from apps.governance.selectors import can_review_run
 
-    if not can_review_run(actor, run):
+    if not _can_review_run(actor, run):
         raise PermissionDenied("You may not resolve this flag: it needs the review_team_runs permission.")
     note = (note or "").strip()
     if not note:
@@ -676,11 +676,10 @@ def review_request(
 
     ``reason`` is a short code (``sampled``, ``guardrail``...). Returns whether the run was queued.
     """
-    from apps.runs.models import ReviewStatus, Run
-
+    runs = ports.runs()
     with transaction.atomic():
-        queued = Run.objects.filter(pk=run.pk, review_status=ReviewStatus.NONE).update(
-            review_status=ReviewStatus.PENDING
+        queued = runs.run.objects.filter(pk=run.pk, review_status=runs.review_none).update(
+            review_status=runs.review_pending
         )
         if queued:
             audit_run_event(
@@ -691,7 +690,7 @@ def review_request(
             )
             transaction.on_commit(partial(notify_review_requested, run=run, reason=reason))
     if queued:
-        run.review_status = ReviewStatus.PENDING
+        run.review_status = runs.review_pending
     return bool(queued)
 
 
@@ -763,10 +762,10 @@ def run_payload_erase(
     Idempotent (a run already erased is left alone; returns False). The chain is untouched:
     audit payloads never held the text.
     """
-    from apps.runs.models import Run, RunCall, RunEvent, Step
-
+    runs = ports.runs()
+    Step, RunCall, RunEvent = runs.step, runs.run_call, runs.run_event
     with transaction.atomic():
-        locked = Run.objects.select_for_update().filter(pk=run.pk).first()
+        locked = runs.run.objects.select_for_update().filter(pk=run.pk).first()
         if locked is None or locked.payload_erased_at is not None:
             return False
         now = timezone.now()
@@ -833,19 +832,20 @@ def run_payload_erase(
 
 def audit_retention_sweep(*, now: datetime | None = None, limit: int | None = None) -> int:
     """Erase run content older than each team's ``retention_days``. Returns how many runs."""
-    from apps.governance.models import Team
-    from apps.runs.models import TERMINAL_RUN_STATUSES, Run
-
+    runs = ports.runs()
     now = now or timezone.now()
     erased = 0
-    for team in Team.objects.filter(retention_days__isnull=False).order_by("pk"):
-        cutoff = now - timedelta(days=team.retention_days or 0)
-        due = Run.objects.filter(
-            team=team, created_at__lt=cutoff, payload_erased_at__isnull=True, status__in=TERMINAL_RUN_STATUSES
+    for team_id, retention_days in ports.governance().retention_policies():
+        cutoff = now - timedelta(days=retention_days)
+        due = runs.run.objects.filter(
+            team_id=team_id,
+            created_at__lt=cutoff,
+            payload_erased_at__isnull=True,
+            status__in=runs.terminal_statuses,
         ).order_by("created_at")
         for run in due.only("pk", "team_id", "payload_erased_at").iterator(chunk_size=200):
             if limit is not None and erased >= limit:
                 return erased
-            if run_payload_erase(run=run, retention_days=team.retention_days):
+            if run_payload_erase(run=run, retention_days=retention_days):
                 erased += 1
     return erased

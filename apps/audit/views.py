@@ -33,9 +33,12 @@ from apps.audit.forms import (
     bad_search_response,
     search_param_errors,
 )
+from apps.audit.models import AuditEvent
 from apps.audit.selectors import TABS
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
+from apps.governance.visibility import is_platform_admin
+from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible
 
 
@@ -45,7 +48,7 @@ def _int_param(request: HttpRequest, name: str) -> int | None:
 
 
 def _filter_form(request: HttpRequest) -> AuditFilterForm:
-    teams = gov.teams_with_audit_visible_to(request.user) if not request.user.is_superuser else None
+    teams = gov.teams_with_audit_visible_to(request.user) if not is_platform_admin(request.user) else None
     if teams is None:
         from apps.governance.models import Team
 
@@ -58,7 +61,7 @@ def event_list(request: HttpRequest) -> HttpResponse:
     if errors := search_param_errors(request.GET, allowed_extra=PAGE_PARAMS, reject_unknown=False):
         return bad_search_response(errors)
     form = _filter_form(request)
-    qs = gov.audit_events_visible_to(request.user)
+    qs = AuditEvent.objects.visible_to(request.user, "view")
     params = active_filters(request.GET)
     if form.is_bound and not form.is_valid():
         page = selectors.Page([], None, None)
@@ -86,7 +89,7 @@ def event_list(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
-    event = get_object_or_404(gov.audit_events_visible_to(request.user), seq=seq)
+    event = get_object_or_404(AuditEvent.objects.visible_to(request.user, "view"), seq=seq)
     payload = dict(event.payload or {})
     changes = payload.pop("changes", None)
     return render(
@@ -110,7 +113,7 @@ def event_export(request: HttpRequest, export_format: str) -> HttpResponse | Str
         return bad_search_response(errors)
     params = active_filters(request.GET)
     try:
-        qs = filter_audit_events(gov.audit_events_visible_to(request.user), params)
+        qs = filter_audit_events(AuditEvent.objects.visible_to(request.user, "view"), params)
     except ValidationError as exc:
         messages.error(
             request,
@@ -223,7 +226,7 @@ def review_bulk(request: HttpRequest) -> HttpResponse:
         _flash_errors(request, form.errors)
         return redirect(target)
     ids = form.cleaned_data["run"]
-    runs = list(gov.runs_visible_to(request.user).select_related("team").filter(pk__in=ids))
+    runs = list(Run.objects.visible_to(request.user, "view").select_related("team").filter(pk__in=ids))
     if len(runs) != len(set(ids)):
         raise Http404("A selected run does not exist or is not visible to you.")
     try:
@@ -239,8 +242,8 @@ def review_bulk(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def flag_resolve(request: HttpRequest, run_id: Any) -> HttpResponse:
-    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
-    if not gov.can_review_run(request.user, run):
+    run = get_object_or_404(Run.objects.visible_to(request.user, "view").select_related("team"), pk=run_id)
+    if not Run.objects.allows(request.user, "review", run):
         raise PermissionDenied(
             "Resolving a flag needs the reviewer or admin role on the run's team (permission review_team_runs)."
         )
@@ -262,8 +265,8 @@ def flag_resolve(request: HttpRequest, run_id: Any) -> HttpResponse:
 def run_export(request: HttpRequest, run_id: Any) -> HttpResponse | StreamingHttpResponse:
     """A run's audit events as verifiable JSON Lines: signed tree head, each event's inclusion
     proof and the MACed end record (``scripts/verify_audit_export.py`` checks it offline)."""
-    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
-    if not gov.can_review_run(request.user, run):
+    run = get_object_or_404(Run.objects.visible_to(request.user, "view").select_related("team"), pk=run_id)
+    if not Run.objects.allows(request.user, "review", run):
         raise PermissionDenied(
             "Exporting a run's evidence needs the reviewer or admin role on its team "
             "(permission review_team_runs)."
@@ -272,7 +275,7 @@ def run_export(request: HttpRequest, run_id: Any) -> HttpResponse | StreamingHtt
         actor=request.user, export_format="jsonl", filters={"run": str(run.pk)}
     )
     assert recorded.seq is not None  # audit_export_record returns the event sequenced
-    qs = gov.audit_events_visible_to(request.user).filter(run_id=run.pk, seq__lt=recorded.seq)
+    qs = AuditEvent.objects.visible_to(request.user, "view").filter(run_id=run.pk, seq__lt=recorded.seq)
     chunks = export.export_chunks(qs, "jsonl")
     streaming = export.as_async(chunks) if isinstance(request, ASGIRequest) else chunks
     response = StreamingHttpResponse(streaming, content_type=export.FORMATS["jsonl"][0])
@@ -286,15 +289,15 @@ def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | N
     return {
         "run": run,
         "reviews": selectors.reviews_for_run(run),
-        "can_review": gov.can_review_run(request.user, run),
+        "can_review": Run.objects.allows(request.user, "review", run),
         "review_form": form or RunReviewForm(),
     }
 
 
 @require_POST
 def run_review(request: HttpRequest, run_id: Any) -> HttpResponse:
-    run = get_object_or_404(gov.runs_visible_to(request.user).select_related("team"), pk=run_id)
-    if not gov.can_review_run(request.user, run):
+    run = get_object_or_404(Run.objects.visible_to(request.user, "view").select_related("team"), pk=run_id)
+    if not Run.objects.allows(request.user, "review", run):
         raise PermissionDenied(
             "Reviewing this run needs the reviewer or admin role on its team (permission review_team_runs)."
         )

@@ -58,7 +58,7 @@ class ExperimentForm(forms.Form):
 
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets_visible_to(user)  # type: ignore[attr-defined]
-        pools = gov.pools_usable_by(user).filter(enabled=True).order_by("slug")
+        pools = Pool.objects.visible_to(user, "use").filter(enabled=True).order_by("slug")
         self.fields["pool"].queryset = pools  # type: ignore[attr-defined]
         singles = sorted(
             {

@@ -31,6 +31,8 @@ from apps.experiments.models import (
 )
 from apps.governance import selectors as gov
 from apps.governance.models import Team
+from apps.workers.engine_adapter import PRESET_CONDUCTOR_FIELDS, preset_conductor_of
+from apps.workers.models import Pool
 
 RUN_PERMISSION = "governance.run_on_team"
 TEACH_PERMISSION = "governance.manage_team"
@@ -116,7 +118,18 @@ def _run_kwargs(arm: str, pool: Any) -> dict[str, Any]:
 def _models_of(pool: Any) -> dict[str, Any]:
     workers = {pw.worker.slug: pw.worker.model_name for pw in pool.pool_workers.select_related("worker")}
     conductor = pool.conductor_worker
-    return {"workers": workers, "conductor": conductor.model_name if conductor else None}
+    # Each preset's planner as it was (its own conductor, else the pool's), for a faithful re-run.
+    presets: dict[str, Any] = {}
+    for preset in PRESET_CONDUCTOR_FIELDS:
+        planner = preset_conductor_of(pool, preset)
+        presets[f"conductor-{preset}"] = (
+            {"worker": planner.slug, "model": planner.model_name} if planner is not None else None
+        )
+    return {
+        "workers": workers,
+        "conductor": conductor.model_name if conductor else None,
+        "preset_conductors": presets,
+    }
 
 
 def experiment_start(
@@ -135,7 +148,7 @@ def experiment_start(
 
     team = dataset.team
     _require_run_on_team(actor, team)
-    if not gov.pools_usable_by(actor).filter(pk=pool.pk).exists():
+    if not Pool.objects.visible_to(actor, "use").filter(pk=pool.pk).exists():
         raise ExperimentError(f"You may not run on the pool '{pool.slug}' (it needs use_pool).", field="pool")
     arms = list(dict.fromkeys(a for a in arms if a))
     if not arms:

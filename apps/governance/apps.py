@@ -6,3 +6,8 @@ class GovernanceConfig(AppConfig):
     label = "governance"
     # Object permissions are granted by services (apps.governance.services.grant_object_perms),
     # never by a signal: every grant is audited in the transaction that made it (issue #16).
+
+    def ready(self) -> None:
+        from apps.governance.ports import install
+
+        install()

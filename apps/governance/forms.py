@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from apps.governance.models import Role
-
-if TYPE_CHECKING:
-    from apps.workers.models import Pool
+from apps.workers.models import Pool  # forms are pages: they may read every app
 
 
 def apply_service_errors(form: forms.Form, exc: ValidationError) -> None:

@@ -17,13 +17,15 @@ Layout of the grants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import Group
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 from guardian.models import GroupObjectPermission, UserObjectPermission
-from guardian.shortcuts import assign_perm, get_objects_for_group, remove_perm
+from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.governance.models import Membership, Role, Team
 
@@ -42,27 +44,36 @@ RUNNER_ROLES = frozenset({Role.ADMIN, Role.POLICY_ADMIN, Role.MEMBER})
 # Roles that change the team's pools and policies.
 CONFIG_ROLES = frozenset({Role.ADMIN, Role.POLICY_ADMIN})
 
-# Per-user codenames this module manages, per model label (anything else is left alone).
-MANAGED_USER_PERMS: dict[str, frozenset[str]] = {
-    "governance.team": frozenset().union(*TEAM_ROLE_PERMS.values()),
-    "workers.pool": frozenset({"use_pool", "change_pool"}),
-    "policies.policy": frozenset({"change_policy", "publish_policy"}),
-}
+# Per-user codenames this module manages on teams (sources add theirs, see GrantSource).
+TEAM_MANAGED_PERMS = frozenset().union(*TEAM_ROLE_PERMS.values())
 
 ObjKey = tuple[str, Any]  # (model label, pk)
 
 
-def pools_granted_to(team: Team) -> models.QuerySet[Any]:
-    """Pools granted to ``team``: those its group may view."""
-    from apps.workers.models import Pool
+@dataclass(frozen=True)
+class GrantSource:
+    """A port: an app above governance whose objects carry per-user grants derived from roles.
 
-    return get_objects_for_group(team.group, "workers.view_pool", klass=Pool, accept_global_perms=False)
+    Registered in that app's ``AppConfig.ready()`` (pools in ``apps.workers``, the team policy in
+    ``apps.policies``), so governance keeps the derivation without importing those models.
+    """
+
+    label: str  # the model label, e.g. "workers.pool"
+    managed: frozenset[str]  # per-user codenames derived here; anything else is left alone
+    objects_for: Callable[[Team], Iterable[models.Model]]  # the team's objects of this kind
+    wanted: Callable[[Membership, models.Model], set[str]]  # what one membership gives on one
 
 
-def team_policy(team: Team) -> Any | None:
-    from apps.policies.models import Policy
+_SOURCES: dict[str, GrantSource] = {}
 
-    return Policy.objects.filter(team=team).first()
+
+def register_grant_source(source: GrantSource) -> None:
+    _SOURCES[source.label] = source
+
+
+def managed_user_perms() -> dict[str, frozenset[str]]:
+    """Per-user codenames this module manages, per model label (anything else is left alone)."""
+    return {"governance.team": TEAM_MANAGED_PERMS, **{s.label: s.managed for s in _SOURCES.values()}}
 
 
 def _key(obj: models.Model) -> ObjKey:
@@ -75,31 +86,21 @@ def contributions(membership: Membership) -> dict[ObjKey, tuple[models.Model, se
     out: dict[ObjKey, tuple[models.Model, set[str]]] = {
         _key(team): (team, set(TEAM_ROLE_PERMS.get(role, ())))
     }
-    for pool in pools_granted_to(team):
-        perms: set[str] = set()
-        if role in RUNNER_ROLES:
-            perms.add("use_pool")
-        if role in CONFIG_ROLES and pool.team_id == team.pk:
-            perms.add("change_pool")
-        out[_key(pool)] = (pool, perms)
-    policy = team_policy(team)
-    if policy is not None:
-        out[_key(policy)] = (policy, {"change_policy", "publish_policy"} if role in CONFIG_ROLES else set())
+    for source in _SOURCES.values():
+        for obj in source.objects_for(team):
+            out[_key(obj)] = (obj, source.wanted(membership, obj))
     return out
 
 
 def team_scope(team: Team) -> list[models.Model]:
     """Objects whose grants may depend on memberships of ``team``."""
-    objs: list[models.Model] = [team, *pools_granted_to(team)]
-    policy = team_policy(team)
-    if policy is not None:
-        objs.append(policy)
+    objs: list[models.Model] = [team]
+    for source in _SOURCES.values():
+        objs.extend(source.objects_for(team))
     return objs
 
 
 def _current_user_perms(user: Any, obj: models.Model, managed: frozenset[str]) -> set[str]:
-    from django.contrib.contenttypes.models import ContentType
-
     ct = ContentType.objects.get_for_model(obj)
     return set(
         UserObjectPermission.objects.filter(
@@ -117,7 +118,7 @@ def sync_user(user: Any, objects: Iterable[models.Model]) -> list[dict[str, Any]
     changes: list[dict[str, Any]] = []
     for obj in objects:
         label = obj._meta.label_lower
-        managed = MANAGED_USER_PERMS.get(label)
+        managed = managed_user_perms().get(label)
         if not managed:
             continue
         want = wanted.get(_key(obj), set()) & managed
@@ -148,8 +149,6 @@ def grant_group_team_perms(team: Team) -> None:
 
 
 def group_has(group: Group, perm: str, obj: models.Model) -> bool:
-    from django.contrib.contenttypes.models import ContentType
-
     app_label, codename = perm.split(".")
     return GroupObjectPermission.objects.filter(
         group=group,

@@ -19,17 +19,17 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.governance import permissions as perms
 from apps.governance.models import Membership, Role, Team
+from apps.governance.selectors import can_manage_team
+from apps.governance.visibility import is_platform_admin
 
 GROUP_PREFIX = "team:"
 
 
 def _is_system_or_superuser(actor: Any) -> bool:
-    return actor is None or bool(getattr(actor, "is_superuser", False) and getattr(actor, "is_active", False))
+    return actor is None or is_platform_admin(actor)
 
 
 def _require_manage(actor: Any, team: Team) -> None:
-    from apps.governance.selectors import can_manage_team
-
     if actor is not None and not can_manage_team(actor, team):
         raise PermissionDenied("You are not an admin of this team.")
 
@@ -167,8 +167,6 @@ def _require_pool_grant_rights(actor: Any, pool: Any, team: Team) -> None:
     """Superusers grant any pool; a team admin may grant a pool their team owns to another team."""
     if _is_system_or_superuser(actor):
         return
-    from apps.governance.selectors import can_manage_team
-
     owner = pool.team
     if owner is None or not can_manage_team(actor, owner):
         raise PermissionDenied("Only the pool's owning team admins or platform administrators can share it.")

@@ -24,7 +24,9 @@ from apps.governance.forms import (
     apply_service_errors,
 )
 from apps.governance.models import Membership, Role, Team
+from apps.governance.visibility import is_platform_admin
 from apps.workers.engine_adapter import pool_unavailable_reason
+from apps.workers.visibility import pools_granted_to
 
 
 def _visible_team(request: HttpRequest, slug: str) -> Team:
@@ -52,13 +54,13 @@ def team_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "governance/team_list.html",
-        {"rows": rows, "can_create": request.user.is_superuser, "form": TeamCreateForm()},
+        {"rows": rows, "can_create": is_platform_admin(request.user), "form": TeamCreateForm()},
     )
 
 
 @require_http_methods(["GET", "POST"])
 def team_create(request: HttpRequest) -> HttpResponse:
-    if not request.user.is_superuser:
+    if not is_platform_admin(request.user):
         raise PermissionDenied("Only platform administrators can create teams.")
     form = TeamCreateForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -74,7 +76,7 @@ def team_create(request: HttpRequest) -> HttpResponse:
 
 def _detail_context(request: HttpRequest, team: Team) -> dict:
     can_manage = sel.can_manage_team(request.user, team)
-    pools = sel.pools_granted_to_team(team).select_related("team")
+    pools = pools_granted_to(team).select_related("team")
     return {
         "team": team,
         "members": sel.team_members(team),
@@ -156,7 +158,7 @@ def member_remove(request: HttpRequest, slug: str, user_id: int) -> HttpResponse
 @require_POST
 def default_pool(request: HttpRequest, slug: str) -> HttpResponse:
     team = _managed_team(request, slug)
-    form = DefaultPoolForm(request.POST, pools=sel.pools_granted_to_team(team))
+    form = DefaultPoolForm(request.POST, pools=pools_granted_to(team))
     if form.is_valid():
         try:
             services.team_set_default_pool(actor=request.user, team=team, pool=form.cleaned_data["pool"])

@@ -4,7 +4,7 @@ An arm is a single allowed worker, MoA, PEV, or a conductor preset. A single-wor
 only for a worker the policy allows for this request (``constraints.workers`` and, for a
 confidential request, the local-only rule: `apps.policies.constraints.worker_problem`, the same
 function the step gate applies). A composite arm exists when it has allowed workers to run on
-(MoA: at least two; the conductor presets: a conductor model). Every arm gets a forecast *upper
+(MoA: at least two; the conductor presets: a usable conductor model, the preset's own or the pool's). Every arm gets a forecast *upper
 bound* of its cost from worker prices (each call writes its worker's ``max_output_tokens``); an
 arm over ``constraints.caps.max_cost_usd`` is dropped, and so is an unpriced arm when a cap is
 set — the router cannot show it stays under the cap.
@@ -101,9 +101,15 @@ def candidate_arms(
             ]
         )
         arms.append(Arm("pev", "pev", forecast_cost_usd=pev))
-        conductor = getattr(pool, "conductor", None)
+        own = getattr(pool, "preset_conductors", {})
+        down = getattr(pool, "unavailable_presets", {})
         for name, preset in PRESETS.items():
             arm_id = f"conductor-{name}"
+            # The preset's own conductor when the pool names one (issue 19), else the pool's.
+            conductor = own.get(name) or getattr(pool, "conductor", None)
+            if name in down:
+                excluded.append(Excluded(arm_id, down[name]))
+                continue
             if conductor is None:
                 excluded.append(Excluded(arm_id, "the pool has no conductor model"))
                 continue

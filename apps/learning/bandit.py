@@ -26,9 +26,16 @@ from typing import Any
 from apps.learning.features import Context, arm_line
 
 # MTR: importance-weighted regression on the chosen arm (VW's default for cb_adf and robust with
-# few arms). Interactions: task tags x arm, words x arm, length/team x arm; without them the
-# shared features would be the same for every arm and could not change the ranking.
-VW_ARGS = "--cb_adf --cb_type mtr --interactions ta --interactions sa --interactions la -b 18"
+# few arms). Interactions: task tags x arm, and words and length/team x arm *within* the task tags
+# (tsa, tla); without them the shared features would be the same for every arm and could not
+# change the ranking. Every arm feature is scoped by the task tags, and the arm's own linear terms
+# are ignored: with an arm bias or plain words x arm ("what", "is" in every question), one task's
+# failures on an arm dragged that arm's estimate down for the other task, where it had been right,
+# and a greedy router never tried it there again (2 of 12 exploration seeds never converged on
+# arithmetic; bench/LEARNING.md). Requests without a detected tag share the tag "untagged".
+VW_ARGS = (
+    "--cb_adf --cb_type mtr --interactions ta --interactions tsa --interactions tla --ignore_linear a -b 18"
+)
 MIN_PROB = 0.01  # floor on a logged probability (bounds the importance weight 1/p)
 
 
@@ -122,6 +129,31 @@ def greedy_index(scores: Sequence[float], arms: Sequence[Arm]) -> int:
         return (-round(scores[i], 4), float(cost) if cost is not None else float("inf"), composite, i)
 
     return min(range(len(arms)), key=key)
+
+
+WELL_TRIED = 3  # tries of every arm, for one kind of request, after which exploration slows
+
+
+def exploration_rate(
+    share: float,
+    *,
+    decisions: int,
+    explored: int,
+    arms: Sequence[Arm],
+    tried: Callable[[], Mapping[str, int]],
+) -> tuple[float, Mapping[str, int] | None]:
+    """(epsilon for this request, the per-arm try counts read for it or None).
+
+    Zero once one more exploration would take the team's explored share (``explored`` of
+    ``decisions``) above ``share``. Otherwise the full share while some arm is barely known for
+    this kind of request (``tried``: arm id -> count; read only here); once every arm has been
+    tried ``WELL_TRIED`` times, a quarter of it keeps the router current."""
+    if share <= 0 or (explored + 1) / (decisions + 1) > share:
+        return 0.0, None
+    counts = tried()
+    if min(counts.get(a.id, 0) for a in arms) >= WELL_TRIED:
+        return share / 4, counts
+    return share, counts
 
 
 def choose(

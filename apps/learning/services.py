@@ -26,7 +26,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.governance.models import Team
 from apps.learning.arms import candidate_arms
-from apps.learning.bandit import Arm, Bandit, choose, reward_of
+from apps.learning.bandit import Arm, Bandit, choose, exploration_rate, reward_of
 from apps.learning.features import Context, context_of
 from apps.learning.models import Decision, Router
 from apps.policies.spec import EffectivePolicy, Learning
@@ -146,19 +146,16 @@ def route(
             scores = bandit.scores(context, arms)
         # Exploration: the policy's share, only while learning is on and the router not frozen,
         # and only while this exploration keeps the team's explored share within that share.
-        epsilon = learning.max_exploration if learning.enabled and not router.frozen else 0.0
-        if epsilon > 0:
-            total = Decision.objects.filter(team_id=team_id).count()
-            explored = Decision.objects.filter(team_id=team_id, explored=True).count()
-            if (explored + 1) / (total + 1) > learning.max_exploration:
-                epsilon = 0.0
-        tried: dict[str, int] | None = None
-        if epsilon > 0:
-            # Explore in earnest while some arm is barely known for this kind of request; once
-            # each has been tried a few times, a quarter of the share keeps the router current.
-            tried = _tried(team_id, context.tags)
-            if min(tried.get(a.id, 0) for a in arms) >= WELL_TRIED:
-                epsilon /= 4
+        epsilon, tried = 0.0, None
+        if learning.enabled and not router.frozen and learning.max_exploration > 0:
+            decisions = Decision.objects.filter(team_id=team_id)
+            epsilon, tried = exploration_rate(
+                learning.max_exploration,
+                decisions=decisions.count(),
+                explored=decisions.filter(explored=True).count(),
+                arms=arms,
+                tried=lambda: _tried(team_id, context.tags),
+            )
         choice = choose(
             scores,
             arms,
@@ -411,7 +408,6 @@ def learn_offline(
 
 
 TRIED_WINDOW = 500  # recent decisions the exploration counts arms over
-WELL_TRIED = 3  # tries of every arm, for one kind of request, after which exploration slows
 
 
 def _tried(team_id: int, tags: Sequence[str]) -> dict[str, int]:

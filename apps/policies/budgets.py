@@ -17,8 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Sum
-
+from apps.policies import ports
 from apps.policies.constraints import BudgetRoom
 from apps.policies.spec import BudgetLimit, EffectivePolicy
 
@@ -124,12 +123,8 @@ def period_bounds(name: str, now: datetime) -> tuple[datetime, datetime]:
 
 
 def team_spend(team: Any, start: datetime, end: datetime) -> Decimal:
-    from apps.runs.models import Run
-
-    total = Run.objects.filter(team=team, created_at__gte=start, created_at__lt=end).aggregate(
-        s=Sum("cost_usd")
-    )["s"]
-    return Decimal(total or 0)
+    # Run history lives above policies: read through the port apps.runs registers.
+    return ports.run_history().team_spend(team, start, end)
 
 
 def budget_status(*, team: Any, effective: EffectivePolicy, now: datetime | None = None) -> BudgetStatus:

@@ -8,7 +8,6 @@ what a run stored, under the policy in force and under the draft, and reports th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -295,11 +294,11 @@ def _masked(effective: EffectivePolicy, text: str) -> str:
     an example shows where a rule fires, never the finding itself."""
     checks = effective.spec.guardrails.input
     masking = {
-        name: dataclasses.replace(getattr(checks, name), action="redact")
+        name: getattr(checks, name).model_copy(update={"action": "redact"})
         for name in ("pii", "secrets", "injection", "blocked_terms")
         if getattr(checks, name).enabled
     }
     if not masking:
         return text
-    stage = dataclasses.replace(checks, **masking)
+    stage = checks.model_copy(update=masking)
     return run_stage("input", stage, text, on_check_error="fail_open", env=StageEnv(run_judges=False)).text

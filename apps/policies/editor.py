@@ -1,7 +1,8 @@
 """The structured policy editor, generated from the spec's own declaration (`apps.policies.spec`).
 
-Pure Python (no Django): the sections and inputs come from the dataclasses and their field
-metadata (help text, merge rule, bounds, choices), so the form can never offer a field the
+Pure Python (no Django): the sections and inputs come from the spec models' JSON schema
+(`PolicySpec.model_json_schema()`: descriptions are the help text, `merge` the merge rule, plus
+bounds and choices), so the form can never offer a field the
 validator does not know, nor miss one it does. The form posts one input per leaf, named
 ``f-<path>``; `form_to_spec` turns the post back into spec JSON, which `validate_spec` then checks
 like any JSON the advanced mode submits.
@@ -9,16 +10,13 @@ like any JSON the advanced mode submits.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
-from apps.policies.spec import MERGE_RULE_TEXT, FieldError, PolicySpec, _hints, _join, spec_to_dict
+from apps.policies.spec import MERGE_RULE_TEXT, FieldError, _join, policy_json_schema, spec_to_dict
 
 PREFIX = "f-"
 
@@ -65,56 +63,71 @@ def _label(name: str) -> str:
     return name.replace("_", " ").capitalize()
 
 
-def _leaf(path: str, name: str, tp: Any, meta: Mapping[str, Any]) -> EditorField:
-    origin, args = get_origin(tp), get_args(tp)
+def _resolve(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    return defs[ref.rsplit("/", 1)[-1]] if isinstance(ref, str) else schema
+
+
+def _leaf(path: str, name: str, prop: Mapping[str, Any]) -> EditorField:
+    """One input from a property of the spec's JSON schema (description = help, `merge`, bounds)."""
+    options = prop.get("anyOf")
     nullable = False
-    if origin in (typing.Union, types.UnionType):
-        nullable = type(None) in args
-        tp = next(a for a in args if a is not type(None))
-        origin, args = get_origin(tp), get_args(tp)
-    common = {
-        "path": path,
-        "label": _label(name),
-        "help": meta["help"],
-        "merge": meta["merge"],
-        "nullable": nullable,
-        "minimum": meta.get("minimum"),
-        "maximum": meta.get("maximum"),
-    }
+    tp: Mapping[str, Any] = prop
+    if options is not None:
+        typed = [o for o in options if o.get("type") != "null"]
+        nullable = len(typed) < len(options)
+        # An amount (Decimal) is written as a number or a string: its own kind.
+        types_ = {o.get("type") for o in typed}
+        tp = {"type": "decimal"} if types_ == {"number", "string"} else typed[0]
     kind: Kind
     choices: tuple[str, ...] = ()
-    if origin is Literal:
-        kind, choices = "choice", tuple(str(a) for a in args if a not in meta.get("exclude", ()))
-    elif tp is bool:
-        kind = "bool"
-    elif tp is int:
-        kind = "int"
-    elif tp is float:
-        kind = "float"
-    elif tp is Decimal:
-        kind = "decimal"
-    elif tp is str:
-        kind = "text"
-    elif origin is tuple and args[0] is str:
-        kind = "multi" if meta.get("choices") else "lines"
-        choices = tuple(meta.get("choices") or ())
-    else:  # tuples of objects (rules, terms, judges) and the JSON schema
-        kind = "json"
-    return EditorField(kind=kind, choices=choices, **common)
+    items = tp.get("items") or {}
+    if "enum" in tp:
+        kind, choices = "choice", tuple(str(a) for a in tp["enum"] if a not in prop.get("exclude", ()))
+    elif tp.get("type") == "array" and items.get("type") == "string" and "enum" not in items:
+        kind = "multi" if prop.get("choices") else "lines"
+        choices = tuple(prop.get("choices") or ())
+    else:  # lists of objects (rules, terms, judges) and of fixed labels, and the JSON schema
+        kind = _KINDS.get(tp.get("type"), "json")
+    return EditorField(
+        path=path,
+        label=_label(name),
+        kind=kind,
+        help=prop.get("description", ""),
+        merge=prop["merge"],
+        nullable=nullable,
+        choices=choices,
+        minimum=prop.get("minimum"),
+        maximum=prop.get("maximum"),
+    )
 
 
-def build_sections(
-    cls: type = PolicySpec, prefix: str = "", label: str = "Policy", help: str = ""
+_KINDS: dict[Any, Kind] = {
+    "boolean": "bool",
+    "integer": "int",
+    "number": "float",
+    "decimal": "decimal",
+    "string": "text",
+}
+
+
+def build_sections(schema: Mapping[str, Any] | None = None) -> EditorSection:
+    """The editor's tree of sections and leaf inputs, in declaration order, generated from the
+    spec's JSON schema (`PolicySpec.model_json_schema()`, or the one given)."""
+    root = schema if schema is not None else policy_json_schema()
+    return _section(root, root.get("$defs", {}), "", "Policy", "")
+
+
+def _section(
+    node: Mapping[str, Any], defs: Mapping[str, Any], prefix: str, label: str, help: str
 ) -> EditorSection:
-    """The editor's tree of sections and leaf inputs, in declaration order."""
     section = EditorSection(prefix, label, help)
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        path = _join(prefix, f.name)
-        if f.metadata["merge"] == "nested":
-            section.sections.append(build_sections(hints[f.name], path, _label(f.name), f.metadata["help"]))
+    for name, prop in _resolve(node, defs)["properties"].items():
+        path = _join(prefix, name)
+        if prop.get("merge") == "nested":
+            section.sections.append(_section(prop, defs, path, _label(name), prop.get("description", "")))
         else:
-            section.fields.append(_leaf(path, f.name, hints[f.name], f.metadata))
+            section.fields.append(_leaf(path, name, prop))
     return section
 
 

@@ -30,6 +30,7 @@ from apps.engine.hooks import (
 )
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.types import Totals, WorkerInfo
+from apps.policies import ports
 from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
 from apps.policies.guardrails import StageEnv, run_stage
 from apps.policies.spec import EffectivePolicy
@@ -78,10 +79,8 @@ class PolicyHooks:
             uuid.UUID(str(run_id))
         except ValueError:
             return ""  # not a stored run (engine tests, the test box)
-        from apps.runs.models import Run
-
         # A database error propagates: an unknown classification must not silently mean "public".
-        return Run.objects.filter(pk=run_id).values_list("classification", flat=True).first() or ""
+        return ports.run_history().run_classification(str(run_id))
 
     def _load_budgets(self) -> tuple[list[BudgetRoom], list[str]]:
         b = self.spec.budgets
@@ -301,15 +300,10 @@ FORECAST_HISTORY_STEPS = 50
 def worker_output_history(keys: Sequence[str]) -> dict[str, float]:
     """Mean output tokens of each worker's last succeeded steps (any team: a number about the
     worker, no content), for the plan forecast. Workers without history are absent."""
-    from apps.runs.models import Step  # runs sit above policies (a listed exception, like Run above)
-
+    history = ports.run_history()  # runs sit above policies: their steps are read through the port
     out: dict[str, float] = {}
     for key in dict.fromkeys(keys):
-        recent = list(
-            Step.objects.filter(worker_key=key, status="succeeded", output_tokens__gt=0)
-            .order_by("-id")
-            .values_list("output_tokens", flat=True)[:FORECAST_HISTORY_STEPS]
-        )
+        recent = list(history.recent_output_tokens(key, FORECAST_HISTORY_STEPS))
         if recent:
             out[key] = sum(recent) / len(recent)
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from apps.policies.querysets import PolicyQuerySet
+
 
 class Policy(models.Model):
     """A team's policy (or the platform default when ``team`` is null), with immutable versions."""
@@ -21,6 +23,8 @@ class Policy(models.Model):
         "PolicyVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = PolicyQuerySet.as_manager()
 
     class Meta:
         verbose_name_plural = "policies"

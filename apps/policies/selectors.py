@@ -10,6 +10,8 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from apps.engine.types import WorkerInfo
+from apps.governance.visibility import is_platform_admin
+from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.spec import EffectivePolicy
 
@@ -49,17 +51,19 @@ def policy_rows_for(user: Any) -> list[PolicyRow]:
             "Platform default",
             None,
             platform_policy(),
-            bool(getattr(user, "is_superuser", False) and user.is_active),
+            is_platform_admin(user),
         )
     ]
     visible = {
         p.team_id: p
-        for p in gov.policies_visible_to(user).filter(team__isnull=False).select_related("current_version")
+        for p in Policy.objects.visible_to(user, "view")
+        .filter(team__isnull=False)
+        .select_related("current_version")
     }
     for team in gov.teams_visible_to(user).order_by("slug"):
         policy = visible.get(team.pk)
         can = (
-            gov.can_change_policy(user, policy)
+            Policy.objects.allows(user, "change", policy)
             if policy is not None
             else gov.can_change_team_policy(user, team)
         )
@@ -74,8 +78,7 @@ def pool_worker_infos(team: Any) -> list[WorkerInfo]:
 
 
 def pool_infos(pool: Any) -> list[WorkerInfo]:
-    from apps.workers.engine_adapter import worker_info
-
+    worker_info = ports.workers().worker_info  # workers sit beside policies: through the port
     entries = pool.pool_workers.select_related("worker", "worker__provider").order_by("position")
     return [worker_info(e.worker) for e in entries]
 

@@ -88,17 +88,13 @@ def _require(ok: bool, message: str) -> None:
 def _can_change(actor: Any, policy: Policy) -> bool:
     if actor is None:
         return True
-    from apps.governance.selectors import can_change_policy
-
-    return can_change_policy(actor, policy)
+    return Policy.objects.allows(actor, "change", policy)
 
 
 def _can_publish(actor: Any, policy: Policy) -> bool:
     if actor is None:
         return True
-    from apps.governance.selectors import can_publish_policy
-
-    return can_publish_policy(actor, policy)
+    return Policy.objects.allows(actor, "publish", policy)
 
 
 def policy_get_or_create(*, actor: Any, team: Any | None, name: str = "") -> Policy:
@@ -111,10 +107,11 @@ def policy_get_or_create(*, actor: Any, team: Any | None, name: str = "") -> Pol
     if existing is not None:
         return existing
     if actor is not None:
-        from apps.governance.selectors import _super, can_change_team_policy
+        from apps.governance.selectors import can_change_team_policy
+        from apps.governance.visibility import is_platform_admin
 
         _require(
-            _super(actor) if team is None else can_change_team_policy(actor, team),
+            is_platform_admin(actor) if team is None else can_change_team_policy(actor, team),
             "You may not create this policy.",
         )
     with transaction.atomic():

@@ -1,8 +1,11 @@
 """The policy spec: a typed, validated schema for what a `PolicyVersion.spec` JSON may say.
 
-Pure Python (no ORM): the validator, the overlay ("tighten, never loosen") and the help text all
-read one declaration — the dataclasses below and their field metadata — so the editor, the
-validator and the merge can never disagree.
+Pure Python (no ORM): the validator, the overlay ("tighten, never loosen"), the help text and the
+structured editor all read one declaration — the pydantic models below, their field descriptions
+(help) and `json_schema_extra` (merge rule, bounds, choices), which `PolicySpec.model_json_schema()`
+carries to the editor — so the editor, the validator and the merge can never disagree. pydantic
+checks the structure (sections, unknown keys, required keys, paths); the leaf checks here keep
+their exact messages; `validate_spec` turns a `ValidationError` into `FieldError`s with dotted paths.
 
 Shape (every key optional; a missing key means the default shown by `default_spec()`)::
 
@@ -56,18 +59,31 @@ side's check is taken whole, so a disabled platform check never hardens a team's
 the default ``block``, and a team cannot switch off a platform check.
 """
 
-# `_f(...)` returns `dataclasses.field(...)` (with help text and merge rule); ruff cannot see that.
-# ruff: noqa: RUF009
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from functools import cache
+from typing import Any, Literal, TypeGuard, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 ConstraintAction = Literal["repair", "block"]
 # A plan that crosses a plan-check limit: wait for an approver, or end blocked at once.
@@ -102,21 +118,46 @@ MAX_PROMPT_CHARS = 4000  # a model judge's rule prompt
 MAX_SCHEMA_CHARS = 64 * 1024  # the output JSON schema, serialised
 MAX_LIST_ITEMS = 200
 
+# The error type this module raises inside pydantic; its context carries (sub-path, message) pairs.
+_ERROR_TYPE = "policy_spec"
 
-def _f(default: Any, help: str, merge: str, **extra: Any) -> Any:
-    """A dataclass field carrying its help text and merge rule (see the module docstring)."""
-    meta = {"help": help, "merge": merge, **extra}
-    if isinstance(default, list | dict | tuple) or dataclasses.is_dataclass(default):
-        value = default
-        return field(default_factory=lambda: value, metadata=meta)
-    return field(default=default, metadata=meta)
+
+def _f(default: Any, help: str, merge: str, *, required: bool = False, **extra: Any) -> Any:
+    """A pydantic field: `description` is the help text, `json_schema_extra` carries the merge rule
+    and the validator's bounds (`minimum`, `maximum`, `regex`, `choices`, `exclude`, `max_chars`,
+    `stages`, `binds_with`), so the JSON schema the editor reads holds all of them."""
+    meta = {"merge": merge, **extra}
+    if required:  # no default: pydantic reports the missing key ("is required")
+        return Field(description=help, json_schema_extra=meta)
+    if isinstance(default, type) and issubclass(default, BaseModel):  # a section: a fresh instance
+        return Field(default_factory=default, description=help, json_schema_extra=meta)
+    return Field(default=default, description=help, json_schema_extra=meta)
+
+
+class _Spec(BaseModel):
+    """Base of every spec section: immutable, unknown keys refused by name, leaf values checked
+    by this module (exact messages), objects and lists of objects by pydantic."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _check_field(cls, value: Any, handler: Callable[[Any], Any], info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return _parse_field(cls.model_fields[info.field_name], value, handler)
+
+    @model_validator(mode="after")
+    def _check_object(self) -> Any:
+        problems = _cross_checks(self)
+        if problems:
+            raise _spec_error(problems)
+        return self
 
 
 # ------------------------------------------------------------------------------------ constraints
 
 
-@dataclass(frozen=True)
-class StepsLimit:
+class StepsLimit(_Spec):
     value: int | None = _f(
         5,
         "Most steps a conductor plan may have (per planning round). Empty: no policy limit.",
@@ -129,8 +170,7 @@ class StepsLimit:
     )
 
 
-@dataclass(frozen=True)
-class DepthLimit:
+class DepthLimit(_Spec):
     value: int | None = _f(
         2,
         "Most planning rounds (1 = the conductor may not re-plan itself). Empty: no policy limit.",
@@ -143,8 +183,7 @@ class DepthLimit:
     )
 
 
-@dataclass(frozen=True)
-class ParallelLimit:
+class ParallelLimit(_Spec):
     value: int | None = _f(
         4, "Most steps running at the same time. Empty: no policy limit.", "min", minimum=1, maximum=64
     )
@@ -155,8 +194,7 @@ class ParallelLimit:
     )
 
 
-@dataclass(frozen=True)
-class WorkerRule:
+class WorkerRule(_Spec):
     allowed_workers: tuple[str, ...] | None = _f(
         None, "Worker keys (slugs) steps may use. Empty: any worker of the pool.", "intersection"
     )
@@ -171,8 +209,7 @@ class WorkerRule:
     )
 
 
-@dataclass(frozen=True)
-class ConfidentialRule:
+class ConfidentialRule(_Spec):
     enabled: bool = _f(
         False, "Confidential requests may only run on workers tagged with the local tag.", "or"
     )
@@ -193,8 +230,7 @@ class ConfidentialRule:
     )
 
 
-@dataclass(frozen=True)
-class Caps:
+class Caps(_Spec):
     max_total_tokens: int | None = _f(
         None,
         "Per run: most input+output tokens. A step is not started if its worker's max output would cross it.",
@@ -213,8 +249,7 @@ class Caps:
     )
 
 
-@dataclass(frozen=True)
-class ForecastRule:
+class ForecastRule(_Spec):
     enabled: bool = _f(
         False,
         "Forecast each plan's tokens and cost before any worker is called (prices from genai-prices or the "
@@ -239,8 +274,7 @@ class ForecastRule:
     )
 
 
-@dataclass(frozen=True)
-class DataBoundary:
+class DataBoundary(_Spec):
     enabled: bool = _f(
         False,
         "Check where labelled data goes: a plan that sends a request an input guardrail labelled "
@@ -268,8 +302,7 @@ class DataBoundary:
     )
 
 
-@dataclass(frozen=True)
-class ApprovalRule:
+class ApprovalRule(_Spec):
     timeout_s: float | None = _f(
         3600,
         "How long a held plan waits for an approver before the run ends blocked. Empty: until decided.",
@@ -286,8 +319,7 @@ class ApprovalRule:
     )
 
 
-@dataclass(frozen=True)
-class VerificationRuleSpec:
+class VerificationRuleSpec(_Spec):
     name: str = _f(
         "", "A short name shown in violations, e.g. 'numbers need a check'.", "union", required=True
     )
@@ -300,8 +332,7 @@ class VerificationRuleSpec:
     )
 
 
-@dataclass(frozen=True)
-class Verification:
+class Verification(_Spec):
     rules: tuple[VerificationRuleSpec, ...] = _f(
         (), "Requests matching any rule must end with a step on a verifier worker.", "union"
     )
@@ -324,29 +355,27 @@ class Verification:
     )
 
 
-@dataclass(frozen=True)
-class Constraints:
-    max_steps: StepsLimit = _f(StepsLimit(), "Plan size limit.", "nested")
-    max_depth: DepthLimit = _f(DepthLimit(), "Recursion (re-planning) limit.", "nested")
-    max_parallel: ParallelLimit = _f(ParallelLimit(), "Concurrency limit.", "nested")
-    workers: WorkerRule = _f(WorkerRule(), "Which workers steps may use.", "nested")
+class Constraints(_Spec):
+    max_steps: StepsLimit = _f(StepsLimit, "Plan size limit.", "nested")
+    max_depth: DepthLimit = _f(DepthLimit, "Recursion (re-planning) limit.", "nested")
+    max_parallel: ParallelLimit = _f(ParallelLimit, "Concurrency limit.", "nested")
+    workers: WorkerRule = _f(WorkerRule, "Which workers steps may use.", "nested")
     confidential: ConfidentialRule = _f(
-        ConfidentialRule(), "Confidential data stays on local workers.", "nested"
+        ConfidentialRule, "Confidential data stays on local workers.", "nested"
     )
-    caps: Caps = _f(Caps(), "Per-run caps, checked before every step.", "nested")
-    forecast: ForecastRule = _f(ForecastRule(), "Plan checks: forecast before execution.", "nested")
+    caps: Caps = _f(Caps, "Per-run caps, checked before every step.", "nested")
+    forecast: ForecastRule = _f(ForecastRule, "Plan checks: forecast before execution.", "nested")
     data_boundary: DataBoundary = _f(
-        DataBoundary(), "Plan checks: labelled data stays inside the team's data boundary.", "nested"
+        DataBoundary, "Plan checks: labelled data stays inside the team's data boundary.", "nested"
     )
-    approval: ApprovalRule = _f(ApprovalRule(), "Plans held for an approver.", "nested")
-    verification: Verification = _f(Verification(), "Required verification steps.", "nested")
+    approval: ApprovalRule = _f(ApprovalRule, "Plans held for an approver.", "nested")
+    verification: Verification = _f(Verification, "Required verification steps.", "nested")
 
 
 # ------------------------------------------------------------------------------------ budgets
 
 
-@dataclass(frozen=True)
-class BudgetLimit:
+class BudgetLimit(_Spec):
     soft_usd: Decimal | None = _f(
         None, "Spend (USD) after which runs are flagged with a warning.", "min", minimum=0
     )
@@ -355,19 +384,17 @@ class BudgetLimit:
     )
 
 
-@dataclass(frozen=True)
-class Budgets:
-    daily: BudgetLimit = _f(BudgetLimit(), "Per UTC day; resets at 00:00 UTC.", "nested")
+class Budgets(_Spec):
+    daily: BudgetLimit = _f(BudgetLimit, "Per UTC day; resets at 00:00 UTC.", "nested")
     monthly: BudgetLimit = _f(
-        BudgetLimit(), "Per UTC calendar month; resets at 00:00 UTC on the 1st.", "nested"
+        BudgetLimit, "Per UTC calendar month; resets at 00:00 UTC on the 1st.", "nested"
     )
 
 
 # ------------------------------------------------------------------------------------ learning
 
 
-@dataclass(frozen=True)
-class Learning:
+class Learning(_Spec):
     """The learned router (strategy ``learned``): a per-team contextual bandit over strategies."""
 
     enabled: bool = _f(
@@ -414,8 +441,7 @@ class Learning:
 _ACTION_HELP = "block: stop; redact: mask the finding before anyone sees it; warn: flag the run; require_review: hold the answer for a reviewer."
 
 
-@dataclass(frozen=True)
-class PiiCheck:
+class PiiCheck(_Spec):
     enabled: bool = _f(False, "Detect personal data.", "or")
     action: GuardAction = _f("redact", _ACTION_HELP, "stricter")
     types: tuple[str, ...] = _f(
@@ -423,8 +449,7 @@ class PiiCheck:
     )
 
 
-@dataclass(frozen=True)
-class SecretsCheck:
+class SecretsCheck(_Spec):
     enabled: bool = _f(False, "Detect API keys, private keys and tokens.", "or")
     action: GuardAction = _f("block", _ACTION_HELP, "stricter")
     types: tuple[str, ...] = _f(
@@ -432,8 +457,7 @@ class SecretsCheck:
     )
 
 
-@dataclass(frozen=True)
-class InjectionCheck:
+class InjectionCheck(_Spec):
     enabled: bool = _f(False, "Heuristics for prompt injection and jailbreak attempts.", "or")
     action: GuardAction = _f("block", _ACTION_HELP + " (redact removes the matching phrase)", "stricter")
     extra_patterns: tuple[str, ...] = _f(
@@ -441,8 +465,7 @@ class InjectionCheck:
     )
 
 
-@dataclass(frozen=True)
-class TermRule:
+class TermRule(_Spec):
     pattern: str = _f(
         "",
         "A keyword (whole word, case-insensitive) or a regular expression.",
@@ -454,15 +477,13 @@ class TermRule:
     message: str = _f("", "What the user is told when this term is found (default: 'blocked term').", "union")
 
 
-@dataclass(frozen=True)
-class BlockedTermsCheck:
+class BlockedTermsCheck(_Spec):
     enabled: bool = _f(False, "Block topics or terms.", "or")
     action: GuardAction = _f("block", _ACTION_HELP, "stricter")
     terms: tuple[TermRule, ...] = _f((), "The terms; each with its own message.", "union")
 
 
-@dataclass(frozen=True)
-class LengthCheck:
+class LengthCheck(_Spec):
     enabled: bool = _f(False, "Limit the text length.", "or")
     action: GuardAction = _f(
         "block", "block, warn or require_review (redact truncates to the limit).", "stricter"
@@ -470,15 +491,20 @@ class LengthCheck:
     max_chars: int | None = _f(None, "Most characters allowed.", "min", minimum=1)
 
 
-@dataclass(frozen=True)
-class JsonSchemaCheck:
-    enabled: bool = _f(False, "The final answer must be JSON matching the schema (output stage only).", "or")
-    action: GuardAction = _f("block", "block, warn or require_review.", "stricter", exclude=("redact",))
-    schema: dict[str, Any] | None = _f(None, "A JSON Schema (draft 2020-12) object.", "all_of")
+# The stored key is `schema`, which shadows BaseModel's deprecated `schema()` classmethod; the
+# spec never calls that method, so the field keeps its name (and callers their attribute).
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message='Field name "schema"', category=UserWarning)
+
+    class JsonSchemaCheck(_Spec):
+        enabled: bool = _f(
+            False, "The final answer must be JSON matching the schema (output stage only).", "or"
+        )
+        action: GuardAction = _f("block", "block, warn or require_review.", "stricter", exclude=("redact",))
+        schema: dict[str, Any] | None = _f(None, "A JSON Schema (draft 2020-12) object.", "all_of")  # type: ignore[assignment]
 
 
-@dataclass(frozen=True)
-class Judge:
+class Judge(_Spec):
     name: str = _f("", "A short name, e.g. 'no financial advice'.", "union", required=True)
     worker: str = _f("", "Key of the pool worker that judges.", "union", required=True)
     prompt: str = _f(
@@ -490,8 +516,7 @@ class Judge:
     )
 
 
-@dataclass(frozen=True)
-class ModelJudgeCheck:
+class ModelJudgeCheck(_Spec):
     enabled: bool = _f(
         False, "A chosen worker judges the text against policy prompts (pass/fail + reason).", "or"
     )
@@ -499,51 +524,46 @@ class ModelJudgeCheck:
     judges: tuple[Judge, ...] = _f((), "The judges to run.", "union")
 
 
-@dataclass(frozen=True)
-class StageGuardrails:
+class StageGuardrails(_Spec):
     pii: PiiCheck = _f(
-        PiiCheck(),
+        PiiCheck,
         "Personal data: e-mail, phone, payment card (Luhn), IBAN (mod 97), national IDs, IP addresses.",
         "nested",
     )
     secrets: SecretsCheck = _f(
-        SecretsCheck(), "Secrets: sk-…, AKIA…, ghp_…, xox…, private key blocks, JWTs.", "nested"
+        SecretsCheck, "Secrets: sk-…, AKIA…, ghp_…, xox…, private key blocks, JWTs.", "nested"
     )
-    injection: InjectionCheck = _f(InjectionCheck(), "Prompt injection / jailbreak heuristics.", "nested")
-    blocked_terms: BlockedTermsCheck = _f(BlockedTermsCheck(), "Blocked topics and terms.", "nested")
-    length: LengthCheck = _f(LengthCheck(), "Length limit.", "nested")
+    injection: InjectionCheck = _f(InjectionCheck, "Prompt injection / jailbreak heuristics.", "nested")
+    blocked_terms: BlockedTermsCheck = _f(BlockedTermsCheck, "Blocked topics and terms.", "nested")
+    length: LengthCheck = _f(LengthCheck, "Length limit.", "nested")
     json_schema: JsonSchemaCheck = _f(
-        JsonSchemaCheck(), "JSON schema (output only).", "nested", stages=("output",)
+        JsonSchemaCheck, "JSON schema (output only).", "nested", stages=("output",)
     )
     model_judge: ModelJudgeCheck = _f(
-        ModelJudgeCheck(), "Model-judged checks.", "nested", stages=("step_output", "output")
+        ModelJudgeCheck, "Model-judged checks.", "nested", stages=("step_output", "output")
     )
 
 
-@dataclass(frozen=True)
-class Guardrails:
+class Guardrails(_Spec):
     on_check_error: OnCheckError = _f(
         "fail_closed",
         "When a check itself breaks: fail_closed blocks (default); fail_open lets the text through, recorded as bypassed.",
         "stricter",
     )
-    input: StageGuardrails = _f(
-        StageGuardrails(), "Checks on the request before any worker sees it.", "nested"
-    )
+    input: StageGuardrails = _f(StageGuardrails, "Checks on the request before any worker sees it.", "nested")
     step_output: StageGuardrails = _f(
-        StageGuardrails(), "Checks on each worker's output before later steps read it.", "nested"
+        StageGuardrails, "Checks on each worker's output before later steps read it.", "nested"
     )
-    output: StageGuardrails = _f(StageGuardrails(), "Checks on the final answer.", "nested")
+    output: StageGuardrails = _f(StageGuardrails, "Checks on the final answer.", "nested")
 
 
-@dataclass(frozen=True)
-class PolicySpec:
+class PolicySpec(_Spec):
     constraints: Constraints = _f(
-        Constraints(), "Workflow constraints, checked at plan time and before every step.", "nested"
+        Constraints, "Workflow constraints, checked at plan time and before every step.", "nested"
     )
-    budgets: Budgets = _f(Budgets(), "Team spend limits.", "nested")
-    learning: Learning = _f(Learning(), "The learned router: exploration, reward and metric.", "nested")
-    guardrails: Guardrails = _f(Guardrails(), "Guardrails per stage.", "nested")
+    budgets: Budgets = _f(Budgets, "Team spend limits.", "nested")
+    learning: Learning = _f(Learning, "The learned router: exploration, reward and metric.", "nested")
+    guardrails: Guardrails = _f(Guardrails, "Guardrails per stage.", "nested")
 
 
 # ------------------------------------------------------------------------------------ validation
@@ -564,13 +584,54 @@ class SpecError(ValueError):
         self.errors = errors
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+# (path relative to where pydantic reports the error: "", "[3]" or "soft_usd", message)
+Problems = list[tuple[str, str]]
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = get_type_hints(cls)
-    return _HINTS[cls]
+def _spec_error(problems: Problems) -> PydanticCustomError:
+    detail = "; ".join(f"{p}: {m}" if p else m for p, m in problems)
+    return PydanticCustomError(_ERROR_TYPE, "{detail}", {"detail": detail, "problems": problems})
+
+
+def _meta(f: FieldInfo) -> dict[str, Any]:
+    extra = f.json_schema_extra
+    return dict(extra) if isinstance(extra, dict) else {}
+
+
+def field_meta(cls: type[BaseModel], name: str) -> dict[str, Any]:
+    """A field's merge rule and bounds (its `json_schema_extra`)."""
+    return _meta(cls.model_fields[name])
+
+
+def is_section(tp: Any) -> TypeGuard[type[BaseModel]]:
+    """True for a spec section type (a nested model), false for a leaf type."""
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+def _item_model(tp: Any) -> type[BaseModel] | None:
+    """The entry model of a list-of-objects field (rules, terms, judges), else None."""
+    args = get_args(tp)
+    return args[0] if get_origin(tp) is tuple and args and is_section(args[0]) else None
+
+
+@dataclass(frozen=True, slots=True)
+class SpecField:
+    """One field of a spec section: what the merge property test and the help read."""
+
+    name: str
+    type: Any
+    help: str
+    metadata: dict[str, Any]
+
+
+def spec_fields(cls_or_obj: Any) -> list[SpecField]:
+    """The fields of a spec section (a model class or instance), in declaration order."""
+    cls: type[BaseModel] = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    return [SpecField(n, f.annotation, f.description or "", _meta(f)) for n, f in cls.model_fields.items()]
+
+
+def _hints(cls: type[BaseModel]) -> dict[str, Any]:
+    return {name: f.annotation for name, f in cls.model_fields.items()}
 
 
 def _join(path: str, key: str | int) -> str:
@@ -579,129 +640,163 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _sub(path: str, sub: str) -> str:
+    if not sub:
+        return path
+    return path + sub if sub.startswith("[") else _join(path, sub)
+
+
 def _type_name(value: object) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
         type(value), type(value).__name__
     )
 
 
-def _parse_value(tp: Any, value: Any, path: str, meta: Mapping[str, Any], errors: list[FieldError]) -> Any:
+def _parse_field(f: FieldInfo, value: Any, handler: Callable[[Any], Any]) -> Any:
+    """One field of a section: sections and entries of object lists go to pydantic (which reports
+    their paths); leaves are checked here, so each message says exactly what is wrong."""
+    tp = f.annotation
+    if is_section(tp):
+        return handler(value)
+    if _item_model(tp) is not None:
+        if not isinstance(value, list | tuple):
+            raise _spec_error([("", f"must be a list, got {_type_name(value)}")])
+        if len(value) > MAX_LIST_ITEMS:
+            raise _spec_error([("", f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed")])
+        out: list[Any] = []
+        for entry in handler(value):
+            if entry not in out:
+                out.append(entry)
+        return tuple(out)
+    problems: Problems = []
+    parsed = _parse_value(tp, value, "", {**_meta(f), "required": f.is_required()}, problems)
+    if problems:
+        raise _spec_error(problems)
+    return parsed
+
+
+def _parse_value(tp: Any, value: Any, path: str, meta: Mapping[str, Any], problems: Problems) -> Any:
     origin = get_origin(tp)
     args = get_args(tp)
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
         if value is None:
             return None
-        return _parse_value(non_none[0], value, path, meta, errors)
-    if dataclasses.is_dataclass(tp):
-        return _parse_dataclass(tp, value, path, errors)  # type: ignore[arg-type]
+        return _parse_value(non_none[0], value, path, meta, problems)
     if origin is Literal:
         if value not in args:
-            errors.append(
-                FieldError(path, f"must be one of {', '.join(map(str, args))}; got {value!r}"[:300])
-            )
+            problems.append((path, f"must be one of {', '.join(map(str, args))}; got {value!r}"[:300]))
             return None
         excluded = meta.get("exclude", ())
         if value in excluded:
             allowed = [a for a in args if a not in excluded]
-            errors.append(
-                FieldError(path, f"{value!r} is not available for this check; choose {', '.join(allowed)}")
-            )
+            problems.append((path, f"{value!r} is not available for this check; choose {', '.join(allowed)}"))
             return None
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            errors.append(FieldError(path, f"must be true or false, got {_type_name(value)}"))
+            problems.append((path, f"must be true or false, got {_type_name(value)}"))
             return None
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(FieldError(path, f"must be a whole number, got {value!r}"[:200]))
+            problems.append((path, f"must be a whole number, got {value!r}"[:200]))
             return None
-        return _bounds(value, path, meta, errors)
+        return _bounds(value, path, meta, problems)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            errors.append(FieldError(path, f"must be a number, got {value!r}"[:200]))
+            problems.append((path, f"must be a number, got {value!r}"[:200]))
             return None
-        return _bounds(float(value), path, meta, errors)
+        return _bounds(float(value), path, meta, problems)
     if tp is Decimal:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            errors.append(
-                FieldError(path, f'must be an amount in USD, e.g. 5 or "2.50"; got {value!r}'[:200])
-            )
-            return None
-        try:
-            dec = Decimal(str(value))
-        except InvalidOperation:
-            errors.append(
-                FieldError(path, f'must be an amount in USD, e.g. 5 or "2.50"; got {value!r}'[:200])
-            )
-            return None
-        if not dec.is_finite():
-            errors.append(FieldError(path, "must be a finite amount"))
-            return None
-        return _bounds(dec, path, meta, errors)
+        return _parse_decimal(value, path, meta, problems)
     if tp is str:
-        if not isinstance(value, str):
-            errors.append(FieldError(path, f"must be a string, got {_type_name(value)}"))
-            return None
-        limit = meta.get("max_chars") or (MAX_PATTERN_CHARS if meta.get("regex") else MAX_TEXT_CHARS)
-        if len(value) > limit:
-            errors.append(FieldError(path, f"is {len(value)} characters long; at most {limit} are allowed"))
-            return None
-        if _bad_chars(value):
-            errors.append(FieldError(path, "must not contain NUL characters or unpaired surrogates"))
-            return None
-        if meta.get("required") and not value.strip():
-            errors.append(FieldError(path, "must not be empty"))
-            return None
-        if meta.get("regex"):
-            _check_regex(value, path, errors)
-        return value
+        return _parse_text(value, path, meta, problems)
     if origin is tuple:
-        item_tp = args[0]
-        if not isinstance(value, list | tuple):
-            errors.append(FieldError(path, f"must be a list, got {_type_name(value)}"))
-            return None
-        if len(value) > MAX_LIST_ITEMS:
-            errors.append(FieldError(path, f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed"))
-            return None
-        out = []
-        choices = meta.get("choices")
-        item_meta = {k: v for k, v in meta.items() if k in ("regex",)}
-        for i, item in enumerate(value):
-            p = _join(path, i)
-            if item_tp is str and isinstance(item, str) and not item.strip():
-                errors.append(FieldError(p, "must not be empty"))
-                continue
-            parsed = _parse_value(item_tp, item, p, item_meta, errors)
-            if parsed is None:
-                continue
-            if choices is not None and parsed not in choices:
-                errors.append(
-                    FieldError(p, f"unknown value {parsed!r}; choose from {', '.join(choices)}"[:300])
-                )
-                continue
-            if parsed not in out:
-                out.append(parsed)
-        return tuple(out)
+        return _parse_list(args[0], value, path, meta, problems)
     if origin is dict:
         if not isinstance(value, dict):
-            errors.append(FieldError(path, f"must be an object, got {_type_name(value)}"))
+            problems.append((path, f"must be an object, got {_type_name(value)}"))
             return None
-        if path.endswith("json_schema.schema"):
-            _check_json_schema(value, path, errors)
+        problem = _json_schema_problem(value)  # the one object-valued leaf: the output JSON schema
+        if problem:
+            problems.append((path, problem))
         return value
     raise TypeError(f"unsupported spec type {tp!r} at {path}")  # a bug in this module, not user input
 
 
-def _bounds(value: Any, path: str, meta: Mapping[str, Any], errors: list[FieldError]) -> Any:
+def _parse_decimal(value: Any, path: str, meta: Mapping[str, Any], problems: Problems) -> Any:
+    bad = f'must be an amount in USD, e.g. 5 or "2.50"; got {value!r}'[:200]
+    # A Decimal comes back when a parsed spec is validated again (model_copy, merge results).
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        problems.append((path, bad))
+        return None
+    try:
+        dec = Decimal(str(value))
+    except InvalidOperation:
+        problems.append((path, bad))
+        return None
+    if not dec.is_finite():
+        problems.append((path, "must be a finite amount"))
+        return None
+    return _bounds(dec, path, meta, problems)
+
+
+def _parse_text(value: Any, path: str, meta: Mapping[str, Any], problems: Problems) -> Any:
+    if not isinstance(value, str):
+        problems.append((path, f"must be a string, got {_type_name(value)}"))
+        return None
+    limit = meta.get("max_chars") or (MAX_PATTERN_CHARS if meta.get("regex") else MAX_TEXT_CHARS)
+    if len(value) > limit:
+        problems.append((path, f"is {len(value)} characters long; at most {limit} are allowed"))
+        return None
+    if _bad_chars(value):
+        problems.append((path, "must not contain NUL characters or unpaired surrogates"))
+        return None
+    if meta.get("required") and not value.strip():
+        problems.append((path, "must not be empty"))
+        return None
+    if meta.get("regex"):
+        problem = _regex_problem(value)
+        if problem:
+            problems.append((path, problem))
+    return value
+
+
+def _parse_list(item_tp: Any, value: Any, path: str, meta: Mapping[str, Any], problems: Problems) -> Any:
+    if not isinstance(value, list | tuple):
+        problems.append((path, f"must be a list, got {_type_name(value)}"))
+        return None
+    if len(value) > MAX_LIST_ITEMS:
+        problems.append((path, f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed"))
+        return None
+    out: list[Any] = []
+    choices = meta.get("choices")
+    item_meta = {k: v for k, v in meta.items() if k in ("regex",)}
+    for i, item in enumerate(value):
+        p = _join(path, i)
+        if item_tp is str and isinstance(item, str) and not item.strip():
+            problems.append((p, "must not be empty"))
+            continue
+        before = len(problems)
+        parsed = _parse_value(item_tp, item, p, item_meta, problems)
+        if parsed is None or len(problems) > before:
+            continue
+        if choices is not None and parsed not in choices:
+            problems.append((p, f"unknown value {parsed!r}; choose from {', '.join(choices)}"[:300]))
+            continue
+        if parsed not in out:
+            out.append(parsed)
+    return tuple(out)
+
+
+def _bounds(value: Any, path: str, meta: Mapping[str, Any], problems: Problems) -> Any:
     lo, hi = meta.get("minimum"), meta.get("maximum")
     if lo is not None and value < lo:
-        errors.append(FieldError(path, f"must be at least {lo}, got {value}"))
+        problems.append((path, f"must be at least {lo}, got {value}"))
         return None
     if hi is not None and value > hi:
-        errors.append(FieldError(path, f"must be at most {hi}, got {value}"))
+        problems.append((path, f"must be at most {hi}, got {value}"))
         return None
     return value
 
@@ -714,147 +809,153 @@ def _bad_chars(text: str) -> bool:
     return _BAD_CHARS.search(text) is not None
 
 
-def _check_regex(pattern: str, path: str, errors: list[FieldError]) -> None:
+def _regex_problem(pattern: str) -> str | None:
     if len(pattern) > MAX_PATTERN_CHARS:
-        errors.append(FieldError(path, f"the pattern is longer than {MAX_PATTERN_CHARS} characters"))
-        return
+        return f"the pattern is longer than {MAX_PATTERN_CHARS} characters"
     # Policy patterns run on RE2 (linear time); what RE2 refuses cannot be published.
     from apps.policies.guardrails.regex import regex_problem  # the guardrails package imports this module
 
     problem = regex_problem(pattern)
     if problem is not None:
-        errors.append(
-            FieldError(path, f"invalid regular expression for RE2 (linear-time matching): {problem}"[:300])
-        )
+        return f"invalid regular expression for RE2 (linear-time matching): {problem}"[:300]
+    return None
 
 
-def _check_json_schema(schema: dict[str, Any], path: str, errors: list[FieldError]) -> None:
-    import json
-
+def _json_schema_problem(schema: dict[str, Any]) -> str | None:
     import jsonschema
 
     try:
         size = len(json.dumps(schema))
     except (TypeError, ValueError, RecursionError):
-        errors.append(FieldError(path, "must be a JSON object"))
-        return
+        return "must be a JSON object"
     if size > MAX_SCHEMA_CHARS:
-        errors.append(
-            FieldError(path, f"is {size} characters as JSON; at most {MAX_SCHEMA_CHARS} are allowed")
-        )
-        return
+        return f"is {size} characters as JSON; at most {MAX_SCHEMA_CHARS} are allowed"
     stack: list[Any] = [schema]
     while stack:  # iterative: the loaders bound the depth, this must not recurse on it either
         node = stack.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for key, value in items:
             if (isinstance(key, str) and _bad_chars(key)) or (isinstance(value, str) and _bad_chars(value)):
-                errors.append(FieldError(path, "must not contain NUL characters or unpaired surrogates"))
-                return
+                return "must not contain NUL characters or unpaired surrogates"
             if isinstance(value, dict | list):
                 stack.append(value)
-
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as err:
         where = "/".join(str(p) for p in err.path)
-        errors.append(
-            FieldError(path, f"invalid JSON schema{(' at ' + where) if where else ''}: {err.message}"[:300])
-        )
+        return f"invalid JSON schema{(' at ' + where) if where else ''}: {err.message}"[:300]
+    return None
 
 
-def _parse_dataclass(cls: type, data: Any, path: str, errors: list[FieldError]) -> Any:
-    if not isinstance(data, Mapping):
-        errors.append(FieldError(path, f"must be an object, got {_type_name(data)}"))
-        return None
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = _hints(cls)
-    for key in data:
-        if key not in fields:
-            known = ", ".join(fields)
-            errors.append(FieldError(_join(path, str(key)[:100]), f"unknown field (known: {known})"))
-    kwargs: dict[str, Any] = {}
-    stage = path.rsplit(".", 1)[-1] if path.startswith("guardrails.") else None
-    for name, f in fields.items():
-        if name not in data:
-            if f.metadata.get("required"):
-                errors.append(FieldError(_join(path, name), "is required"))
+def _stage_problems(guardrails: Any) -> Problems:
+    """Checks enabled in a stage that does not offer them (on the raw or the dumped guardrails:
+    serialised specs carry every check in every stage; only enabling one is an error)."""
+    problems: Problems = []
+    if not isinstance(guardrails, Mapping):
+        return problems
+    for stage in STAGES:
+        checks = guardrails.get(stage)
+        if not isinstance(checks, Mapping):
             continue
-        before = len(errors)
-        value = _parse_value(hints[name], data[name], _join(path, name), f.metadata, errors)
-        stages = f.metadata.get("stages")
-        if stages and stage is not None and stage not in stages and getattr(value, "enabled", False):
-            # Serialised specs carry every check in every stage; only enabling one is an error.
-            errors.append(
-                FieldError(
-                    _join(path, name), f"this check is only available in the {' and '.join(stages)} stage(s)"
+        for name, f in StageGuardrails.model_fields.items():
+            stages = _meta(f).get("stages")
+            check = checks.get(name)
+            if stages and stage not in stages and isinstance(check, Mapping) and check.get("enabled") is True:
+                problems.append(
+                    (
+                        f"{stage}.{name}",
+                        f"this check is only available in the {' and '.join(stages)} stage(s)",
+                    )
                 )
-            )
-        if len(errors) == before:
-            kwargs[name] = value
-    try:
-        obj = cls(**kwargs)
-    except TypeError:  # pragma: no cover — every field has a default
-        return None
-    return _cross_checks(obj, path, errors)
+    return problems
 
 
-def _add_once(errors: list[FieldError], error: FieldError) -> None:
-    if not any(e.path == error.path for e in errors):
-        errors.append(error)
-
-
-def _cross_checks(obj: Any, path: str, errors: list[FieldError]) -> Any:
-    """Rules that span several fields of one object (skipped where a field already failed)."""
+def _cross_checks(obj: Any) -> Problems:
+    """Rules that span several fields of one object (run once its fields are valid)."""
+    problems: Problems = []
+    if isinstance(obj, Guardrails):
+        problems.extend(_stage_problems(obj.model_dump()))
     if (
         isinstance(obj, BudgetLimit)
         and obj.soft_usd is not None
         and obj.hard_usd is not None
         and obj.soft_usd > obj.hard_usd
     ):
-        _add_once(
-            errors,
-            FieldError(
-                _join(path, "soft_usd"),
-                f"the soft limit ({obj.soft_usd}) is above the hard limit ({obj.hard_usd})",
-            ),
+        problems.append(
+            ("soft_usd", f"the soft limit ({obj.soft_usd}) is above the hard limit ({obj.hard_usd})")
         )
     if isinstance(obj, LengthCheck) and obj.enabled and obj.max_chars is None:
-        _add_once(
-            errors, FieldError(_join(path, "max_chars"), "is required when the length check is enabled")
-        )
+        problems.append(("max_chars", "is required when the length check is enabled"))
     if isinstance(obj, JsonSchemaCheck) and obj.enabled and obj.schema is None:
-        _add_once(
-            errors, FieldError(_join(path, "schema"), "is required when the JSON schema check is enabled")
-        )
+        problems.append(("schema", "is required when the JSON schema check is enabled"))
     if isinstance(obj, ModelJudgeCheck) and obj.enabled and not obj.judges:
-        _add_once(
-            errors, FieldError(_join(path, "judges"), "add at least one judge when the check is enabled")
-        )
+        problems.append(("judges", "add at least one judge when the check is enabled"))
     if isinstance(obj, BlockedTermsCheck) and obj.enabled and not obj.terms:
-        _add_once(errors, FieldError(_join(path, "terms"), "add at least one term when the check is enabled"))
-    if (
-        isinstance(obj, TermRule)
-        and obj.kind == "regex"
-        and not any(e.path == _join(path, "pattern") for e in errors)
-    ):
-        _check_regex(obj.pattern, _join(path, "pattern"), errors)
+        problems.append(("terms", "add at least one term when the check is enabled"))
+    if isinstance(obj, TermRule) and obj.kind == "regex":
+        problem = _regex_problem(obj.pattern)
+        if problem:
+            problems.append(("pattern", problem))
     if isinstance(obj, WorkerRule):
-        allowed = set(obj.allowed_workers or ())
-        both = sorted(allowed & set(obj.denied_workers))
+        both = sorted(set(obj.allowed_workers or ()) & set(obj.denied_workers))
         if both:
-            _add_once(
-                errors,
-                FieldError(_join(path, "denied_workers"), f"{', '.join(both)} is both allowed and denied"),
-            )
-    return obj
+            problems.append(("denied_workers", f"{', '.join(both)} is both allowed and denied"))
+    return problems
+
+
+def _loc_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for key in loc:
+        path = _join(path, key)
+    return path
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The section class at a pydantic error location (to list its known fields)."""
+    cls: type[BaseModel] = PolicySpec
+    for key in loc:
+        f = cls.model_fields.get(key) if isinstance(key, str) else None
+        tp = f.annotation if f is not None else None
+        if is_section(tp):
+            cls = tp
+        elif f is not None:
+            cls = _item_model(tp) or cls
+    return cls
+
+
+def _field_errors(exc: ValidationError) -> list[FieldError]:
+    """pydantic's errors in this module's format: the dotted field path and what is wrong."""
+    errors: list[FieldError] = []
+    for e in exc.errors(include_url=False):
+        loc, kind, ctx = e["loc"], e["type"], e.get("ctx") or {}
+        path = _loc_path(loc)
+        if kind == _ERROR_TYPE:
+            errors.extend(FieldError(_sub(path, sub), message) for sub, message in ctx["problems"])
+        elif kind == "extra_forbidden":
+            known = ", ".join(_model_at(loc[:-1]).model_fields)
+            where = _join(_loc_path(loc[:-1]), str(loc[-1])[:100])
+            errors.append(FieldError(where, f"unknown field (known: {known})"))
+        elif kind == "missing":
+            errors.append(FieldError(path, "is required"))
+        elif kind in ("model_type", "model_attributes_type", "dict_type"):
+            errors.append(FieldError(path, f"must be an object, got {_type_name(e['input'])}"))
+        else:  # pragma: no cover — every leaf is checked by this module
+            errors.append(FieldError(path, e["msg"]))
+    return errors
 
 
 def validate_spec(data: Any) -> tuple[PolicySpec | None, list[FieldError]]:
     """Validate raw JSON data; return (spec, []) or (None, every error with its field path)."""
-    errors: list[FieldError] = []
-    spec = _parse_dataclass(PolicySpec, data, "", errors)
-    if errors:
+    try:
+        spec = PolicySpec.model_validate(data)
+    except ValidationError as exc:
+        errors = _field_errors(exc)
+        # A section with a bad field skips its cross-field rules; the stage rule reads raw data.
+        guardrails = data.get("guardrails") if isinstance(data, Mapping) else None
+        for sub, message in _stage_problems(guardrails):
+            path = _join("guardrails", sub)
+            if not any(e.path == path for e in errors):
+                errors.append(FieldError(path, message))
         return None, errors
     return spec, []
 
@@ -867,13 +968,19 @@ def parse_spec(data: Any) -> PolicySpec:
     return spec
 
 
+@cache
+def policy_json_schema() -> dict[str, Any]:
+    """The spec's JSON Schema (help text, merge rules and bounds included): the editor's source."""
+    return PolicySpec.model_json_schema()
+
+
 # ------------------------------------------------------------------------------------ serialisation
 
 
 def spec_to_dict(obj: Any) -> Any:
     """JSON-safe dict of a spec (Decimals as strings, tuples as lists)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: spec_to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, BaseModel):
+        return {name: spec_to_dict(getattr(obj, name)) for name in type(obj).model_fields}
     if isinstance(obj, tuple | list):
         return [spec_to_dict(v) for v in obj]
     if isinstance(obj, Decimal):
@@ -888,9 +995,9 @@ def default_spec() -> PolicySpec:
 # ------------------------------------------------------------------------------------ overlay
 
 
-def _merge_value(rule: str, platform: Any, team: Any, tp: Any) -> Any:
+def _merge_value(rule: str, platform: Any, team: Any) -> Any:
     if rule == "nested":
-        return _merge_dataclass(platform, team)
+        return _merge_section(platform, team)
     if rule == "min":
         if platform is None:
             return team
@@ -920,34 +1027,37 @@ def _merge_value(rule: str, platform: Any, team: Any, tp: Any) -> Any:
     raise ValueError(f"unknown merge rule {rule!r}")  # a bug in this module
 
 
-def _merge_dataclass(platform: Any, team: Any) -> Any:
+def _merge_section(platform: Any, team: Any) -> Any:
+    fields = type(platform).model_fields
     # A disabled check imposes nothing: merging its default action ("block") with an enabled
     # team check would silently turn the team's warn/require_review into a block.
-    if "enabled" in {f.name for f in dataclasses.fields(platform)}:
+    if "enabled" in fields:
         if not platform.enabled:
             return team
         if not team.enabled:
             return platform
-    kwargs = {}
-    hints = _hints(type(platform))
-    for f in dataclasses.fields(platform):
-        p, t = getattr(platform, f.name), getattr(team, f.name)
-        binds_with = f.metadata.get("binds_with")
+    merged = {}
+    for name, f in fields.items():
+        meta = _meta(f)
+        p, t = getattr(platform, name), getattr(team, name)
+        binds_with = meta.get("binds_with")
         # A side without the sibling entries (e.g. no verification rules) imposes nothing here.
         if binds_with and not getattr(platform, binds_with):
-            kwargs[f.name] = t
+            merged[name] = t
         elif binds_with and not getattr(team, binds_with):
-            kwargs[f.name] = p
+            merged[name] = p
         else:
-            kwargs[f.name] = _merge_value(f.metadata["merge"], p, t, hints[f.name])
-    return type(platform)(**kwargs)
+            merged[name] = _merge_value(meta["merge"], p, t)
+    # Both sides were validated; the merge of two valid sections is not validated again (as before).
+    return type(platform).model_construct(**merged)
 
 
 def merge_specs(platform: PolicySpec, team: PolicySpec | None) -> PolicySpec:
     """Overlay the team's spec on the platform default: tighten, never loosen (see module doc)."""
     if team is None:
         return platform
-    return _merge_dataclass(platform, team)
+    merged: PolicySpec = _merge_section(platform, team)
+    return merged
 
 
 # ------------------------------------------------------------------------------------ help
@@ -983,30 +1093,26 @@ def _type_text(tp: Any) -> str:
         return " | ".join(map(str, args))
     if origin is tuple:
         return f"list of {_type_text(args[0])}"
-    if dataclasses.is_dataclass(tp):
+    if is_section(tp):
         return "object"
     return {bool: "true/false", int: "whole number", float: "number", Decimal: "USD amount", str: "text"}.get(
         tp, getattr(tp, "__name__", str(tp))
     )
 
 
-def iter_field_help(cls: type = PolicySpec, prefix: str = "") -> Iterator[FieldHelp]:
+def iter_field_help(cls: type[BaseModel] | None = None, prefix: str = "") -> Iterator[FieldHelp]:
     """Every field of the spec with its help text and merge rule, in declaration order."""
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        path = _join(prefix, f.name)
-        tp = hints[f.name]
-        merge = f.metadata["merge"]
+    for name, f in (cls or PolicySpec).model_fields.items():
+        path = _join(prefix, name)
+        tp, merge, help_text = f.annotation, _meta(f)["merge"], f.description or ""
         if merge == "nested":
-            yield FieldHelp(path, f.metadata["help"], merge, "", "section", None)
-            yield from iter_field_help(tp, path)
+            yield FieldHelp(path, help_text, merge, "", "section", None)
+            yield from iter_field_help(tp, path)  # type: ignore[arg-type]
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
-        yield FieldHelp(
-            path, f.metadata["help"], merge, MERGE_RULE_TEXT[merge], _type_text(tp), spec_to_dict(default)
-        )
-        item = get_args(tp)[0] if get_origin(tp) is tuple else None
-        if isinstance(item, type) and dataclasses.is_dataclass(item):
+        default = "" if f.is_required() else f.get_default(call_default_factory=True)
+        yield FieldHelp(path, help_text, merge, MERGE_RULE_TEXT[merge], _type_text(tp), spec_to_dict(default))
+        item = _item_model(tp)
+        if item is not None:
             yield from iter_field_help(item, path + "[]")
 
 

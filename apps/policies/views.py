@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.models import Team
+from apps.governance.visibility import is_platform_admin
 from apps.policies import selectors
 from apps.policies.budgets import budget_status
 from apps.policies.dry_run import EFFECTS, RecordedRun, RecordedStep, dry_run, replay_runs
@@ -47,6 +48,7 @@ from apps.policies.spec import (
     spec_to_dict,
     validate_spec,
 )
+from apps.runs.models import Run
 
 
 def _team_or_404(user: Any, slug: str) -> Team:
@@ -85,16 +87,16 @@ def _summary(spec: PolicySpec) -> dict[str, Any]:
 
 def _can_view_policy_of(user: Any, team: Team | None, policy: Policy | None) -> bool:
     if policy is not None:
-        return gov.can_view_policy(user, policy)
+        return Policy.objects.allows(user, "view", policy)
     return True if team is None else gov.can_view_team(user, team)
 
 
 def _can_edit(user: Any, team: Team | None, policy: Policy | None) -> tuple[bool, bool]:
     """(may save drafts, may publish)."""
     if policy is not None:
-        return gov.can_change_policy(user, policy), gov.can_publish_policy(user, policy)
+        return Policy.objects.allows(user, "change", policy), Policy.objects.allows(user, "publish", policy)
     if team is None:
-        ok = bool(getattr(user, "is_superuser", False))
+        ok = is_platform_admin(user)
         return ok, ok
     ok = gov.can_change_team_policy(user, team)
     return ok, ok
@@ -297,12 +299,12 @@ def recorded_runs(*, user: Any, team: Any, limit: int) -> list[Any]:
     Here rather than in selectors: it reads the runs app, which sits above policies (pages may
     read every app; the core may not, see the import contracts in pyproject.toml).
 
-    Row visibility is the governance rule (`runs_visible_to`); whether the viewer may see a
+    Row visibility is the one rule (`Run.objects.visible_to(user, "view")`); whether the viewer may see a
     run's content (held answers) is `apps.runs.selectors.run_content_visible`, carried on each
     record so the replay page shows only rule names for withheld runs."""
     from apps.runs.selectors import run_content_visible  # the one content rule for held answers
 
-    qs = gov.runs_visible_to(user).filter(team=team, status__in=_TERMINAL)
+    qs = Run.objects.visible_to(user, "view").filter(team=team, status__in=_TERMINAL)
     # RunEvent through the Run relation: this module names no model of the runs app.
     event_model = cast("type[Model]", qs.model._meta.get_field("events").related_model)
     runs = list(
@@ -349,7 +351,7 @@ def recorded_runs(*, user: Any, team: Any, limit: int) -> list[Any]:
 
 def policy_history(request: HttpRequest, policy_id: int) -> HttpResponse:
     policy = get_object_or_404(Policy.objects.select_related("team", "current_version"), pk=policy_id)
-    if not gov.can_view_policy(request.user, policy):
+    if not Policy.objects.allows(request.user, "view", policy):
         raise Http404("No such policy.")
     versions = list(selectors.policy_versions(policy))
     by_number = {v.number: v for v in versions}
@@ -370,7 +372,7 @@ def policy_history(request: HttpRequest, policy_id: int) -> HttpResponse:
         "va": va,
         "vb": vb,
         "diff": [{**d, "old_json": _j(d["old"]), "new_json": _j(d["new"])} for d in diff],
-        "can_publish": gov.can_publish_policy(request.user, policy),
+        "can_publish": Policy.objects.allows(request.user, "publish", policy),
         "rollback_form": RollbackForm(),
         "rollbackable": {PolicyVersionStatus.PUBLISHED, PolicyVersionStatus.SUPERSEDED},
     }
@@ -391,9 +393,9 @@ def _int(value: str | None) -> int | None:
 @require_POST
 def policy_rollback_view(request: HttpRequest, policy_id: int, number: int) -> HttpResponse:
     policy = get_object_or_404(Policy, pk=policy_id)
-    if not gov.can_view_policy(request.user, policy):
+    if not Policy.objects.allows(request.user, "view", policy):
         raise Http404("No such policy.")
-    if not gov.can_publish_policy(request.user, policy):
+    if not Policy.objects.allows(request.user, "publish", policy):
         raise PermissionDenied("You may not publish this policy.")
     target = get_object_or_404(policy.versions, number=number)
     form = RollbackForm(request.POST)

@@ -14,7 +14,12 @@ class RunsConfig(AppConfig):
         from django.db.models.signals import post_save
 
         from apps.runs.models import Run
+        from apps.runs.policy_ports import install_policy_ports
+        from apps.runs.ports import install_audit_port
         from apps.runs.sink import on_run_saved
+
+        install_audit_port()
+        install_policy_ports()  # run history and workers for policies (below runs)
 
         # Held answers (issue 13): a review decision reaches the run's live viewers.
         post_save.connect(on_run_saved, sender=Run, dispatch_uid="runs.review_notice")

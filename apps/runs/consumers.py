@@ -1,7 +1,7 @@
 """`/ws/runs/<uuid>/`: a snapshot (or, with ?after=<seq>, only the missed events) then live events.
 
 One executor hop per handshake reads the run row once, checks the viewer's permission on it
-(governance's ``can_view_run``) and loads the snapshot. Before that hop the consumer's inbox is
+(``Run.objects.allows(user, "view", run)``) and loads the snapshot. Before that hop the consumer's inbox is
 attached to the process's fan-out of the run group (``apps.runs.fanout``; the channel-layer
 membership is the process's, not the viewer's), so an event published during the read is neither
 lost nor, being dropped by seq, shown twice. Nothing reaches the socket before the permission
@@ -28,7 +28,6 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from apps.governance import selectors as gov
 from apps.runs import fanout, selectors
 from apps.runs.models import Run
 from apps.runs.sink import group_name, register_server_loop
@@ -61,13 +60,13 @@ def _open(
     scope: dict[str, Any], run_id: str, after: int | None, decided: Callable[[bool], None]
 ) -> Opening | None:
     """The whole handshake in one executor job, the run row read once: the session's user
-    (``resolve_user``), then None when that user may not view the run (governance's
-    can_view_run), else the snapshot (or, after ``after``, the missed events) and what this viewer
+    (``resolve_user``), then None when that user may not view the run (``Run.objects.allows``
+    ``"view"``), else the snapshot (or, after ``after``, the missed events) and what this viewer
     may see. ``decided`` hears the permission verdict as soon as it is known, so the consumer
     accepts the socket while this job reads on (daphne gives a handshake 5 s to be accepted)."""
     user = resolve_user(scope)
     run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)  # DoesNotExist: see _db
-    allowed = gov.can_view_run(user, run)
+    allowed = Run.objects.allows(user, "view", run)
     decided(allowed)
     if not allowed:
         return None

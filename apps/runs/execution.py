@@ -245,10 +245,11 @@ def execute_run(run_id: UUID | str) -> str | None:
             run_finish_externally(
                 run_id=run_id, status=RunStatus.FAILED, reason="internal_error", error=message
             )
-        if cancel.lease_lost or not _still_owner(run_id, owner):
+        # The lease and the verdict in one read (issue #15).
+        run = Run.objects.only("status", "lease_owner").filter(pk=run_id).first()
+        if cancel.lease_lost or run is None or run.lease_owner != owner:
             logger.warning("run %s: lease lost to another executor; this attempt's outcome dropped", run_id)
             return None
-        run = Run.objects.only("status").get(pk=run_id)
         if run.status == RunStatus.AWAITING_APPROVAL:
             return str(run.status)  # paused for an approver (apps.runs.approvals), not ended
         if not run.is_terminal:
@@ -274,6 +275,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     from apps.runs import integration
     from apps.runs.journal import CallJournal, journal_pool
     from apps.runs.sink import RunSink
+    from apps.workers.engine_adapter import use_preset_conductor
 
     run = Run.objects.select_related("team", "pool", "worker").get(pk=run_id)
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
@@ -289,6 +291,8 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     )
     limits = integration.engine_limits(policy, run_timeout_s=remaining)
     strategy = build_run_strategy(run, engine_pool)
+    # Each preset plans with its own conductor, known only now (a learned run picks its arm here).
+    use_preset_conductor(engine_pool, getattr(strategy, "preset", None))
     sink = RunSink(run, owner=cancel.owner, journal=journal)
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)

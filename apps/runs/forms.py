@@ -8,7 +8,7 @@ from apps.governance import selectors as gov
 from apps.runs.models import RunStatus, Strategy
 from apps.runs.services import MAX_QUESTION_CHARS
 from apps.workers.engine_adapter import pool_unavailable_reason
-from apps.workers.models import Worker
+from apps.workers.models import Pool, Worker
 
 if TYPE_CHECKING:
     from apps.governance.models import Team
@@ -75,7 +75,7 @@ class PlaygroundForm(forms.Form):
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        pools = gov.pools_usable_by(user).filter(enabled=True).order_by("slug")
+        pools = Pool.objects.visible_to(user, "use").filter(enabled=True).order_by("slug")
         cast("forms.ModelChoiceField[Pool]", self.fields["pool"]).queryset = pools
         teams = gov.teams_runnable_by(user).order_by("slug")
         cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams

@@ -7,6 +7,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from apps.runs.querysets import RunQuerySet
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued", "Queued"
@@ -119,6 +121,8 @@ class Run(models.Model):
     lease_owner = models.CharField(max_length=120, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]

@@ -32,6 +32,7 @@ class RunEventView:
     event: dict[str, Any]  # the engine event as stored: type, seq, ts, data
     pool_id: int | None = None
     strategy: str = ""
+    team_slug: str = ""  # when the sink knows it (the run's team was loaded): no read per event
 
     @property
     def type(self) -> str:

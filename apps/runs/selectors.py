@@ -10,7 +10,7 @@ from uuid import UUID
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from apps.governance import selectors as gov
+from apps.audit.models import AuditEvent
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 
 SORTS = {
@@ -29,7 +29,7 @@ def _start_of(day: date) -> datetime:
 
 def run_get_visible(*, user: Any, run_id: UUID | str) -> Run | None:
     return (
-        gov.runs_visible_to(user)
+        Run.objects.visible_to(user, "view")
         .select_related("team", "pool", "created_by", "worker")
         .filter(pk=run_id)
         .first()
@@ -49,7 +49,7 @@ def run_list(
     sort: str = "newest",
 ) -> QuerySet[Run]:
     """Visible runs, filtered. Every filter rides an index of Run (see models.Meta.indexes)."""
-    qs = gov.runs_visible_to(user)
+    qs = Run.objects.visible_to(user, "view")
     if team:
         qs = qs.filter(team__slug=team)
     if created_by:
@@ -127,7 +127,7 @@ def run_decisions(run: Run) -> list[RunEvent]:
 
 
 def run_audit_events(*, user: Any, run: Run) -> QuerySet[Any]:
-    return gov.audit_events_visible_to(user).filter(run_id=run.id).order_by("seq")
+    return AuditEvent.objects.visible_to(user, "view").filter(run_id=run.id).order_by("seq")
 
 
 def event_dict(e: RunEvent) -> dict[str, Any]:
@@ -225,10 +225,10 @@ def policy_hold_rules(spec: Any) -> list[str]:
     rules = []
     for stage in HOLD_STAGES:
         checks = getattr(spec.guardrails, stage)
-        for f in dataclasses.fields(checks):
-            check = getattr(checks, f.name)
+        for name in type(checks).model_fields:  # the spec sections are pydantic models
+            check = getattr(checks, name)
             if getattr(check, "enabled", False) and getattr(check, "action", None) == HOLD_ACTION:
-                rules.append(f"{stage}:{f.name}")
+                rules.append(f"{stage}:{name}")
     return rules
 
 
@@ -278,7 +278,7 @@ def viewer_access(*, user: Any, run: Run, started: Any = _NOT_READ) -> ViewerAcc
     )
     withheld = _withheld(run, holdable)
     settled = run.status != RunStatus.QUEUED
-    reviewer = gov.can_review_run(user, run) if withheld or not settled else None
+    reviewer = Run.objects.allows(user, "review", run) if withheld or not settled else None
     return ViewerAccess(
         reviewer,
         holdable,
@@ -296,7 +296,7 @@ def run_content_visible(*, user: Any, run: Run) -> bool:
         return True  # the common case costs no query
     if not _withheld(run, run_may_be_held(run)):
         return True
-    return gov.can_review_run(user, run)
+    return Run.objects.allows(user, "review", run)
 
 
 def run_hold_rules(run_id: UUID | str) -> list[str]:

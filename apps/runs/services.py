@@ -18,6 +18,7 @@ from apps.governance import selectors as gov
 from apps.runs import integration
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunEvent, RunSource, RunStatus, Strategy
+from apps.workers.models import Pool
 
 MAX_QUESTION_CHARS = 32_000
 
@@ -73,8 +74,13 @@ def run_create(
     replay_messages: list[dict[str, Any]] | None = None,
     request_id: str = "",
     api_request: dict[str, Any] | None = None,
+    pool_allowed: bool = False,
 ) -> Run:
     """Accept a request: store it `queued` with its audit event and dispatch it on commit.
+
+    ``pool_allowed``: the caller already checked that ``actor`` may use ``pool`` with a check at
+    least as narrow as this one (``/v1``'s ``resolve_model``: the key's pools within the actor's),
+    so the verdict is passed instead of read twice per request (issue #15).
 
     Raises RunRefused before anything is stored or any model is called.
     """
@@ -111,7 +117,7 @@ def run_create(
             code="pool_not_allowed",
             message="Choose a pool: the team has no default pool.",
         )
-    if not gov.pools_usable_by(actor).filter(pk=pool.pk).exists():
+    if not pool_allowed and not Pool.objects.visible_to(actor, "use").filter(pk=pool.pk).exists():
         raise _refuse(
             actor=actor,
             team=team,
@@ -209,14 +215,7 @@ def _dispatch(run_id: UUID) -> None:
 
 def run_cancel(*, actor: Any, run: Run) -> Run:
     """Cancel a run: a queued run ends `cancelled` now; a running one stops at the next step boundary."""
-    if not (
-        gov.can_view_run(actor, run)
-        and (
-            run.created_by_id == getattr(actor, "pk", None)
-            or gov.can_run_on_team(actor, run.team)
-            or gov.can_manage_team(actor, run.team)
-        )
-    ):
+    if not Run.objects.allows(actor, "cancel", run):
         raise PermissionError("You may not cancel this run.")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)

@@ -22,6 +22,7 @@ from uuid import UUID
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
@@ -199,6 +200,13 @@ class RunSink:
         self.attempt = run.attempts
         self.journal = journal
         self._seq = int(run.last_seq or 0)
+        # No event stored by an earlier attempt: no Step row exists yet, so a started step is a
+        # plain INSERT (no read, no savepoint) and its end a plain UPDATE (issue #15).
+        self._fresh = self._seq == 0
+        self._created_steps: set[int] = set()
+        # The Run counters the batch's events add to, written in one UPDATE at the batch's end.
+        self._delta: dict[str, Any] = {}
+        self._team = run.team if Run.team.is_cached(run) else None
         self._buffer: list[dict[str, Any]] = []
         self._buffered_at = 0.0
         self._running: set[Any] = set()  # indices of the steps started and not finished
@@ -282,13 +290,13 @@ class RunSink:
         try:
             # audit_batch: this boundary's audit rows go in as one multi-row INSERT (issue #15).
             with transaction.atomic(), audit_batch():
-                # The row lock orders this batch against a re-queue (which takes the same row).
-                if (
-                    self.owner is not None
-                    and not Run.objects.select_for_update()
-                    .filter(pk=self.run_id, lease_owner=self.owner, attempts=self.attempt)
-                    .exists()
-                ):
+                last_seq = batch[-1]["seq"]
+                self._delta = {}
+                # The row lock orders this batch against a re-queue (which takes the same row):
+                # the fence and the new last_seq are one conditional UPDATE (it takes the lock).
+                if self.owner is not None and not Run.objects.filter(
+                    pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
+                ).update(last_seq=Greatest(F("last_seq"), last_seq)):
                     # Fencing: another executor took the run over and owns its log now.
                     self.dropped += len(batch)
                     self._buffer = []
@@ -306,12 +314,22 @@ class RunSink:
                     if handler is not None:
                         handler(event, event["data"])
                     view = observers.RunEventView(
-                        self.run_id, self.team_id, self.policy_version_id, event, self.pool_id, self.strategy
+                        self.run_id,
+                        self.team_id,
+                        self.policy_version_id,
+                        event,
+                        self.pool_id,
+                        self.strategy,
+                        self._team.slug if self._team is not None else "",
                     )
                     observers.notify_in_transaction(view)
                     views.append(view)
-                last_seq = batch[-1]["seq"]
-                Run.objects.filter(pk=self.run_id, last_seq__lt=last_seq).update(last_seq=last_seq)
+                updates = dict(self._delta)
+                if self.owner is None:
+                    updates["last_seq"] = Greatest(F("last_seq"), last_seq)
+                if updates:
+                    Run.objects.filter(pk=self.run_id).update(**updates)
+                self._delta = {}
         except IntegrityError:
             # A second delivery of the same seq (should not happen: runs are claimed once).
             logger.warning(
@@ -339,7 +357,7 @@ class RunSink:
             data["messages"] = self.replay_messages
         # Viewers who may not see a held answer must not see it streamed before the output
         # guardrail decides: the events of a run whose policy can hold it say so (see
-        # apps.runs.selectors.run_may_be_held and apps.api.v1.bridge.progress).
+        # apps.runs.selectors.run_may_be_held and apps.api.v1.shaping.progress).
         if kind == "run.started":
             data["holdable"] = self.holdable
         elif self.holdable:
@@ -361,7 +379,8 @@ class RunSink:
             from apps.governance.models import Team
             from apps.runs.selectors import team_may_hold
 
-            self._holdable = team_may_hold(Team.objects.get(pk=self.team_id))
+            team = self._team if self._team is not None else Team.objects.get(pk=self.team_id)
+            self._holdable = team_may_hold(team)
         return self._holdable
 
     def _is_held(self, data: dict[str, Any]) -> bool:
@@ -414,19 +433,21 @@ class RunSink:
             },
         )
 
-    def _add_usage(self, usage: dict[str, Any] | None, cost: Any, priced: Any) -> None:
+    def _add_usage(self, usage: dict[str, Any] | None, cost: Any, priced: Any, steps: int = 0) -> None:
+        """Add to the run's counters; written with the batch's last UPDATE (``flush_locked``)."""
         usage = usage or {}
-        updates: dict[str, Any] = {
-            "input_tokens": F("input_tokens") + int(usage.get("input_tokens") or 0),
-            "output_tokens": F("output_tokens") + int(usage.get("output_tokens") or 0),
-        }
+        delta = self._delta
+        for field in ("input_tokens", "output_tokens"):
+            tokens = int(usage.get(field) or 0)
+            if tokens:  # a fixed plan's plan.proposed used no tokens: no write for it
+                delta[field] = delta.get(field, F(field)) + tokens
         amount = _decimal(cost)
-        if amount is not None:
-            run = Run.objects.only("cost_usd").get(pk=self.run_id)
-            updates["cost_usd"] = (run.cost_usd or Decimal(0)) + amount
+        if amount is not None:  # even 0: a priced run's cost is never left NULL
+            delta["cost_usd"] = delta.get("cost_usd", Coalesce(F("cost_usd"), Decimal(0))) + amount
         if priced is False:
-            updates["priced"] = False
-        Run.objects.filter(pk=self.run_id).update(**updates)
+            delta["priced"] = False
+        if steps:
+            delta["step_count"] = delta.get("step_count", F("step_count")) + steps
 
     @staticmethod
     def _plan_digest(plan: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -473,23 +494,25 @@ class RunSink:
         )
 
     def _on_step_started(self, event: dict[str, Any], data: dict[str, Any]) -> None:
-        Step.objects.update_or_create(
-            run_id=self.run_id,
-            index=data["index"],
-            defaults={
-                "round": data.get("round") or 1,
-                "worker_key": data.get("worker_key") or "",
-                "worker_name": data.get("worker_name") or "",
-                "instruction": data.get("instruction") or "",
-                "access": data.get("access") or [],
-                "messages": data.get("messages") or [],
-                "status": "running",
-                "started_at": _ts(event),
-                "worker_id": Worker.objects.filter(slug=data.get("worker_key") or "")
-                .values_list("pk", flat=True)
-                .first(),
-            },
-        )
+        fields = {
+            "round": data.get("round") or 1,
+            "worker_key": data.get("worker_key") or "",
+            "worker_name": data.get("worker_name") or "",
+            "instruction": data.get("instruction") or "",
+            "access": data.get("access") or [],
+            "messages": data.get("messages") or [],
+            "status": "running",
+            "started_at": _ts(event),
+            "worker_id": Worker.objects.filter(slug=data.get("worker_key") or "")
+            .values_list("pk", flat=True)
+            .first(),
+        }
+        index = data["index"]
+        if self._fresh and index not in self._created_steps:
+            Step.objects.create(run_id=self.run_id, index=index, **fields)
+        else:
+            Step.objects.update_or_create(run_id=self.run_id, index=index, defaults=fields)
+        self._created_steps.add(index)
         self._audit(
             AuditEventType.RUN_STEP_STARTED,
             {
@@ -505,30 +528,46 @@ class RunSink:
         usage = data.get("usage") or {}
         planned = self._planned.get(data["index"], {})
         access = planned.get("access")
-        step, _ = Step.objects.get_or_create(
-            run_id=self.run_id,
-            index=data["index"],
-            defaults={
-                "round": data.get("round") or 1,
-                "worker_key": data.get("worker_key") or planned.get("worker_key") or "",
-                "instruction": planned.get("instruction") or "",
-                "access": access if isinstance(access, list) else [],
-            },
-        )
-        step.status = data.get("status") or "failed"
-        step.output = data.get("output") or ""
-        step.error = data.get("error") or ""
-        step.worker_key = data.get("worker_key") or step.worker_key
-        step.fallback_from = data.get("fallback_from") or ""
-        step.input_tokens = int(usage.get("input_tokens") or 0)
-        step.output_tokens = int(usage.get("output_tokens") or 0)
-        step.cost_usd = _decimal(data.get("cost_usd"))
-        step.priced = bool(data.get("priced", True))
-        step.latency_ms = data.get("latency_ms")
-        step.finished_at = _ts(event)
-        step.save()
-        self._add_usage(usage, data.get("cost_usd"), data.get("priced"))
-        Run.objects.filter(pk=self.run_id).update(step_count=F("step_count") + 1)
+        ended = {
+            "status": data.get("status") or "failed",
+            "output": data.get("output") or "",
+            "error": data.get("error") or "",
+            "fallback_from": data.get("fallback_from") or "",
+            "input_tokens": int(usage.get("input_tokens") or 0),
+            "output_tokens": int(usage.get("output_tokens") or 0),
+            "cost_usd": _decimal(data.get("cost_usd")),
+            "priced": bool(data.get("priced", True)),
+            "latency_ms": data.get("latency_ms"),
+            "finished_at": _ts(event),
+        }
+        if data.get("worker_key"):
+            ended["worker_key"] = data["worker_key"]
+        if data["index"] in self._created_steps:
+            # This sink stored the step's start: one UPDATE, no read (issue #15).
+            Step.objects.filter(run_id=self.run_id, index=data["index"]).update(**ended)
+            step = Step(run_id=self.run_id, index=data["index"], **ended)
+            if "worker_key" not in ended:
+                step.worker_key = (
+                    Step.objects.filter(run_id=self.run_id, index=data["index"])
+                    .values_list("worker_key", flat=True)
+                    .first()
+                    or ""
+                )
+        else:
+            step, _ = Step.objects.get_or_create(
+                run_id=self.run_id,
+                index=data["index"],
+                defaults={
+                    "round": data.get("round") or 1,
+                    "worker_key": data.get("worker_key") or planned.get("worker_key") or "",
+                    "instruction": planned.get("instruction") or "",
+                    "access": access if isinstance(access, list) else [],
+                },
+            )
+            for name, value in ended.items():
+                setattr(step, name, value)
+            step.save()
+        self._add_usage(usage, data.get("cost_usd"), data.get("priced"), steps=1)
         self._audit(
             AuditEventType.RUN_STEP_FINISHED,
             {
@@ -568,6 +607,9 @@ class RunSink:
         ended = Run.objects.filter(pk=self.run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
             **updates
         )
+        if ended:
+            # The engine's totals replace the counters this batch added to so far.
+            self._delta = {}
         self._audit(
             AuditEventType.RUN_FINISHED,
             {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlencode
 
@@ -18,6 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.audit.selectors import TOTAL_CAP, capped_total
 from apps.governance import selectors as gov
+from apps.policies.models import Policy
 from apps.runs import selectors, services
 from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
 from apps.runs.models import Run, RunSource, Strategy
@@ -200,7 +200,7 @@ def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:
         "run": run,
         "view": _view_entry(request, run, _local_models([run.pool_id])) | {"on_run_page": True},
         "policy_version": version,
-        "policy_visible": version is not None and gov.can_view_policy(request.user, version.policy),
+        "policy_visible": version is not None and Policy.objects.allows(request.user, "view", version.policy),
         "decisions": decisions,
         "content_withheld": not content_visible,
         "held_reason": selectors.held_reason(selectors.run_hold_rules(run.pk)) if run.answer_held else "",
@@ -251,13 +251,8 @@ def run_snapshot(request: HttpRequest, run_id: str) -> JsonResponse:
     return response
 
 
-def _may_cancel(request: HttpRequest, run: object) -> bool:
-    user = request.user
-    return bool(
-        getattr(run, "created_by_id", None) == user.pk
-        or gov.can_run_on_team(user, run.team)  # type: ignore[attr-defined]
-        or gov.can_manage_team(user, run.team)  # type: ignore[attr-defined]
-    )
+def _may_cancel(request: HttpRequest, run: Run) -> bool:
+    return Run.objects.allows(request.user, "cancel", run)
 
 
 @require_POST
@@ -355,9 +350,9 @@ def _input_guardrails(team: Any) -> list[str]:
     except ValueError:
         return ["guardrails.input (the policy no longer validates)"]  # assume the strictest
     return [
-        f"guardrails.input.{f.name}"
-        for f in dataclasses.fields(checks)
-        if getattr(getattr(checks, f.name), "enabled", False)
+        f"guardrails.input.{name}"
+        for name in type(checks).model_fields  # the spec sections are pydantic models
+        if getattr(getattr(checks, name), "enabled", False)
     ]
 
 

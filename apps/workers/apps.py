@@ -6,6 +6,9 @@ class WorkersConfig(AppConfig):
     label = "workers"
 
     def ready(self) -> None:
+        from apps.governance.permissions import register_grant_source
         from apps.workers.egress import install_default_policy
+        from apps.workers.visibility import POOL_GRANTS
 
         install_default_policy()
+        register_grant_source(POOL_GRANTS)

@@ -8,7 +8,8 @@ the pool cannot run, rather than letting a provider fail mid-run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from apps.engine.pool import WorkerPool
 from apps.engine.providers import Worker as EngineWorker
@@ -22,8 +23,14 @@ if TYPE_CHECKING:
     from apps.workers.selectors import PoolRows
 
 
+# The conductor of each preset: its own field on the pool, else ``conductor_worker`` (issue 19).
+PRESET_CONDUCTOR_FIELDS: dict[str, str] = {"mini": "mini_conductor", "ultra": "ultra_conductor"}
+
+
 class PoolUnavailable(Exception):
     """The pool cannot run now. ``reason`` is plain words safe to show the user."""
+
+    user_safe = True  # execution shows str() to the user
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -93,9 +100,39 @@ def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> E
         ) from None
 
 
-def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> WorkerPool:
-    """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor.
-    ``rows``: the pool's worker rows already read (``apps.workers.selectors.pool_rows``)."""
+@dataclass(slots=True)
+class PresetWorkerPool(WorkerPool):
+    """An engine pool that also holds each preset's own conductor. ``conductor`` is the pool's
+    default one until ``use_preset_conductor`` picks the preset's (the strategy is known later
+    than the pool: a learned run picks its arm from the pool)."""
+
+    preset_conductors: dict[str, EngineWorker] = field(default_factory=dict)
+    # preset -> why its own conductor cannot be used (that preset is unavailable, the others run)
+    unavailable_presets: dict[str, str] = field(default_factory=dict)
+
+
+def preset_conductor_of(pool: Pool, preset: str) -> Worker | None:
+    """The worker that plans ``preset`` on ``pool``: its own, else the pool's conductor."""
+    name = PRESET_CONDUCTOR_FIELDS.get(preset)
+    own = getattr(pool, name) if name and getattr(pool, f"{name}_id") else None
+    return own or (pool.conductor_worker if pool.conductor_worker_id else None)
+
+
+def _preset_workers(pool: Pool, rows: PoolRows | None) -> dict[str, Worker]:
+    """Each preset's *own* conductor (not the fallback), read from ``rows`` when given."""
+    if rows is not None:
+        return dict(rows.presets)
+    out: dict[str, Worker] = {}
+    for preset, name in PRESET_CONDUCTOR_FIELDS.items():
+        if getattr(pool, f"{name}_id"):
+            out[preset] = getattr(pool, name)
+    return out
+
+
+def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> PresetWorkerPool:
+    """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor
+    (and each preset's own conductor). ``rows``: the pool's worker rows already read
+    (``apps.workers.selectors.pool_rows``)."""
     if not pool.enabled:
         raise PoolUnavailable(f"The pool “{pool.name}” is disabled.")
     entries = (
@@ -122,7 +159,52 @@ def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> WorkerPool:
     if pool.conductor_worker_id:
         own = rows.conductor if rows is not None else pool.conductor_worker
         conductor = build_engine_worker(own)  # type: ignore[arg-type]
-    return WorkerPool(workers=workers, default_index=default_index, conductor=conductor)
+    presets: dict[str, EngineWorker] = {}
+    unavailable: dict[str, str] = {}
+    for preset, worker in _preset_workers(pool, rows).items():
+        # A preset conductor that cannot run takes down its preset only, not the pool.
+        try:
+            presets[preset] = build_engine_worker(worker)
+        except PoolUnavailable as err:
+            unavailable[preset] = f"The conductor of conductor-{preset}: {err.reason}"
+    return PresetWorkerPool(
+        workers=workers,
+        default_index=default_index,
+        conductor=conductor,
+        preset_conductors=presets,
+        unavailable_presets=unavailable,
+    )
+
+
+def use_preset_conductor(engine_pool: Any, preset: str | None) -> None:
+    """Make ``preset``'s own conductor the one that plans this run (no-op without one).
+
+    Raises ``PoolUnavailable`` naming the preset when its own conductor cannot be used. A run-time
+    wrapper already around the conductor (the run's call journal: ``inner`` and ``info``) is kept
+    and re-pointed, so the preset's calls are journaled like any other."""
+    if not preset:
+        return
+    reason = getattr(engine_pool, "unavailable_presets", {}).get(preset)
+    if reason:
+        raise PoolUnavailable(reason)
+    chosen = getattr(engine_pool, "preset_conductors", {}).get(preset)
+    if chosen is None:
+        return
+    holder = engine_pool.conductor
+    if holder is not None and hasattr(holder, "inner") and holder is not chosen:
+        holder.inner = chosen
+        holder.info = chosen.info
+    else:
+        engine_pool.conductor = chosen
+
+
+def preset_unavailable_reason(pool: Pool, preset: str, rows: PoolRows | None = None) -> str | None:
+    """Why ``preset`` cannot plan on ``pool`` (its own conductor unusable), or None."""
+    own = _preset_workers(pool, rows).get(preset)
+    if own is None:
+        return None
+    reason = worker_unavailable_reason(own)
+    return f"The conductor of conductor-{preset}: {reason}" if reason else None
 
 
 def pool_unavailable_reason(pool: Pool, rows: PoolRows | None = None) -> str | None:

@@ -230,6 +230,24 @@ class PoolForm(forms.Form):
         help_text="The model that writes the plans.",
         error_messages={"invalid_choice": "Choose one of your workers."},
     )
+    # Each preset may be planned by its own model (e.g. a fine-tuned conductor on an
+    # OpenAI-compatible endpoint); empty: the conductor above.
+    mini_conductor: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— the pool's conductor —",
+        label="conductor-mini conductor",
+        help_text="Plans conductor-mini runs; empty: the pool's conductor.",
+        error_messages={"invalid_choice": "Choose one of your workers."},
+    )
+    ultra_conductor: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— the pool's conductor —",
+        label="conductor-ultra conductor",
+        help_text="Plans conductor-ultra runs; empty: the pool's conductor.",
+        error_messages={"invalid_choice": "Choose one of your workers."},
+    )
     enabled = forms.BooleanField(required=False, initial=True)
 
     def __init__(
@@ -250,4 +268,5 @@ class PoolForm(forms.Form):
             del self.fields["default_worker"]
         if "default_worker" in self.fields:
             cast("forms.ModelChoiceField[Worker]", self.fields["default_worker"]).queryset = members
-        cast("forms.ModelChoiceField[Worker]", self.fields["conductor_worker"]).queryset = conductors
+        for name in ("conductor_worker", "mini_conductor", "ultra_conductor"):
+            cast("forms.ModelChoiceField[Worker]", self.fields[name]).queryset = conductors

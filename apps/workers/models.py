@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from apps.workers.querysets import PoolQuerySet
+
 
 class ProviderKind(models.TextChoices):
     OPENAI = "openai", "OpenAI"
@@ -99,9 +101,18 @@ class Pool(models.Model):
     conductor_worker = models.ForeignKey(
         Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Per-preset conductors (issue 19): each falls back to conductor_worker when empty.
+    mini_conductor = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    ultra_conductor = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = PoolQuerySet.as_manager()
 
     class Meta:
         ordering = ["slug"]

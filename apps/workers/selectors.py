@@ -16,26 +16,28 @@ from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
 from apps.governance import selectors as gov
 from apps.governance.models import Team
+from apps.governance.visibility import is_active_user, is_platform_admin
+from apps.workers.engine_adapter import PRESET_CONDUCTOR_FIELDS
 from apps.workers.models import Pool, PoolWorker, Provider, Worker
 
 can_configure_team = gov.can_configure_team
 
 
 def providers_editable_by(user: Any) -> QuerySet[Provider]:
-    if not gov._active(user):
+    if not is_active_user(user):
         return Provider.objects.none()
-    if gov._super(user):
+    if is_platform_admin(user):
         return Provider.objects.all()
     return Provider.objects.filter(team__in=gov.teams_configurable_by(user))
 
 
 def providers_visible_to(user: Any) -> QuerySet[Provider]:
     """Providers of the user's teams, and platform providers behind pools they can see."""
-    if not gov._active(user):
+    if not is_active_user(user):
         return Provider.objects.none()
-    if gov._super(user):
+    if is_platform_admin(user):
         return Provider.objects.all()
-    pool_providers = Worker.objects.filter(pools__in=gov.pools_visible_to(user)).values("provider")
+    pool_providers = Worker.objects.filter(pools__in=Pool.objects.visible_to(user, "view")).values("provider")
     return Provider.objects.filter(
         Q(team__in=gov.teams_visible_to(user)) | Q(pk__in=pool_providers)
     ).distinct()
@@ -46,13 +48,13 @@ def workers_editable_by(user: Any) -> QuerySet[Worker]:
 
 
 def workers_visible_to(user: Any) -> QuerySet[Worker]:
-    if not gov._active(user):
+    if not is_active_user(user):
         return Worker.objects.none()
-    if gov._super(user):
+    if is_platform_admin(user):
         return Worker.objects.select_related("provider")
     return (
         Worker.objects.filter(
-            Q(pools__in=gov.pools_visible_to(user)) | Q(provider__in=providers_editable_by(user))
+            Q(pools__in=Pool.objects.visible_to(user, "view")) | Q(provider__in=providers_editable_by(user))
         )
         .distinct()
         .select_related("provider")
@@ -66,7 +68,7 @@ def can_edit_provider(user: Any, provider: Provider) -> bool:
 def can_set_key_env(user: Any) -> bool:
     """Naming a server environment variable as a provider's key source reads the server's
     environment: a platform decision, so platform administrators only (issue 13)."""
-    return gov._active(user) and gov._super(user)
+    return is_platform_admin(user)
 
 
 def can_edit_worker(user: Any, worker: Worker) -> bool:
@@ -77,7 +79,7 @@ def can_test_worker(user: Any, worker: Worker) -> bool:
     """Test connection sends a real (billed) request: only those who configure the worker or a pool using it."""
     if can_edit_worker(user, worker):
         return True
-    return gov.pools_editable_by(user).filter(pool_workers__worker=worker).exists()
+    return Pool.objects.visible_to(user, "change").filter(pool_workers__worker=worker).exists()
 
 
 def pool_entries(pool: Pool) -> list[PoolWorker]:
@@ -85,7 +87,9 @@ def pool_entries(pool: Pool) -> list[PoolWorker]:
 
 
 def pools_with_workers(qs: QuerySet[Pool]) -> QuerySet[Pool]:
-    return qs.select_related("team", "default_worker", "conductor_worker").prefetch_related(
+    return qs.select_related(
+        "team", "default_worker", "conductor_worker", "mini_conductor", "ultra_conductor"
+    ).prefetch_related(
         Prefetch(
             "pool_workers",
             queryset=PoolWorker.objects.select_related("worker", "worker__provider").order_by("position"),
@@ -122,6 +126,8 @@ class PoolHealth:
     state: str  # ready | failing | unchecked | unavailable
     reason: str  # "" when ready
     workers: tuple[WorkerHealth, ...]
+    # (preset, why it cannot plan): a preset whose own conductor does not pass; the others run
+    presets_unavailable: tuple[tuple[str, str], ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -149,6 +155,14 @@ def worker_health(worker: Worker, *, role: str = "worker") -> WorkerHealth:
     return WorkerHealth(worker, role, FAILING, f"“{name}” failed its last health check{when}: {detail}")
 
 
+def _preset_own_conductors(pool: Pool) -> list[tuple[str, Worker]]:
+    return [
+        (preset, getattr(pool, name))
+        for preset, name in PRESET_CONDUCTOR_FIELDS.items()
+        if getattr(pool, f"{name}_id")
+    ]
+
+
 def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHealth:
     """The pool's readiness from its workers' last health checks (no request is sent here)."""
     if entries is None:
@@ -166,24 +180,46 @@ def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHeal
         if cond is None:
             cond = worker_health(conductor, role="conductor")
             workers.append(cond)
+    # A preset's own conductor plans that preset only: failing, it makes that preset unavailable.
+    presets_unavailable: list[tuple[str, str]] = []
+    for preset, own in _preset_own_conductors(pool):
+        role = f"conductor-{preset}"
+        h = next((w for w in workers if w.worker.pk == own.pk), None)
+        if h is None or h.role != "worker":
+            h = worker_health(own, role=role)
+            workers.append(h)
+        if not h.passing:
+            presets_unavailable.append((role, f"The conductor of {role}: {h.reason}"))
+    unavailable = tuple(presets_unavailable)
     members = [w for w in workers if w.role == "worker"]
     allowed = [w for w in members if w.state != UNAVAILABLE]
     if not allowed:
         return PoolHealth(
-            UNAVAILABLE, f"No worker of “{pool.name}” can be called: {members[0].reason}", tuple(workers)
+            UNAVAILABLE,
+            f"No worker of “{pool.name}” can be called: {members[0].reason}",
+            tuple(workers),
+            unavailable,
         )
     if cond is not None and not cond.passing:
         return PoolHealth(
-            cond.state if cond.state != PASSING else FAILING, f"The conductor: {cond.reason}", tuple(workers)
+            cond.state if cond.state != PASSING else FAILING,
+            f"The conductor: {cond.reason}",
+            tuple(workers),
+            unavailable,
         )
     if any(w.passing for w in allowed):
-        return PoolHealth("ready", "", tuple(workers))
+        return PoolHealth("ready", "", tuple(workers), unavailable)
     if all(w.state == UNCHECKED for w in allowed):
         return PoolHealth(
-            UNCHECKED, "No worker has passed a health check yet: test a worker's connection.", tuple(workers)
+            UNCHECKED,
+            "No worker has passed a health check yet: test a worker's connection.",
+            tuple(workers),
+            unavailable,
         )
     failing = "; ".join(w.reason for w in allowed if w.state == FAILING)
-    return PoolHealth(FAILING, f"No allowed worker passes its health check. {failing}", tuple(workers))
+    return PoolHealth(
+        FAILING, f"No allowed worker passes its health check. {failing}", tuple(workers), unavailable
+    )
 
 
 # --- a pool's worker rows, cached by what they were read from ------------------------------------
@@ -199,6 +235,7 @@ def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHeal
 class PoolRows:
     entries: tuple[PoolWorker, ...]  # position order; worker, provider, fallback loaded
     conductor: Worker | None  # the pool's own conductor (provider loaded), if it names one
+    presets: tuple[tuple[str, Worker], ...] = ()  # (preset, its own conductor), provider loaded
 
 
 _POOL_ROWS_MAX = 256
@@ -206,8 +243,15 @@ _pool_rows: OrderedDict[tuple[Any, ...], PoolRows] = OrderedDict()
 _pool_rows_lock = threading.Lock()
 
 
+def _conductor_ids(pool: Pool) -> list[int]:
+    # The pool's conductor and each preset's own: a change of any of them changes the rows.
+    ids = [pool.conductor_worker_id, pool.mini_conductor_id, pool.ultra_conductor_id]
+    return [i for i in ids if i]
+
+
 def _pool_rows_token(pool: Pool) -> tuple[Any, ...]:
-    members = Q(pools=pool) | Q(pk=pool.conductor_worker_id) if pool.conductor_worker_id else Q(pools=pool)
+    conductors = _conductor_ids(pool)
+    members = Q(pools=pool) | Q(pk__in=conductors) if conductors else Q(pools=pool)
     seen = Worker.objects.filter(members).aggregate(
         n=Count("pk", distinct=True),
         worker=Max("updated_at"),
@@ -218,6 +262,8 @@ def _pool_rows_token(pool: Pool) -> tuple[Any, ...]:
         pool.pk,
         pool.updated_at,
         pool.conductor_worker_id,
+        pool.mini_conductor_id,
+        pool.ultra_conductor_id,
         seen["n"],
         seen["worker"],
         seen["provider"],
@@ -226,7 +272,7 @@ def _pool_rows_token(pool: Pool) -> tuple[Any, ...]:
 
 
 def pool_rows(pool: Pool) -> PoolRows:
-    """The pool's worker rows and conductor: one query when this process read them already."""
+    """The pool's worker rows and conductors: one query when this process read them already."""
     key = _pool_rows_token(pool)
     with _pool_rows_lock:
         hit = _pool_rows.get(key)
@@ -238,12 +284,19 @@ def pool_rows(pool: Pool) -> PoolRows:
             "position"
         )
     )
-    conductor = (
-        Worker.objects.select_related("provider").filter(pk=pool.conductor_worker_id).first()
-        if pool.conductor_worker_id
-        else None
+    conductors = _conductor_ids(pool)
+    by_pk = (
+        {w.pk: w for w in Worker.objects.select_related("provider").filter(pk__in=conductors)}
+        if conductors
+        else {}
     )
-    rows = PoolRows(entries, conductor)
+    conductor = by_pk.get(pool.conductor_worker_id) if pool.conductor_worker_id else None
+    presets = tuple(
+        (preset, by_pk[getattr(pool, f"{name}_id")])
+        for preset, name in PRESET_CONDUCTOR_FIELDS.items()
+        if getattr(pool, f"{name}_id") in by_pk
+    )
+    rows = PoolRows(entries, conductor, presets)
     with _pool_rows_lock:
         _pool_rows[key] = rows
         while len(_pool_rows) > _POOL_ROWS_MAX:

@@ -21,10 +21,11 @@ from django.utils.text import slugify
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from apps.governance import selectors as gov
 from apps.governance.models import Team
+from apps.governance.visibility import is_platform_admin
 from apps.workers import selectors
 from apps.workers.egress import base_url_refusal, url_shape_refusal
+from apps.workers.engine_adapter import worker_unavailable_reason
 from apps.workers.models import HealthStatus, Pool, PoolWorker, Provider, ProviderKind, Worker
 from apps.workers.secrets import encrypt, key_env_refusal, last4
 
@@ -45,7 +46,16 @@ WORKER_FIELDS = (
     "fallback",
     "enabled",
 )
-POOL_FIELDS = ("name", "description", "default_worker", "conductor_worker", "enabled")
+POOL_FIELDS = (
+    "name",
+    "description",
+    "default_worker",
+    "conductor_worker",
+    "mini_conductor",
+    "ultra_conductor",
+    "enabled",
+)
+PRESET_CONDUCTOR_FIELDS = ("mini_conductor", "ultra_conductor")
 
 
 # --- snapshots for audit (never the key) ----------------------------------------------------------
@@ -95,6 +105,8 @@ def pool_snapshot(p: Pool) -> dict[str, Any]:
         "workers": [e.worker.slug for e in p.pool_workers.select_related("worker").order_by("position")],
         "default_worker": p.default_worker.slug if p.default_worker_id and p.default_worker else None,
         "conductor_worker": p.conductor_worker.slug if p.conductor_worker_id and p.conductor_worker else None,
+        "mini_conductor": p.mini_conductor.slug if p.mini_conductor_id and p.mini_conductor else None,
+        "ultra_conductor": p.ultra_conductor.slug if p.ultra_conductor_id and p.ultra_conductor else None,
         "enabled": p.enabled,
     }
 
@@ -112,7 +124,7 @@ def _check_team_config(actor: Any, team: Team | None, what: str) -> None:
         return
     if team is None:
         _require(
-            bool(getattr(actor, "is_superuser", False)),
+            is_platform_admin(actor),
             f"Only platform administrators can manage platform {what}.",
         )
     else:
@@ -493,6 +505,17 @@ def _check_pool_members(
         )
 
 
+def _check_preset_conductors(errors: dict[str, list[str]], chosen: dict[str, Worker | None]) -> None:
+    """A preset's own conductor must be usable now (enabled, its key resolvable): saving one that
+    cannot plan would silently take that preset down."""
+    for field, worker in chosen.items():
+        if worker is None:
+            continue
+        reason = worker_unavailable_reason(worker)
+        if reason:
+            errors.setdefault(field, []).append(reason)
+
+
 def pool_create(
     *,
     actor: Any,
@@ -503,6 +526,8 @@ def pool_create(
     workers: Sequence[Worker] = (),
     default_worker: Worker | None = None,
     conductor_worker: Worker | None = None,
+    mini_conductor: Worker | None = None,
+    ultra_conductor: Worker | None = None,
     enabled: bool = True,
 ) -> Pool:
     """Create a pool owned by ``team`` (None: a platform pool) and grant it to that team."""
@@ -512,6 +537,7 @@ def pool_create(
     if not (name or "").strip():
         errors.setdefault("name", []).append("Give the pool a name.")
     _check_pool_members(errors, workers, default_worker, conductor_worker)
+    _check_preset_conductors(errors, {"mini_conductor": mini_conductor, "ultra_conductor": ultra_conductor})
     if errors:
         raise ValidationError(errors)
     from apps.governance.services import pool_grant
@@ -524,6 +550,8 @@ def pool_create(
             description=description,
             default_worker=default_worker or (workers[0] if workers else None),
             conductor_worker=conductor_worker,
+            mini_conductor=mini_conductor,
+            ultra_conductor=ultra_conductor,
             enabled=enabled,
         )
         for position, w in enumerate(workers):
@@ -549,7 +577,7 @@ def pool_update(
 ) -> Pool:
     """Edit pool fields (any of ``POOL_FIELDS``) and/or replace its ordered worker list."""
     if actor is not None:
-        _require(gov.can_change_pool(actor, pool), f"You cannot change the pool {pool.name}.")
+        _require(Pool.objects.allows(actor, "change", pool), f"You cannot change the pool {pool.name}.")
     unknown = set(changes) - set(POOL_FIELDS)
     if unknown:
         raise TypeError(f"pool_update got unknown fields: {', '.join(sorted(unknown))}")
@@ -565,6 +593,15 @@ def pool_update(
     default = changes.get("default_worker", pool.default_worker)
     conductor = changes.get("conductor_worker", pool.conductor_worker)
     _check_pool_members(errors, members, default, conductor)
+    # Only a newly named preset conductor is checked: one that broke later stays visible in health.
+    _check_preset_conductors(
+        errors,
+        {
+            f: changes[f]
+            for f in PRESET_CONDUCTOR_FIELDS
+            if f in changes and changes[f] is not None and changes[f].pk != getattr(pool, f"{f}_id")
+        },
+    )
     if errors:
         raise ValidationError(errors)
     with transaction.atomic():

@@ -19,15 +19,16 @@ from apps.workers import selectors, services
 from apps.workers.forms import ExistingWorkerForm, PoolForm, ProviderForm, WorkerForm, apply_service_errors
 from apps.workers.models import Pool, Provider, Worker
 from apps.workers.secrets import key_status, masked_hint
+from apps.workers.visibility import teams_granted_pool
 
 
 def _visible_pool(request: HttpRequest, slug: str) -> Pool:
-    return get_object_or_404(gov.pools_visible_to(request.user), slug=slug)
+    return get_object_or_404(Pool.objects.visible_to(request.user, "view"), slug=slug)
 
 
 def _editable_pool(request: HttpRequest, slug: str) -> Pool:
     pool = _visible_pool(request, slug)
-    if not gov.can_change_pool(request.user, pool):
+    if not Pool.objects.allows(request.user, "change", pool):
         raise PermissionDenied("Only the owning team's admins and policy admins can change this pool.")
     return pool
 
@@ -40,8 +41,8 @@ def _bad(request: HttpRequest, template: str, ctx: dict[str, Any]) -> HttpRespon
 
 
 def pool_list(request: HttpRequest) -> HttpResponse:
-    pools = selectors.pools_with_workers(gov.pools_visible_to(request.user))
-    usable = set(gov.pools_usable_by(request.user).values_list("pk", flat=True))
+    pools = selectors.pools_with_workers(Pool.objects.visible_to(request.user, "view"))
+    usable = set(Pool.objects.visible_to(request.user, "use").values_list("pk", flat=True))
     rows = [
         {"pool": p, "health": selectors.pool_health(p, list(p.pool_workers.all())), "usable": p.pk in usable}
         for p in pools
@@ -72,6 +73,18 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
             }
         )
     conductor = next((h for h in health.workers if h.role == "conductor"), None)
+    by_role = {h.role: h for h in health.workers}
+    unavailable = dict(health.presets_unavailable)
+    preset_conductors = [
+        {
+            "preset": f"conductor-{preset}",
+            "worker": getattr(pool, f"{preset}_conductor"),
+            "health": by_role.get(f"conductor-{preset}"),
+            "unavailable": unavailable.get(f"conductor-{preset}", ""),
+        }
+        for preset in ("mini", "ultra")
+        if getattr(pool, f"{preset}_conductor_id")
+    ]
     return render(
         request,
         "workers/pool_detail.html",
@@ -80,10 +93,11 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "entries": entries,
             "health": health,
             "conductor": conductor,
+            "preset_conductors": preset_conductors,
             "can_test_conductor": conductor is not None and selectors.can_test_worker(user, conductor.worker),
-            "can_change": gov.can_change_pool(user, pool),
-            "can_use": gov.can_use_pool(user, pool),
-            "teams": gov.teams_granted_pool(pool).filter(pk__in=gov.teams_visible_to(user).values("pk")),
+            "can_change": Pool.objects.allows(user, "change", pool),
+            "can_use": Pool.objects.allows(user, "use", pool),
+            "teams": teams_granted_pool(pool).filter(pk__in=gov.teams_visible_to(user).values("pk")),
         },
     )
 
@@ -121,12 +135,14 @@ def pool_edit(request: HttpRequest, slug: str) -> HttpResponse:
         "description": pool.description,
         "default_worker": pool.default_worker_id,
         "conductor_worker": pool.conductor_worker_id,
+        "mini_conductor": pool.mini_conductor_id,
+        "ultra_conductor": pool.ultra_conductor_id,
         "enabled": pool.enabled,
     }
+    current = [i for i in (pool.conductor_worker_id, pool.mini_conductor_id, pool.ultra_conductor_id) if i]
+    # The pool's current conductors stay choosable even when the editor cannot edit them.
     conductors = (
-        selectors.workers_editable_by(request.user)
-        # pk=None is valid (an IS NULL lookup that matches nothing); the stubs only allow str | int.
-        | Worker.objects.filter(pk=pool.conductor_worker_id)  # type: ignore[misc]
+        selectors.workers_editable_by(request.user) | Worker.objects.filter(pk__in=current)
     ).distinct()
     form = PoolForm(
         request.POST or None, initial=initial, members=pool.workers.all(), conductors=conductors, editing=True

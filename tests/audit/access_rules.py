@@ -42,7 +42,10 @@ EVERYONE = {
 }
 
 RULES: dict[str, Any] = {
-    "audit:event_list": {**EVERYONE, "note": "everyone searches; rows come from audit_events_visible_to"},
+    "audit:event_list": {
+        **EVERYONE,
+        "note": "everyone searches; rows come from AuditEvent.objects.visible_to(user, 'view')",
+    },
     "audit:event_detail": {
         "kwargs": _alpha_event_seq,
         "anonymous": "login",

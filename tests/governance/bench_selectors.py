@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from apps.audit.models import AuditEvent
 from apps.governance import selectors as sel
 from apps.governance.models import Role
 from apps.runs.models import Run
+from apps.workers.models import Pool
 from tests.factories.governance import TeamFactory, UserFactory, add_member
 from tests.factories.workers import PoolFactory, WorkerFactory
 
@@ -57,13 +59,17 @@ def test_bench_selectors() -> None:
     member = users[MEMBERS + 3]  # a plain member of team 1
     run = Run.objects.filter(team=teams[1]).first()
     rows = {
-        "runs_visible_to(member).count()": _time(lambda: sel.runs_visible_to(member).count()),
-        "runs_visible_to(member)[:50] list": _time(lambda: list(sel.runs_visible_to(member)[:50])),
-        "pools_usable_by(member) list": _time(lambda: list(sel.pools_usable_by(member))),
+        "runs_visible_to(member).count()": _time(lambda: Run.objects.visible_to(member, "view").count()),
+        "runs_visible_to(member)[:50] list": _time(lambda: list(Run.objects.visible_to(member, "view")[:50])),
+        "pools_usable_by(member) list": _time(lambda: list(Pool.objects.visible_to(member, "use"))),
         "teams_visible_to(member) list": _time(lambda: list(sel.teams_visible_to(member))),
-        "audit_events_visible_to(member).count()": _time(lambda: sel.audit_events_visible_to(member).count()),
-        "can_view_run(member, run)": _time(lambda: sel.can_view_run(member, run)),
-        "can_use_pool(member, pool)": _time(lambda: sel.can_use_pool(member, teams[1].owned_pools.first())),
+        "audit_events_visible_to(member).count()": _time(
+            lambda: AuditEvent.objects.visible_to(member, "view").count()
+        ),
+        "can_view_run(member, run)": _time(lambda: Run.objects.allows(member, "view", run)),
+        "can_use_pool(member, pool)": _time(
+            lambda: Pool.objects.allows(member, "use", teams[1].owned_pools.first())
+        ),
     }
     print(f"\n{TEAMS} teams x {MEMBERS} members, {TEAMS * RUNS_PER_TEAM} runs; setup {setup_s:.1f}s")
     print(
@@ -73,4 +79,4 @@ def test_bench_selectors() -> None:
     print("| selector | p50 ms | p99 ms |\n|---|---|---|")
     for name, (p50, p99) in rows.items():
         print(f"| {name} | {p50:.2f} | {p99:.2f} |")
-    assert sel.runs_visible_to(member).count() == RUNS_PER_TEAM
+    assert Run.objects.visible_to(member, "view").count() == RUNS_PER_TEAM

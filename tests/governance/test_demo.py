@@ -56,10 +56,12 @@ def test_seed_is_idempotent_and_grants(demo_users: dict[str, Any], monkeypatch: 
     assert all("local" in w.tags for w in local.workers.all())
     assert all("external" in w.tags for w in frontier.workers.all())
     alice, bob, carol, rita = (demo_users[n] for n in ("alice", "bob", "carol", "rita"))
-    assert set(sel.pools_usable_by(bob)) == {local, frontier}
-    assert set(sel.pools_usable_by(carol)) == {local}
-    assert set(sel.pools_editable_by(alice)) == {frontier}
-    assert set(sel.pools_usable_by(rita)) == set() and set(sel.teams_visible_to(rita)) == set(teams.values())
+    assert set(Pool.objects.visible_to(bob, "use")) == {local, frontier}
+    assert set(Pool.objects.visible_to(carol, "use")) == {local}
+    assert set(Pool.objects.visible_to(alice, "change")) == {frontier}
+    assert set(Pool.objects.visible_to(rita, "use")) == set() and set(sel.teams_visible_to(rita)) == set(
+        teams.values()
+    )
     assert "OPENAI_API_KEY" in (pool_unavailable_reason(frontier) or "")
     teams["finance"].refresh_from_db()
     assert teams["finance"].default_pool == local

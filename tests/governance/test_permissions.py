@@ -14,7 +14,9 @@ from apps.audit.services import audit_flush
 from apps.governance import selectors as sel
 from apps.governance.models import Membership, Role
 from apps.governance.services import membership_remove, membership_set, pool_grant, pool_revoke, team_create
+from apps.policies.models import Policy
 from apps.runs.models import Run
+from apps.workers.models import Pool
 from tests.factories.governance import UserFactory, add_member
 from tests.factories.workers import PoolFactory, WorkerFactory
 
@@ -56,29 +58,31 @@ def test_team_create_validates_and_refuses_non_superuser(owner: Any) -> None:
 def test_role_permissions(
     alpha: Any, alpha_pool: Any, owner: Any, policy_admin: Any, team_admin: Any, reviewer: Any, outsider: Any
 ) -> None:
-    assert sel.can_run_on_team(owner, alpha) and sel.can_use_pool(owner, alpha_pool)
-    assert not sel.can_change_pool(owner, alpha_pool) and not sel.can_manage_team(owner, alpha)
-    assert sel.can_change_pool(policy_admin, alpha_pool) and not sel.can_manage_team(policy_admin, alpha)
-    assert sel.can_manage_team(team_admin, alpha) and sel.can_change_pool(team_admin, alpha_pool)
+    assert sel.can_run_on_team(owner, alpha) and Pool.objects.allows(owner, "use", alpha_pool)
+    assert not Pool.objects.allows(owner, "change", alpha_pool) and not sel.can_manage_team(owner, alpha)
+    assert Pool.objects.allows(policy_admin, "change", alpha_pool) and not sel.can_manage_team(
+        policy_admin, alpha
+    )
+    assert sel.can_manage_team(team_admin, alpha) and Pool.objects.allows(team_admin, "change", alpha_pool)
     # Reviewers read and review, but cannot run or configure.
-    assert not sel.can_run_on_team(reviewer, alpha) and not sel.can_use_pool(reviewer, alpha_pool)
-    assert sel.can_view_pool(reviewer, alpha_pool) and sel.can_view_team_audit(reviewer, alpha)
-    assert not sel.can_view_pool(outsider, alpha_pool) and not sel.can_view_team(outsider, alpha)
+    assert not sel.can_run_on_team(reviewer, alpha) and not Pool.objects.allows(reviewer, "use", alpha_pool)
+    assert Pool.objects.allows(reviewer, "view", alpha_pool) and sel.can_view_team_audit(reviewer, alpha)
+    assert not Pool.objects.allows(outsider, "view", alpha_pool) and not sel.can_view_team(outsider, alpha)
     assert list(sel.teams_visible_to(outsider).values_list("slug", flat=True)) == ["beta"]
-    assert set(sel.pools_usable_by(owner)) == {alpha_pool}
-    assert set(sel.pools_usable_by(reviewer)) == set()
-    assert set(sel.pools_editable_by(policy_admin)) == {alpha_pool}
-    assert set(sel.pools_editable_by(owner)) == set()
+    assert set(Pool.objects.visible_to(owner, "use")) == {alpha_pool}
+    assert set(Pool.objects.visible_to(reviewer, "use")) == set()
+    assert set(Pool.objects.visible_to(policy_admin, "change")) == {alpha_pool}
+    assert set(Pool.objects.visible_to(owner, "change")) == set()
 
 
 def test_anonymous_sees_nothing(alpha: Any, alpha_pool: Any, owner: Any) -> None:
     anon = AnonymousUser()
     _run(alpha, alpha_pool, owner)
     assert not sel.teams_visible_to(anon).exists()
-    assert not sel.runs_visible_to(anon).exists()
-    assert not sel.pools_visible_to(anon).exists()
-    assert not sel.audit_events_visible_to(anon).exists()
-    assert not sel.can_use_pool(anon, alpha_pool)
+    assert not Run.objects.visible_to(anon, "view").exists()
+    assert not Pool.objects.visible_to(anon, "view").exists()
+    assert not AuditEvent.objects.visible_to(anon, "view").exists()
+    assert not Pool.objects.allows(anon, "use", alpha_pool)
 
 
 def test_runs_visibility(
@@ -94,25 +98,25 @@ def test_runs_visibility(
 ) -> None:
     mine = _run(alpha, alpha_pool, owner)
     theirs = _run(beta, beta_pool, outsider)
-    assert set(sel.runs_visible_to(teammate)) == {mine}
-    assert set(sel.runs_visible_to(reviewer)) == {mine}
-    assert set(sel.runs_visible_to(outsider)) == {theirs}
-    assert set(sel.runs_visible_to(superuser)) == {mine, theirs}
-    assert sel.can_view_run(teammate, mine) and not sel.can_view_run(outsider, mine)
-    assert sel.can_review_run(reviewer, mine) and not sel.can_review_run(teammate, mine)
+    assert set(Run.objects.visible_to(teammate, "view")) == {mine}
+    assert set(Run.objects.visible_to(reviewer, "view")) == {mine}
+    assert set(Run.objects.visible_to(outsider, "view")) == {theirs}
+    assert set(Run.objects.visible_to(superuser, "view")) == {mine, theirs}
+    assert Run.objects.allows(teammate, "view", mine) and not Run.objects.allows(outsider, "view", mine)
+    assert Run.objects.allows(reviewer, "review", mine) and not Run.objects.allows(teammate, "review", mine)
     # Per-object sharing.
     assign_perm("runs.view_run", outsider, mine)
-    assert set(sel.runs_visible_to(outsider)) == {mine, theirs}
-    assert sel.can_view_run(outsider, mine)
+    assert set(Run.objects.visible_to(outsider, "view")) == {mine, theirs}
+    assert Run.objects.allows(outsider, "view", mine)
 
 
 def test_removing_member_revokes_and_audits(alpha: Any, alpha_pool: Any, owner: Any, team_admin: Any) -> None:
     _run(alpha, alpha_pool, team_admin)
-    assert sel.runs_visible_to(owner).exists()
+    assert Run.objects.visible_to(owner, "view").exists()
     membership_remove(actor=team_admin, team=alpha, user=owner)
-    assert not sel.can_use_pool(owner, alpha_pool)
+    assert not Pool.objects.allows(owner, "use", alpha_pool)
     assert not sel.can_view_team(owner, alpha)
-    assert not sel.runs_visible_to(owner).exists()
+    assert not Run.objects.visible_to(owner, "view").exists()
     assert not owner.groups.filter(pk=alpha.group_id).exists()
     audit_flush()
     ev = AuditEvent.objects.filter(event_type="membership.removed").latest("seq")
@@ -124,12 +128,14 @@ def test_removing_member_revokes_and_audits(alpha: Any, alpha_pool: Any, owner: 
 
 def test_role_change_regrants(alpha: Any, alpha_pool: Any, owner: Any, team_admin: Any) -> None:
     membership_set(actor=team_admin, team=alpha, user=owner, role=Role.REVIEWER)
-    assert not sel.can_use_pool(owner, alpha_pool) and sel.can_review_run(owner, Run(team=alpha))
+    assert not Pool.objects.allows(owner, "use", alpha_pool) and Run.objects.allows(
+        owner, "review", Run(team=alpha)
+    )
     audit_flush()
     ev = AuditEvent.objects.filter(event_type="membership.changed").latest("seq")
     assert ev.payload["changes"]["role"] == {"before": "member", "after": "reviewer"}
     membership_set(actor=team_admin, team=alpha, user=owner, role=Role.POLICY_ADMIN)
-    assert sel.can_change_pool(owner, alpha_pool)
+    assert Pool.objects.allows(owner, "change", alpha_pool)
 
 
 def test_member_cannot_manage(alpha: Any, owner: Any, teammate: Any) -> None:
@@ -154,9 +160,9 @@ def test_two_teams_keep_grant_when_leaving_one(
     pool_grant(actor=superuser, pool=alpha_pool, team=beta)
     membership_remove(actor=None, team=alpha, user=user)
     # beta still grants the shared pool.
-    assert sel.can_use_pool(user, alpha_pool)
+    assert Pool.objects.allows(user, "use", alpha_pool)
     pool_revoke(actor=superuser, pool=alpha_pool, team=beta)
-    assert not sel.can_use_pool(user, alpha_pool)
+    assert not Pool.objects.allows(user, "use", alpha_pool)
     assert AuditEvent.objects.filter(event_type="pool.revoked").exists()
 
 
@@ -164,10 +170,12 @@ def test_pool_grant_reaches_existing_members(
     alpha: Any, beta: Any, beta_pool: Any, owner: Any, reviewer: Any, policy_admin: Any
 ) -> None:
     pool_grant(actor=None, pool=beta_pool, team=alpha)
-    assert sel.can_use_pool(owner, beta_pool)
-    assert sel.can_view_pool(reviewer, beta_pool) and not sel.can_use_pool(reviewer, beta_pool)
+    assert Pool.objects.allows(owner, "use", beta_pool)
+    assert Pool.objects.allows(reviewer, "view", beta_pool) and not Pool.objects.allows(
+        reviewer, "use", beta_pool
+    )
     # Only the owning team's configurers change a pool.
-    assert not sel.can_change_pool(policy_admin, beta_pool)
+    assert not Pool.objects.allows(policy_admin, "change", beta_pool)
     with pytest.raises(PermissionDenied):
         pool_grant(actor=policy_admin, pool=beta_pool, team=alpha)
 
@@ -192,22 +200,21 @@ def test_default_pool_must_be_granted(alpha: Any, beta_pool: Any) -> None:
 def test_audit_visibility(
     alpha: Any, beta: Any, reviewer: Any, owner: Any, outsider: Any, superuser: Any
 ) -> None:
-    visible = sel.audit_events_visible_to(reviewer)
+    visible = AuditEvent.objects.visible_to(reviewer, "view")
     assert visible.exists() and set(visible.values_list("team_id", flat=True)) == {alpha.pk}
-    assert not sel.audit_events_visible_to(owner).exists()  # members do not read the audit trail
-    assert set(sel.audit_events_visible_to(outsider).values_list("team_id", flat=True)) <= {beta.pk}
-    assert sel.audit_events_visible_to(superuser).count() == AuditEvent.objects.count()
+    assert not AuditEvent.objects.visible_to(owner, "view").exists()  # members do not read the audit trail
+    assert set(AuditEvent.objects.visible_to(outsider, "view").values_list("team_id", flat=True)) <= {beta.pk}
+    assert AuditEvent.objects.visible_to(superuser, "view").count() == AuditEvent.objects.count()
 
 
 def test_policy_grants_follow_policy_creation(
     alpha: Any, policy_admin: Any, owner: Any, outsider: Any
 ) -> None:
-    from apps.policies.models import Policy
     from apps.policies.services import policy_get_or_create
 
     # No signal grants behind a save's back any more (issue #16): a bare row has no grants.
     bare = Policy.objects.create(team=alpha, name="Bare")
-    assert not sel.can_change_policy(policy_admin, bare)
+    assert not Policy.objects.allows(policy_admin, "change", bare)
     bare.delete()
     policy = policy_get_or_create(actor=None, team=alpha)
     default = policy_get_or_create(actor=None, team=None)
@@ -221,12 +228,14 @@ def test_policy_grants_follow_policy_creation(
     assert ("publish_policy", policy_admin.get_username(), None) in perms_granted
     created = AuditEvent.objects.get(event_type="policy.created", object_id=str(policy.pk))
     assert created.seq is not None and created.seq < granted.seq  # one transaction, in order
-    assert sel.can_change_policy(policy_admin, policy) and sel.can_publish_policy(policy_admin, policy)
-    assert not sel.can_change_policy(owner, policy)
-    assert set(sel.policies_visible_to(owner)) == {policy, default}
-    assert set(sel.policies_visible_to(outsider)) == {default}
-    assert not sel.can_change_policy(policy_admin, default)
+    assert Policy.objects.allows(policy_admin, "change", policy) and Policy.objects.allows(
+        policy_admin, "publish", policy
+    )
+    assert not Policy.objects.allows(owner, "change", policy)
+    assert set(Policy.objects.visible_to(owner, "view")) == {policy, default}
+    assert set(Policy.objects.visible_to(outsider, "view")) == {default}
+    assert not Policy.objects.allows(policy_admin, "change", default)
     # A newcomer gets the grants too.
     newcomer = UserFactory()
     add_member(alpha, newcomer, Role.ADMIN)
-    assert sel.can_publish_policy(newcomer, policy)
+    assert Policy.objects.allows(newcomer, "publish", policy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+from functools import partial
 from typing import Any
 
 from tests.factories.workers import build_openai_compatible_pool
@@ -102,3 +103,71 @@ def labelled_set(seed: int, n: int) -> list[tuple[str, str, str]]:
             )
             out.append(("geography", phrasing.format(c=country), CAPITALS[country]))
     return out
+
+
+# --- the convergence setup without the database (many exploration seeds, seconds each) -----------
+
+SIM_RIGHT = {"arithmetic": "single:arith", "geography": "single:geo"}
+
+
+def simulate_router(seed: int, events: int = 300, share: float = 0.05) -> tuple[dict[str, float], int]:
+    """The router of ``apps.learning.services.route`` over ``labelled_set(seed, events)``: the same
+    bandit (saved and reloaded per request), the same exploration (``exploration_rate`` with try
+    counts per task tags, rng seeded by the run id), rewards as in the acceptance test (a single
+    worker right on its task, a composite arm a coin flip). Returns (share of each task type sent
+    to its worker over the last 100 requests, number of explored requests)."""
+    import uuid
+    from decimal import Decimal
+
+    from apps.learning.bandit import Arm, Bandit, choose, exploration_rate
+    from apps.learning.features import context_of
+
+    arms = [
+        Arm("single:arith", "single", worker="arith", forecast_cost_usd=Decimal("0.0002")),
+        Arm("single:geo", "single", worker="geo", forecast_cost_usd=Decimal("0.0002")),
+        Arm("moa", "moa", forecast_cost_usd=Decimal("0.0005")),
+        Arm("pev", "pev", forecast_cost_usd=Decimal("0.0007")),
+        Arm("conductor-mini", "conductor", preset="mini", forecast_cost_usd=Decimal("0.001")),
+        Arm("conductor-ultra", "conductor", preset="ultra", forecast_cost_usd=Decimal("0.003")),
+    ]
+    rng = random.Random(seed)
+    state: bytes | None = None
+    history: list[tuple[str, tuple[str, ...], str, bool]] = []
+    for task, question, _expected in labelled_set(seed, events):
+        run_id = uuid.UUID(int=rng.getrandbits(128))
+        ctx = context_of(question, team=1)
+        with Bandit(state) as bandit:
+            scores = bandit.scores(ctx, arms)
+
+        def tried(tags: tuple[str, ...] = ctx.tags) -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for _t, seen, arm_id, _e in history[-500:]:
+                if seen == tags:
+                    counts[arm_id] = counts.get(arm_id, 0) + 1
+            return counts
+
+        eps, counts = exploration_rate(
+            share, decisions=len(history), explored=sum(h[3] for h in history), arms=arms, tried=tried
+        )
+        choice = choose(
+            scores,
+            arms,
+            epsilon=eps,
+            rng=random.Random(str(run_id)),
+            tried=partial(dict, counts) if counts is not None else None,
+        )
+        arm = arms[choice.index]
+        if arm.kind == "single":
+            value = 1.0 if SIM_RIGHT[task] == arm.id else 0.0
+        else:
+            value = 1.0 if rng.random() < 0.5 else 0.0
+        with Bandit(state) as bandit:
+            bandit.learn(ctx, arms, choice.index, value, choice.probs[choice.index])
+            state = bandit.to_bytes()
+        history.append((task, ctx.tags, arm.id, choice.explored))
+    tail = history[-100:]
+    shares = {
+        task: sum(h[2] == right for h in tail if h[0] == task) / max(1, sum(h[0] == task for h in tail))
+        for task, right in SIM_RIGHT.items()
+    }
+    return shares, sum(h[3] for h in history)

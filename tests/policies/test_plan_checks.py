@@ -82,7 +82,7 @@ def test_violations_name_the_field_that_sets_each_limit() -> None:
 def test_a_plan_over_the_forecast_limit_is_blocked_before_any_worker_call(
     runtime_workers: Any, fake_pool: Any, owner: Any, alpha: Any
 ) -> None:
-    from apps.api.v1.bridge import run_outcome_error
+    from apps.api.v1.shaping import run_outcome_error
     from apps.runs.models import RunEvent, RunStatus
     from apps.runs.services import run_create, run_wait
     from tests.factories.policies import publish_policy

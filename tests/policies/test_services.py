@@ -125,11 +125,12 @@ def test_policy_diff_between_versions(alpha: Any) -> None:
 
 
 def test_policy_admin_gets_grants_when_the_policy_appears(alpha: Any, policy_admin: Any, owner: Any) -> None:
-    from apps.governance.selectors import can_change_policy, can_publish_policy, can_view_policy
+    from apps.policies.models import Policy
 
     policy = policy_get_or_create(actor=policy_admin, team=alpha)
-    assert can_change_policy(policy_admin, policy) and can_publish_policy(policy_admin, policy)
-    assert can_view_policy(owner, policy) and not can_change_policy(owner, policy)
+    may = Policy.objects.allows
+    assert may(policy_admin, "change", policy) and may(policy_admin, "publish", policy)
+    assert may(owner, "view", policy) and not may(owner, "change", policy)
 
 
 def test_demo_seed_is_idempotent() -> None:

@@ -106,7 +106,7 @@ def test_held_plan_waits_then_runs_once_approved_without_asking_the_conductor_ag
 def test_refused_plan_ends_blocked_naming_the_approver_and_is_never_run(
     runtime_workers: Any, fake_pool: Any, owner: Any, reviewer: Any, alpha: Any
 ) -> None:
-    from apps.api.v1.bridge import run_outcome_error
+    from apps.api.v1.shaping import run_outcome_error
     from apps.runs.approvals import ApprovalError, plan_reject
     from apps.runs.models import RunStatus
     from tests.fixtures.runs import CONDUCTOR_MODEL

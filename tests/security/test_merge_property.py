@@ -1,8 +1,8 @@
 """The policy merge is monotone: the effective policy is at least as strict as EACH layer on
 EVERY field (issue 13 item 5).
 
-Random platform and team specs are generated from the spec's own declaration (dataclass types and
-field metadata: bounds, choices, excluded actions, stage restrictions), checked to be valid by the
+Random platform and team specs are generated from the spec's own declaration (model field types and
+metadata: bounds, choices, excluded actions, stage restrictions), checked to be valid by the
 validator, merged, and compared field by field with one relation, `looser_fields`.
 
 The relation is written here from each field's *meaning* (which direction is stricter), not read
@@ -12,7 +12,6 @@ every leaf field of the spec (a new field without an entry fails the coverage te
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from decimal import Decimal
@@ -30,8 +29,10 @@ from apps.policies.spec import (
     ModelJudgeCheck,
     PolicySpec,
     _hints,
+    is_section,
     merge_specs,
     parse_spec,
+    spec_fields,
     spec_to_dict,
 )
 
@@ -163,13 +164,13 @@ def looser_fields(eff: Any, layer: Any, *, is_platform: bool, path: str = "") ->
     """Paths where `eff` is LESS strict than `layer` (empty: at least as strict everywhere).
 
     A check that the layer leaves disabled imposes nothing, so it cannot be loosened."""
-    if "enabled" in {f.name for f in dataclasses.fields(layer)} and not layer.enabled:
+    if "enabled" in {f.name for f in spec_fields(layer)} and not layer.enabled:
         return []
     out: list[str] = []
-    for f in dataclasses.fields(layer):
+    for f in spec_fields(layer):
         here = f"{path}.{f.name}" if path else f.name
         e, v = getattr(eff, f.name), getattr(layer, f.name)
-        if dataclasses.is_dataclass(v):
+        if is_section(type(v)):
             out.extend(looser_fields(e, v, is_platform=is_platform, path=here))
             continue
         kind = _semantic(here)
@@ -204,8 +205,8 @@ def _value(tp: Any, meta: dict[str, Any]) -> st.SearchStrategy[Any]:
     if origin in (typing.Union, types.UnionType):
         inner = next(a for a in args if a is not type(None))
         return st.one_of(st.none(), _value(inner, meta))
-    if dataclasses.is_dataclass(tp):
-        return _dataclass(tp)  # type: ignore[arg-type]
+    if is_section(tp):
+        return _dataclass(tp)
     if origin is Literal:
         return st.sampled_from([a for a in args if a not in meta.get("exclude", ())])
     if tp is bool:
@@ -235,39 +236,38 @@ def _repair(obj: Any) -> Any:
     """Satisfy the validator's cross-field rules (the generator draws fields independently)."""
     if isinstance(obj, BudgetLimit) and obj.soft_usd is not None and obj.hard_usd is not None:
         lo, hi = sorted((obj.soft_usd, obj.hard_usd))
-        return dataclasses.replace(obj, soft_usd=lo, hard_usd=hi)
+        return obj.model_copy(update={"soft_usd": lo, "hard_usd": hi})
     if isinstance(obj, LengthCheck) and obj.enabled and obj.max_chars is None:
-        return dataclasses.replace(obj, max_chars=100)
+        return obj.model_copy(update={"max_chars": 100})
     if isinstance(obj, JsonSchemaCheck) and obj.enabled and obj.schema is None:
-        return dataclasses.replace(obj, schema={"type": "object"})
+        return obj.model_copy(update={"schema": {"type": "object"}})
     if isinstance(obj, ModelJudgeCheck) and obj.enabled and not obj.judges:
-        return dataclasses.replace(obj, enabled=False)
+        return obj.model_copy(update={"enabled": False})
     if isinstance(obj, BlockedTermsCheck) and obj.enabled and not obj.terms:
-        return dataclasses.replace(obj, enabled=False)
+        return obj.model_copy(update={"enabled": False})
     if hasattr(obj, "allowed_workers") and obj.allowed_workers:
-        return dataclasses.replace(
-            obj, denied_workers=tuple(w for w in obj.denied_workers if w not in obj.allowed_workers)
+        return obj.model_copy(
+            update={"denied_workers": tuple(w for w in obj.denied_workers if w not in obj.allowed_workers)}
         )
     return obj
 
 
 @st.composite
-def _build(draw: Any, cls: type, stage: str | None = None) -> Any:
+def _build(draw: Any, cls: Any, stage: str | None = None) -> Any:
     kwargs: dict[str, Any] = {}
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
+    for f in spec_fields(cls):
+        tp = f.type
         meta = dict(f.metadata)
-        if dataclasses.is_dataclass(tp):
+        if is_section(tp):
             child_stage = f.name if cls.__name__ == "Guardrails" and f.name != "on_check_error" else stage
             value = draw(_build(tp, child_stage))
             stages = meta.get("stages")
             if stages and stage is not None and stage not in stages and getattr(value, "enabled", False):
-                value = dataclasses.replace(value, enabled=False)  # the check does not exist here
+                value = value.model_copy(update={"enabled": False})  # the check does not exist here
         else:
             value = draw(_value(tp, meta))
         kwargs[f.name] = value
-    return _repair(cls(**kwargs))
+    return _repair(cls.model_construct(**kwargs))  # drawn whole; the test validates it
 
 
 def _dataclass(cls: type) -> st.SearchStrategy[Any]:
@@ -279,11 +279,11 @@ specs = _build(PolicySpec)
 
 def _leaf_paths(cls: type = PolicySpec, prefix: str = "") -> list[str]:
     out = []
-    for f in dataclasses.fields(cls):
+    for f in spec_fields(cls):
         path = f"{prefix}.{f.name}" if prefix else f.name
         tp = _hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.extend(_leaf_paths(tp, path))  # type: ignore[arg-type]
+        if is_section(tp):
+            out.extend(_leaf_paths(tp, path))
         else:
             out.append(path)
     return out

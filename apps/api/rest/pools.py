@@ -309,6 +309,18 @@ class PoolOutput(serializers.ModelSerializer):
     conductor_worker: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True, allow_null=True
     )
+    mini_conductor: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        allow_null=True,
+        help_text="Plans conductor-mini; null: conductor_worker.",
+    )
+    ultra_conductor: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        allow_null=True,
+        help_text="Plans conductor-ultra; null: conductor_worker.",
+    )
     usable = serializers.SerializerMethodField(help_text="Whether the caller may run on this pool.")
 
     class Meta:
@@ -322,6 +334,8 @@ class PoolOutput(serializers.ModelSerializer):
             "workers",
             "default_worker",
             "conductor_worker",
+            "mini_conductor",
+            "ultra_conductor",
             "enabled",
             "usable",
             "created_at",
@@ -344,6 +358,16 @@ class _PoolFields(serializers.Serializer):
     )
     default_worker = serializers.SlugField(required=False, allow_null=True)
     conductor_worker = serializers.SlugField(required=False, allow_null=True)
+    mini_conductor = serializers.SlugField(
+        required=False,
+        allow_null=True,
+        help_text="Worker slug that plans conductor-mini; null: conductor_worker.",
+    )
+    ultra_conductor = serializers.SlugField(
+        required=False,
+        allow_null=True,
+        help_text="Worker slug that plans conductor-ultra; null: conductor_worker.",
+    )
     enabled = serializers.BooleanField(required=False)
 
 
@@ -370,7 +394,7 @@ def _resolve_pool_workers(view: ApiView, v: dict[str, Any]) -> None:
         if missing:
             raise ValidationError({"workers": [f"Unknown workers: {', '.join(missing)}."]})
         v["workers"] = [found[s] for s in slugs]
-    for field in ("default_worker", "conductor_worker"):
+    for field in ("default_worker", "conductor_worker", "mini_conductor", "ultra_conductor"):
         if field in v:
             slug = v[field]
             if slug:
@@ -395,7 +419,7 @@ class PoolListCreate(ApiListView):
     def get_queryset(self) -> Any:
         return (
             api_sel.pools_visible_for(self.request.user, self.key)
-            .select_related("team", "default_worker", "conductor_worker")
+            .select_related("team", "default_worker", "conductor_worker", "mini_conductor", "ultra_conductor")
             .prefetch_related("pool_workers__worker")
             .order_by("slug")
         )

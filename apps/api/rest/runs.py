@@ -29,7 +29,7 @@ from apps.runs.selectors import run_content_visible, withhold_event_data, withho
 
 
 def run_absolute_url(request: Request, run: Run) -> str:
-    from apps.api.v1.bridge import run_url
+    from apps.api.v1.shaping import run_url
 
     return run_url(request._request, run.pk)
 

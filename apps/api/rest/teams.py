@@ -17,6 +17,7 @@ from apps.api.models import ApiScope
 from apps.api.rest.base import PLATFORM_ONLY, ApiListView, ApiView
 from apps.governance import selectors as gov
 from apps.governance.models import Membership, Role, Team
+from apps.workers.visibility import pools_granted_to
 
 
 class TeamOutput(serializers.ModelSerializer):
@@ -114,7 +115,7 @@ class TeamDetail(ApiView):
         if "default_pool" in v:
             pool = None
             if v["default_pool"]:
-                pool = gov.pools_granted_to_team(team).filter(slug=v["default_pool"]).first()
+                pool = pools_granted_to(team).filter(slug=v["default_pool"]).first()
                 if pool is None:
                     raise ValidationError({"default_pool": ["Choose a pool granted to this team."]})
             team = team_set_default_pool(actor=request.user, team=team, pool=pool)

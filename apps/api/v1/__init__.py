@@ -1,10 +1,14 @@
 """``/v1``: protocol adapters over one run bridge.
 
-- ``errors``  — the error every adapter raises (``OpenAIError``) and its renderings (OpenAI's
+- ``errors``   — the error every adapter raises (``OpenAIError``) and its renderings (OpenAI's
   shape, Anthropic's shape), plus the answer for unknown ``/v1`` paths.
-- ``bridge``  — protocol-neutral: API-key auth, model resolution, the neutral run request,
-  ``start_run``, following a run, outcome/held/usage helpers and the response headers.
-- ``chat``    — OpenAI Chat Completions and the ``models`` views.
+- ``auth``     — per-request state, API-key authentication, rate-limit and run headers.
+- ``targets``  — model resolution (``resolve_model``: preset / pool), the model list, capabilities.
+- ``requests`` — the neutral run request (``RunRequest``) and the question made from a chat.
+- ``bridge``   — ``start_run`` and following a run (``wait_for_run``, ``follow_run``).
+- ``shaping``  — the answer from a run: outcome errors, final answer, usage, ``conductor`` field,
+  SSE and progress.
+- ``chat``, ``responses``, ``messages`` — the protocol adapters (and the ``models`` views).
 - ``middleware`` — request id, processing time, rate-limit headers and CORS on every ``/v1``
   response.
 """

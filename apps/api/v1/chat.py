@@ -21,7 +21,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import bridge
+from apps.api.v1 import auth, bridge, requests, shaping, targets
 from apps.api.v1.errors import (
     BodyRules,
     OpenAIError,
@@ -310,7 +310,7 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def parse_chat_request(raw: bytes) -> bridge.RunRequest:
+def parse_chat_request(raw: bytes) -> requests.RunRequest:
     """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises OpenAIError."""
     body = json_body(raw, BODY_RULES)
     stream = body.get("stream", False)
@@ -349,9 +349,9 @@ def parse_chat_request(raw: bytes) -> bridge.RunRequest:
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_param("'stream_options' must be an object.", "stream_options", "invalid_type")
     messages = parse_messages(body.get("messages"))
-    return bridge.RunRequest(
+    return requests.RunRequest(
         model=body.get("model"),
-        question=bridge.question_from_turns(messages),
+        question=requests.question_from_turns(messages),
         messages=messages,
         options=options,
         stream=bool(stream),
@@ -372,7 +372,7 @@ class Envelope:
 
 
 def _usage(run: Any) -> dict[str, int]:
-    used = bridge.usage(run)
+    used = shaping.usage(run)
     return {
         "prompt_tokens": used.input_tokens,
         "completion_tokens": used.output_tokens,
@@ -380,7 +380,7 @@ def _usage(run: Any) -> dict[str, int]:
     }
 
 
-def completion_body(env: Envelope, run: Any, answer: bridge.FinalAnswer) -> dict[str, Any]:
+def completion_body(env: Envelope, run: Any, answer: shaping.FinalAnswer) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls
@@ -436,44 +436,44 @@ def tool_call_deltas(calls: list[dict[str, Any]]) -> Iterable[dict[str, Any]]:
             yield {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
 
 
-DONE = bridge.sse("[DONE]")
+DONE = shaping.sse("[DONE]")
 
 
 async def stream_run(
     request: HttpRequest, started: bridge.Started, env: Envelope
 ) -> AsyncGenerator[bytes, None]:
-    yield bridge.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
+    yield shaping.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
     final: Any = None
     async for update in bridge.follow_run(started.run):
         if update.kind == "event":
             assert update.event is not None
-            info = bridge.progress(update.event)
+            info = shaping.progress(update.event)
             if info is not None:
-                yield bridge.sse(_chunk(env, {}, conductor=info))
+                yield shaping.sse(_chunk(env, {}, conductor=info))
         elif update.kind == "keepalive":
-            yield bridge.SSE_KEEPALIVE
+            yield shaping.SSE_KEEPALIVE
         else:
             final = update.run
-    await bridge.count_tokens(started.key, final)
-    conductor = bridge.conductor_info(request, final, started.target)
-    error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
+    await auth.count_tokens(started.key, final)
+    conductor = shaping.conductor_info(request, final, started.target)
+    error = await sync_to_async(shaping.run_outcome_error)(final, conductor)
     if error is not None:
-        yield bridge.sse(error.body())
+        yield shaping.sse(error.body())
         yield DONE
         return
     usage = _usage(final)
-    answer = await sync_to_async(bridge.final_answer)(final)
+    answer = await sync_to_async(shaping.final_answer)(final)
     if answer.held:
-        held = await sync_to_async(bridge.held_info)(final.id)
-        yield bridge.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
+        held = await sync_to_async(shaping.held_info)(final.id)
+        yield shaping.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
     else:
         if answer.text:
-            yield bridge.sse(_chunk(env, {"content": answer.text}))
+            yield shaping.sse(_chunk(env, {"content": answer.text}))
         for delta in tool_call_deltas(answer.tool_calls):
-            yield bridge.sse(_chunk(env, delta))
-        yield bridge.sse(_chunk(env, {}, answer.finish_reason, conductor={**conductor, "usage": usage}))
+            yield shaping.sse(_chunk(env, delta))
+        yield shaping.sse(_chunk(env, {}, answer.finish_reason, conductor={**conductor, "usage": usage}))
     if started.req.extra.get("include_usage"):
-        yield bridge.sse(
+        yield shaping.sse(
             {
                 "id": env.id,
                 "object": "chat.completion.chunk",
@@ -495,8 +495,8 @@ async def models_view(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        key = await sync_to_async(bridge.authenticate)(request)
-        payload = await sync_to_async(bridge.models_payload)(key)
+        key = await sync_to_async(auth.authenticate)(request)
+        payload = await sync_to_async(targets.models_payload)(key)
     except OpenAIError as err:
         return error_response(err)
     return JsonResponse(payload)
@@ -507,8 +507,8 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        key = await sync_to_async(bridge.authenticate)(request)
-        payload = await sync_to_async(bridge.models_payload)(key)
+        key = await sync_to_async(auth.authenticate)(request)
+        payload = await sync_to_async(targets.models_payload)(key)
     except OpenAIError as err:
         return error_response(err)
     for entry in payload["data"]:
@@ -521,13 +521,13 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
 
 def _outcome(
     key: Any, final: Any, conductor: dict[str, Any]
-) -> tuple[OpenAIError | None, bridge.FinalAnswer | None]:
+) -> tuple[OpenAIError | None, shaping.FinalAnswer | None]:
     """Everything a plain answer reads once its run ended, in one trip to a sync thread."""
-    bridge.count_tokens_sync(key, final)
-    error = bridge.run_outcome_error(final, conductor)
+    auth.count_tokens_sync(key, final)
+    error = shaping.run_outcome_error(final, conductor)
     if final.answer_held:
-        conductor["held"] = bridge.held_info(final.id)
-    return error, (bridge.final_answer(final) if error is None else None)
+        conductor["held"] = shaping.held_info(final.id)
+    return error, (shaping.final_answer(final) if error is None else None)
 
 
 @csrf_exempt
@@ -543,17 +543,17 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         id=f"chatcmpl-{run.id.hex}",
         created=int(run.created_at.timestamp()),
         model=target.model,
-        conductor=bridge.conductor_info(request, run, target),
+        conductor=shaping.conductor_info(request, run, target),
     )
-    headers = bridge.run_headers(run, env.conductor["url"])
+    headers = auth.run_headers(run, env.conductor["url"])
     if started.req.stream:
         # The run id travels in the headers and the first chunk, which go out before the run's
         # first event is read: a client that loses this server still knows which run it started.
         def on_failure(exc: BaseException) -> list[bytes]:
-            return [bridge.sse(bridge.follow_failure_error(request, run, target, exc).body()), DONE]
+            return [shaping.sse(shaping.follow_failure_error(request, run, target, exc).body()), DONE]
 
         response: HttpResponseBase = StreamingHttpResponse(
-            bridge.guarded_stream(
+            shaping.guarded_stream(
                 stream_run(request, started, env), is_end=lambda piece: piece == DONE, on_failure=on_failure
             ),
             content_type="text/event-stream",
@@ -565,7 +565,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         # Whatever breaks while waiting, the answer still names the run (header and body).
         try:
             final = await bridge.wait_for_run(run)
-            conductor = bridge.conductor_info(request, final, target)
+            conductor = shaping.conductor_info(request, final, target)
             error, answer = await sync_to_async(_outcome)(started.key, final, conductor)
             if error is not None:
                 response = error_response(error)
@@ -575,7 +575,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
                     completion_body(Envelope(env.id, env.created, env.model, conductor), final, answer)
                 )
         except Exception as exc:
-            response = error_response(bridge.follow_failure_error(request, run, target, exc))
+            response = error_response(shaping.follow_failure_error(request, run, target, exc))
     for name, value in headers.items():
         response[name] = value
     return response

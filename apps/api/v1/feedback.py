@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
-from apps.api.v1 import bridge
+from apps.api.v1 import auth
 from apps.api.v1.errors import BodyRules, OpenAIError, error_response, json_body, method_not_allowed
 
 BODY_RULES = BodyRules(
@@ -59,11 +59,11 @@ def record(request: HttpRequest) -> dict[str, Any]:
     from apps.feedback.models import FeedbackSource
     from apps.feedback.services import FeedbackInvalid, feedback_record
 
-    key = bridge.authenticate(request)
+    key = auth.authenticate(request)
     body = json_body(request.body, BODY_RULES)
     refusal = api_sel.scope_refusal(key, ApiScope.RUNS_WRITE)
     if refusal is not None:
-        raise bridge.deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_WRITE)
+        raise auth.deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_WRITE)
     run = _run_for(key, body["run_id"])
     try:
         item = feedback_record(

@@ -20,7 +20,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import bridge
+from apps.api.v1 import auth, bridge, requests, shaping
 from apps.api.v1.chat import parse_response_format
 from apps.api.v1.errors import (
     BodyRules,
@@ -156,7 +156,7 @@ def _output_format(value: Any) -> ResponseFormat | None:
     )
 
 
-def parse_messages_request(raw: bytes) -> bridge.RunRequest:
+def parse_messages_request(raw: bytes) -> requests.RunRequest:
     """Validate a Messages body into the bridge's ``RunRequest``. Raises OpenAIError."""
     body = json_body(raw, BODY_RULES)
     max_tokens = body["max_tokens"]
@@ -196,9 +196,9 @@ def parse_messages_request(raw: bytes) -> bridge.RunRequest:
         top_p=_number(body, "top_p", 0, 1),
         response_format=_output_format(body.get("output_config")),
     )
-    return bridge.RunRequest(
+    return requests.RunRequest(
         model=body["model"],
-        question=bridge.question_from_turns(messages),
+        question=requests.question_from_turns(messages),
         messages=messages,
         options=options,
         stream=bool(body.get("stream")),
@@ -215,7 +215,7 @@ def _msg_id(run: Any) -> str:
     return f"msg_{run.id.hex}"
 
 
-def shape_answer(answer: bridge.FinalAnswer, stops: tuple[str, ...]) -> tuple[str, str, str | None]:
+def shape_answer(answer: shaping.FinalAnswer, stops: tuple[str, ...]) -> tuple[str, str, str | None]:
     """(text, stop_reason, stop_sequence). A worker whose provider ignored a stop sequence is cut
     here, so the client sees Anthropic's semantics whichever provider wrote the answer."""
     if answer.held:
@@ -236,7 +236,7 @@ def message_body(
     stop_sequence: str | None,
     conductor: dict[str, Any],
 ) -> dict[str, Any]:
-    used = bridge.usage(run)
+    used = shaping.usage(run)
     return {
         "id": _msg_id(run),
         "type": "message",
@@ -254,22 +254,22 @@ async def outcome(
     request: HttpRequest, started: bridge.Started, final: Any
 ) -> tuple[dict[str, Any], str, str | None, str | None, OpenAIError | None]:
     """(conductor, text, stop_reason, stop_sequence, error) for the run as it ended."""
-    await bridge.count_tokens(started.key, final)
-    conductor = bridge.conductor_info(request, final, started.target)
-    error = await sync_to_async(bridge.run_outcome_error)(final, conductor)
+    await auth.count_tokens(started.key, final)
+    conductor = shaping.conductor_info(request, final, started.target)
+    error = await sync_to_async(shaping.run_outcome_error)(final, conductor)
     if final.answer_held:
-        conductor["held"] = await sync_to_async(bridge.held_info)(final.id)
+        conductor["held"] = await sync_to_async(shaping.held_info)(final.id)
     if error is not None:
         if error.param == "response_format":
             error.param = "output_config.format"  # this protocol's name for it
         return conductor, "", None, None, error
-    answer = await sync_to_async(bridge.final_answer)(final)
+    answer = await sync_to_async(shaping.final_answer)(final)
     text, reason, seq = shape_answer(answer, started.req.extra.get("stop_sequences") or ())
     return conductor, text, reason, seq, None
 
 
 def _event(kind: str, **fields: Any) -> bytes:
-    return bridge.sse({"type": kind, **fields}, event=kind)
+    return shaping.sse({"type": kind, **fields}, event=kind)
 
 
 PING = _event("ping")
@@ -278,7 +278,7 @@ MESSAGE_STOP = _event("message_stop")
 
 async def stream_message(request: HttpRequest, started: bridge.Started) -> AsyncGenerator[bytes, None]:
     run, model = started.run, started.target.model
-    conductor = bridge.conductor_info(request, run, started.target)
+    conductor = shaping.conductor_info(request, run, started.target)
     start = message_body(run, model, "", None, None, conductor)
     start["usage"] = {"input_tokens": 0, "output_tokens": 0}
     yield _event("message_start", message=start)
@@ -297,7 +297,7 @@ async def stream_message(request: HttpRequest, started: bridge.Started) -> Async
         yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
         yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
         yield _event("content_block_stop", index=0)
-    used = bridge.usage(final)
+    used = shaping.usage(final)
     yield _event(
         "message_delta",
         delta={"stop_reason": reason, "stop_sequence": seq},
@@ -320,16 +320,16 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     except OpenAIError as err:
         return error_response(err, shape=SHAPE)
     run, target = started.run, started.target
-    headers = bridge.run_headers(run, bridge.run_url(request, run.id))
+    headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
 
         def on_failure(exc: BaseException) -> list[bytes]:
-            body = error_body(bridge.follow_failure_error(request, run, target, exc), SHAPE)
+            body = error_body(shaping.follow_failure_error(request, run, target, exc), SHAPE)
             return [_event("error", **{k: v for k, v in body.items() if k != "type"})]
 
         response = StreamingHttpResponse(
-            bridge.guarded_stream(stream_message(request, started), is_end=_ends, on_failure=on_failure),
+            shaping.guarded_stream(stream_message(request, started), is_end=_ends, on_failure=on_failure),
             content_type="text/event-stream",
         )
         response["Cache-Control"] = "no-cache"
@@ -343,7 +343,7 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
             else:
                 response = JsonResponse(message_body(final, target.model, text, reason, seq, conductor))
         except Exception as exc:
-            response = error_response(bridge.follow_failure_error(request, run, target, exc), shape=SHAPE)
+            response = error_response(shaping.follow_failure_error(request, run, target, exc), shape=SHAPE)
     for name, value in headers.items():
         response[name] = value
     return response

@@ -9,7 +9,7 @@
   as LiteLLM's ``x-litellm-overhead-duration-ms``. A stream's headers leave before its run calls
   a provider, so there it is the time to the headers.
 - ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``: from the decisions
-  ``bridge.authenticate`` took for the key (``apps.api.ratelimit``); absent when no key was read.
+  ``auth.authenticate`` took for the key (``apps.api.ratelimit``); absent when no key was read.
 - CORS: for an ``Origin`` listed in ``V1_CORS_ALLOWED_ORIGINS`` (exact ``scheme://host[:port]``
   or ``*``), ``Access-Control-Allow-Origin`` and the exposed headers the SDKs read; a preflight
   ``OPTIONS`` is answered here (204). Other origins get no CORS headers (and a 403 preflight), so
@@ -27,7 +27,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from apps.api.v1.bridge import RequestState, bind_state, new_request_id, rate_limit_headers
+from apps.api.v1.auth import RequestState, bind_state, new_request_id, rate_limit_headers
 from apps.api.v1.errors import OpenAIError, error_response
 from conductor_web.request_context import current_request_meta, set_request_meta
 

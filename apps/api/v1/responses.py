@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.models import ApiKey, ApiScope
-from apps.api.v1 import bridge
+from apps.api.v1 import auth, bridge, requests, shaping, targets
 from apps.api.v1.chat import _metadata, _number, _positive_int, parse_response_format
 from apps.api.v1.errors import (
     BodyRules,
@@ -246,7 +246,7 @@ def parse_text(value: Any) -> Any:
     return parse_response_format(fmt, "text.format")
 
 
-def parse_responses_request(raw: bytes) -> bridge.RunRequest:
+def parse_responses_request(raw: bytes) -> requests.RunRequest:
     """Validate a Responses body into the bridge's ``RunRequest`` (the history of a
     ``previous_response_id`` is added by ``with_history`` once the key is known)."""
     body = json_body(raw, BODY_RULES)
@@ -276,7 +276,7 @@ def parse_responses_request(raw: bytes) -> bridge.RunRequest:
     turns = parse_input(body["input"])
     store = body.get("store") is not False
     return _assemble(
-        bridge.RunRequest(
+        requests.RunRequest(
             model=body.get("model"),
             question="",
             options=options,
@@ -294,7 +294,7 @@ def parse_responses_request(raw: bytes) -> bridge.RunRequest:
     )
 
 
-def _assemble(req: bridge.RunRequest, history: list[dict[str, Any]]) -> bridge.RunRequest:
+def _assemble(req: requests.RunRequest, history: list[dict[str, Any]]) -> requests.RunRequest:
     """The run's chat: instructions (this request's only, as OpenAI does), history, new input."""
     turns = history + list(req.extra["turns"])
     instructions = req.extra.get("instructions")
@@ -303,7 +303,7 @@ def _assemble(req: bridge.RunRequest, history: list[dict[str, Any]]) -> bridge.R
         raise bad_param("'input' needs at least one user message with text.", "input")
     keep = {**req.keep, "messages": turns, "instructions": instructions or ""}
     return dataclasses.replace(
-        req, question=bridge.question_from_turns(messages), messages=messages, keep=keep
+        req, question=requests.question_from_turns(messages), messages=messages, keep=keep
     )
 
 
@@ -330,7 +330,7 @@ def stored_run(key: ApiKey, resp_id: str, param: str | None = None) -> Any:
     return run
 
 
-def with_history(req: bridge.RunRequest, key: ApiKey) -> bridge.RunRequest:
+def with_history(req: requests.RunRequest, key: ApiKey) -> requests.RunRequest:
     """``previous_response_id``: the earlier response's input and output become the history."""
     previous = req.extra.get("previous_response_id")
     if not previous:
@@ -350,7 +350,7 @@ def with_history(req: bridge.RunRequest, key: ApiKey) -> bridge.RunRequest:
         )
     protocol = run.api_request["protocol"]
     history = [dict(m) for m in protocol.get("messages") or [] if isinstance(m, dict)]
-    answer = bridge.final_answer(run)
+    answer = shaping.final_answer(run)
     assistant: dict[str, Any] = {"role": "assistant", "content": answer.text or ""}
     if answer.tool_calls:
         assistant["tool_calls"] = answer.tool_calls
@@ -360,7 +360,7 @@ def with_history(req: bridge.RunRequest, key: ApiKey) -> bridge.RunRequest:
 # --- response objects --------------------------------------------------------------------------------
 
 
-def output_items(run: Any, answer: bridge.FinalAnswer | None) -> list[dict[str, Any]]:
+def output_items(run: Any, answer: shaping.FinalAnswer | None) -> list[dict[str, Any]]:
     if answer is None or answer.held:
         return []
     items: list[dict[str, Any]] = []
@@ -402,7 +402,7 @@ def response_body(
     conductor: dict[str, Any],
     *,
     status: str,
-    answer: bridge.FinalAnswer | None = None,
+    answer: shaping.FinalAnswer | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """OpenAI's response object for ``run`` (``req_record`` is the run's ``api_request``)."""
@@ -413,7 +413,7 @@ def response_body(
         status, incomplete = "incomplete", {"reason": "content_filter"}
     elif answer is not None and answer.finish_reason == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-    used = bridge.usage(run)
+    used = shaping.usage(run)
     fmt = options.response_format
     text_format: dict[str, Any] = {"type": "text"}
     if fmt is not None and fmt.type == "json_schema":
@@ -464,21 +464,21 @@ def _failed_error(err: OpenAIError) -> dict[str, Any]:
 
 
 async def finished_response(
-    request: HttpRequest, run: Any, target: bridge.Target
+    request: HttpRequest, run: Any, target: targets.Target
 ) -> tuple[dict[str, Any], OpenAIError | None]:
     """The response object of a run that ended (or stopped being waited for), and the error that
     a plain request answers instead (None: the body is the answer)."""
-    conductor = bridge.conductor_info(request, run, target)
-    error = await sync_to_async(bridge.run_outcome_error)(run, conductor)
+    conductor = shaping.conductor_info(request, run, target)
+    error = await sync_to_async(shaping.run_outcome_error)(run, conductor)
     if run.answer_held:
-        conductor["held"] = await sync_to_async(bridge.held_info)(run.id)
+        conductor["held"] = await sync_to_async(shaping.held_info)(run.id)
     record = run.api_request if isinstance(run.api_request, dict) else {}
     if error is not None:
         if error.param == "response_format":
             error.param = "text.format"  # this protocol's name for it
         body = response_body(run, record, conductor, status="failed", error=_failed_error(error))
         return body, error
-    answer = await sync_to_async(bridge.final_answer)(run)
+    answer = await sync_to_async(shaping.final_answer)(run)
     return response_body(run, record, conductor, status="completed", answer=answer), None
 
 
@@ -494,7 +494,7 @@ class _Events:
     def __call__(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return bridge.sse(payload, event=kind)
+        return shaping.sse(payload, event=kind)
 
 
 async def stream_response(
@@ -502,17 +502,17 @@ async def stream_response(
 ) -> AsyncGenerator[bytes, None]:
     run, target = started.run, started.target
     record = bridge.api_request_record(started.req, target)
-    conductor = bridge.conductor_info(request, run, target)
+    conductor = shaping.conductor_info(request, run, target)
     initial = response_body(run, record, conductor, status="in_progress")
     yield events("response.created", response=initial)
     yield events("response.in_progress", response=initial)
     final: Any = None
     async for update in bridge.follow_run(run):
         if update.kind == "keepalive":
-            yield bridge.SSE_KEEPALIVE
+            yield shaping.SSE_KEEPALIVE
         elif update.kind == "final":
             final = update.run
-    await bridge.count_tokens(started.key, final)
+    await auth.count_tokens(started.key, final)
     body, error = await finished_response(request, final, target)
     if error is not None:
         yield events("response.failed", response=body)
@@ -590,17 +590,17 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     except OpenAIError as err:
         return error_response(err)
     run, target = started.run, started.target
-    headers = bridge.run_headers(run, bridge.run_url(request, run.id))
+    headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
         events = _Events()
 
         def on_failure(exc: BaseException) -> list[bytes]:
-            err = bridge.follow_failure_error(request, run, target, exc)
+            err = shaping.follow_failure_error(request, run, target, exc)
             return [events("error", **error_body(err)["error"], conductor=err.conductor)]
 
         response = StreamingHttpResponse(
-            bridge.guarded_stream(
+            shaping.guarded_stream(
                 stream_response(request, started, events),
                 is_end=lambda piece: piece.startswith(ENDINGS),
                 on_failure=on_failure,
@@ -612,26 +612,26 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     else:
         try:
             final = await bridge.wait_for_run(run)
-            await bridge.count_tokens(started.key, final)
+            await auth.count_tokens(started.key, final)
             body, error = await finished_response(request, final, target)
             response = error_response(error) if error is not None else JsonResponse(body)
         except Exception as exc:
-            response = error_response(bridge.follow_failure_error(request, run, target, exc))
+            response = error_response(shaping.follow_failure_error(request, run, target, exc))
     for name, value in headers.items():
         response[name] = value
     return response
 
 
-def _retrieve(request: HttpRequest, resp_id: str) -> tuple[Any, bridge.Target]:
+def _retrieve(request: HttpRequest, resp_id: str) -> tuple[Any, targets.Target]:
     from apps.api import selectors as api_sel
 
-    key = bridge.authenticate(request)
+    key = auth.authenticate(request)
     refusal = api_sel.scope_refusal(key, ApiScope.RUNS_READ)
     if refusal is not None:
-        raise bridge.deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_READ)
+        raise auth.deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_READ)
     run = stored_run(key, resp_id)
     preset = run.preset or "mini"
-    return run, bridge.Target(
+    return run, targets.Target(
         preset=preset, pool=run.pool, model=str(run.api_request["protocol"].get("model"))
     )
 
@@ -647,10 +647,10 @@ async def response_detail_view(request: HttpRequest, response_id: str) -> HttpRe
     if run.is_terminal:
         body, _ = await finished_response(request, run, target)
     else:
-        conductor = bridge.conductor_info(request, run, target)
+        conductor = shaping.conductor_info(request, run, target)
         record = run.api_request if isinstance(run.api_request, dict) else {}
         body = response_body(run, record, conductor, status="in_progress")
     response = JsonResponse(body)
-    for name, value in bridge.run_headers(run, bridge.run_url(request, run.id)).items():
+    for name, value in auth.run_headers(run, shaping.run_url(request, run.id)).items():
         response[name] = value
     return response

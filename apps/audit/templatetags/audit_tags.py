@@ -6,6 +6,8 @@ from typing import Any
 
 from django import template
 
+from apps.runs.models import Run
+
 register = template.Library()
 
 
@@ -13,7 +15,6 @@ register = template.Library()
 def review_state(context: template.Context, run: Any) -> dict[str, Any]:
     """``reviews`` and ``can_review`` from the context if given, else from the selectors."""
     from apps.audit.selectors import reviews_for_run
-    from apps.governance.selectors import can_review_run
 
     reviews = context.get("reviews")
     can_review = context.get("can_review")
@@ -21,5 +22,5 @@ def review_state(context: template.Context, run: Any) -> dict[str, Any]:
         reviews = reviews_for_run(run)
     if can_review is None:
         user = getattr(context.get("request"), "user", None)
-        can_review = user is not None and can_review_run(user, run)
+        can_review = user is not None and Run.objects.allows(user, "review", run)
     return {"reviews": reviews, "can_review": bool(can_review)}

@@ -1,0 +1,304 @@
+"""Shaping a ``/v1`` answer from a run: usage, the final answer, outcome errors, SSE and progress.
+
+``run_outcome_error`` is the error for a run that ended without a releasable answer;
+``final_answer`` (text, tool calls, finish reason, held), ``usage``, ``conductor_info`` /
+``held_info`` (the ``conductor`` field) shape a succeeded one. ``follow_failure_error`` is the
+answer when following a run broke (it names the run). ``sse``, ``guarded_stream`` and ``progress``
+shape streams. A held answer gives nothing away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
+
+from apps.api.v1.errors import OpenAIError, no_retry
+from apps.api.v1.targets import Target
+
+logger = logging.getLogger(__name__)
+
+
+def run_url(request: HttpRequest, run_id: Any) -> str:
+    try:
+        path = reverse("runs:detail", args=[run_id])
+    except NoReverseMatch:
+        path = f"/runs/{run_id}/"
+    return request.build_absolute_uri(path)
+
+
+def failure_cause(exc: BaseException) -> str:
+    """Which part failed, in words safe for a client (never the exception text: it may quote data)."""
+    module = type(exc).__module__
+    if module.startswith(("redis", "channels_redis")):
+        part = "Redis (the channel layer)"
+    elif module.startswith(("django.db", "psycopg", "sqlite3")):
+        part = "the database"
+    else:
+        part = "the server"
+    return f"{part} failed ({type(exc).__name__})"
+
+
+def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> OpenAIError:
+    """The answer for a client whose wait broke after its run was created: it names the cause and
+    the run (header, ``conductor`` field and message), so the client can look it up later."""
+    from django.core.exceptions import ObjectDoesNotExist
+
+    conductor = conductor_info(request, run, target)
+    conductor["status"] = "unknown"
+    if isinstance(exc, ObjectDoesNotExist):
+        logger.warning("run %s was deleted while a /v1 client waited for it", run.id)
+        return OpenAIError(
+            410,
+            f"Run {run.id} was deleted while this request waited for it.",
+            type_="server_error",
+            code="run_deleted",
+            headers=no_retry(),
+            conductor=conductor,
+        )
+    logger.error(
+        "lost track of run %s while a /v1 client waited: %s", run.id, type(exc).__name__, exc_info=exc
+    )
+    return OpenAIError(
+        503,
+        f"Waiting for run {run.id} failed: {failure_cause(exc)}. The run itself goes on; "
+        f"follow it at {conductor['url']}.",
+        type_="server_error",
+        code="run_follow_failed",
+        headers=no_retry(),  # a retry would start a second run
+        conductor=conductor,
+    )
+
+
+async def guarded_stream(
+    body: AsyncGenerator[bytes, None],
+    *,
+    is_end: Callable[[bytes], bool],
+    on_failure: Callable[[BaseException], Iterable[bytes]],
+) -> AsyncIterator[bytes]:
+    """``body``, but whatever fails after the run exists, the stream still ends: unless the
+    piece that ``is_end`` recognises went out, ``on_failure(exc)`` supplies the protocol's error
+    event and end marker."""
+    ended = False
+    try:
+        async with contextlib.aclosing(body) as pieces:
+            async for piece in pieces:
+                ended = is_end(piece)
+                yield piece
+    except Exception as exc:
+        if not ended:
+            for piece in on_failure(exc):
+                yield piece
+
+
+def sse(payload: dict[str, Any] | str, *, event: str | None = None) -> bytes:
+    """One server-sent event (``event:`` line only when named, as Anthropic and Responses use)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data}\n\n".encode()
+
+
+SSE_KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies see a live stream
+
+
+def conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str, Any]:
+    """The ``conductor`` field every /v1 answer carries: the run, its graph URL and totals."""
+    return {
+        "run_id": str(run.id),
+        "url": run_url(request, run.id),
+        "status": run.status,
+        "pool": target.pool.slug,
+        "preset": target.preset,
+        "steps": run.step_count,
+        "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
+        "policy_version_id": run.policy_version_id,
+        "answer_held": bool(run.answer_held),
+        "request_id": getattr(run, "request_id", "") or None,
+    }
+
+
+def held_info(run_id: Any) -> dict[str, Any]:
+    """Which rules hold the answer and why (names only, never the findings or the answer)."""
+    from apps.runs.selectors import held_reason, run_hold_rules
+
+    rules = run_hold_rules(run_id)
+    return {"rules": rules, "reason": held_reason(rules)}
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def usage(run: Any) -> Usage:
+    """The run's whole token usage (conductor calls and every step)."""
+    return Usage(run.input_tokens, run.output_tokens)
+
+
+@dataclass(frozen=True)
+class FinalAnswer:
+    """What a succeeded run answers: ``text`` (None while held), ``tool_calls`` (OpenAI's shape:
+    ``id``, ``type``, ``function: {name, arguments}``; empty while held), ``finish_reason``
+    (``stop``, ``length``, ``tool_calls``, or ``content_filter`` while held) and ``held``."""
+
+    text: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    held: bool
+
+
+def final_answer(run: Any) -> FinalAnswer:
+    """The answer of a succeeded run; the extras (finish reason, tool calls) come from its
+    ``run.finished`` event. A held answer gives nothing away (see ``run_content_visible``)."""
+    from apps.runs.models import RunEvent
+
+    if run.answer_held:
+        return FinalAnswer(None, [], "content_filter", True)
+    # A waiter that read the run's end already holds its run.finished data (bridge._load_ended).
+    data = getattr(run, "finished_data", None)
+    if data is None:
+        data = (
+            RunEvent.objects.filter(run_id=run.id, type="run.finished")
+            .order_by("-seq")
+            .values_list("data", flat=True)
+            .first()
+        )
+    data = data if isinstance(data, dict) else {}
+    calls = [c for c in data.get("tool_calls") or [] if isinstance(c, dict)]
+    finish = str(data.get("finish_reason") or ("tool_calls" if calls else "stop"))
+    return FinalAnswer(run.answer, calls, finish, False)
+
+
+def awaiting_fields(run_id: Any) -> list[str]:
+    """The policy fields whose action held the run's plan."""
+    from apps.runs.models import PlanApproval
+
+    row = (
+        PlanApproval.objects.filter(run_id=run_id, decision="pending")
+        .order_by("-requested_at")
+        .values_list("fields", flat=True)
+        .first()
+    )
+    return [str(f) for f in row or []]
+
+
+def blocked_rules(run_id: Any) -> list[str]:
+    """Names of the checks that blocked the run (never their findings)."""
+    from apps.runs.models import RunEvent
+
+    names: list[str] = []
+    for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list(
+        "data", flat=True
+    ):
+        if not isinstance(data, dict) or not data.get("blocked"):
+            continue
+        for check in data.get("checks") or []:
+            if (
+                isinstance(check, dict)
+                and check.get("status") == "intervened"
+                and check.get("action") == "block"
+            ):
+                names.append(f"{data.get('stage')}:{check.get('name')}")
+    return names
+
+
+def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+    """The error for a run that ended without a releasable answer, else None."""
+    status = run.status
+    if status == "succeeded":
+        return None
+    if status == "blocked":
+        rules = blocked_rules(run.id)
+        rule_text = f" (policy rule: {', '.join(rules)})" if rules else ""
+        reason = run.error or run.status_reason or "blocked by policy"
+        return OpenAIError(
+            400,
+            f"{reason}{rule_text}",
+            code="content_policy_violation",
+            headers=no_retry(),
+            conductor=conductor,
+        )
+    if status == "cancelled":
+        return OpenAIError(
+            409, "The run was cancelled.", code="run_cancelled", headers=no_retry(), conductor=conductor
+        )
+    if status == "awaiting_approval":
+        fields = ", ".join(awaiting_fields(run.id)) or "constraints.forecast.action"
+        return OpenAIError(
+            409,
+            f"{run.error or 'The plan waits for an approver.'} (policy field: {fields}). Run {run.id} "
+            "resumes once a team admin or reviewer approves its plan; follow it at its URL.",
+            type_="approval_required",
+            code="plan_awaiting_approval",
+            headers=no_retry(),
+            conductor=conductor,
+        )
+    if status in ("timed_out", "queued", "running"):
+        message = (
+            run.error or "The run timed out."
+            if status == "timed_out"
+            else "The run did not finish in time; follow it at its URL."
+        )
+        return OpenAIError(
+            504, message, type_="server_error", code="run_timed_out", headers=no_retry(), conductor=conductor
+        )
+    if run.status_reason == "response_format_invalid":
+        return OpenAIError(
+            422,
+            run.error or "The answer did not match the requested response_format.",
+            param="response_format",
+            code="response_format_invalid",
+            headers=no_retry(),
+            conductor=conductor,
+        )
+    return OpenAIError(
+        502,
+        run.error or "The run failed.",
+        type_="server_error",
+        code="run_failed",
+        headers=no_retry(),
+        conductor=conductor,
+    )
+
+
+def progress(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``conductor`` progress field for one run event (None for events not worth a chunk)."""
+    kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
+    base = {"event": kind, "seq": seq}
+    if data.get("holdable"):
+        # The run's policy can hold its answer (require_review): a /v1 stream shows no model
+        # output before the verdict — the final answer only arrives if it is not held.
+        from apps.runs.selectors import withhold_event_data
+
+        data = withhold_event_data(kind, data)
+    if kind == "step.started":
+        return {
+            **base,
+            "index": data.get("index"),
+            "round": data.get("round"),
+            "worker": data.get("worker_key"),
+            "instruction": data.get("instruction"),
+        }
+    if kind == "step.delta":
+        if data.get("withheld"):
+            return None
+        return {**base, "index": data.get("index"), "text": data.get("text")}
+    if kind == "step.finished":
+        return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
+    if kind == "plan.validated":
+        plan = data.get("plan") or {}
+        return {**base, "action": data.get("action"), "steps": len(plan.get("steps") or [])}
+    if kind == "guardrail.checked":
+        return {**base, "stage": data.get("stage"), "blocked": bool(data.get("blocked"))}
+    return None

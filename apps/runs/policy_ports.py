@@ -1,0 +1,46 @@
+"""What runs (and, through runs, workers) provide to policies (below them): run history for
+budgets, classifications and forecasts, and the engine view of a worker (`apps.policies.ports`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Sum
+
+from apps.policies import ports
+from apps.runs.models import Run, Step
+from apps.workers.engine_adapter import worker_info
+
+
+def team_spend(team: Any, start: datetime, end: datetime) -> Decimal:
+    total = Run.objects.filter(team=team, created_at__gte=start, created_at__lt=end).aggregate(
+        s=Sum("cost_usd")
+    )["s"]
+    return Decimal(total or 0)
+
+
+def run_classification(run_id: str) -> str:
+    # A database error propagates: an unknown classification must not silently mean "public".
+    return Run.objects.filter(pk=run_id).values_list("classification", flat=True).first() or ""
+
+
+def recent_output_tokens(worker_key: str, limit: int) -> Sequence[int]:
+    return list(
+        Step.objects.filter(worker_key=worker_key, status="succeeded", output_tokens__gt=0)
+        .order_by("-id")
+        .values_list("output_tokens", flat=True)[:limit]
+    )
+
+
+def install_policy_ports() -> None:
+    ports.register_run_history(
+        ports.RunHistoryPort(
+            team_spend=team_spend,
+            run_classification=run_classification,
+            recent_output_tokens=recent_output_tokens,
+        )
+    )
+    ports.register_workers(ports.WorkersPort(worker_info=worker_info))
