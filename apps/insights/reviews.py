@@ -18,15 +18,13 @@ followed here without touching the code that changes it:
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import Count, Q
 from django.db.models.functions import TruncDay, TruncHour
 
 from apps.insights.models import DAY, HOUR
-
-if TYPE_CHECKING:
-    from apps.insights.rollup import Bumps
+from apps.insights.upsert import Bumps
 
 PENDING, FLAGGED, APPROVED = "pending", "flagged", "approved"  # apps.runs.models.ReviewStatus
 _WATCHED = frozenset({"review_status", "answer_held"})
@@ -70,7 +68,6 @@ def on_run_post_save(
 ) -> None:
     """Move the run between counters when a save changed its review state."""
     from apps.insights.models import ReviewRollup
-    from apps.insights.rollup import Bumps
 
     if created:
         before: tuple[str, bool] | None = ("", False)

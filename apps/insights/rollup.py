@@ -13,11 +13,11 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.db.models import Max, Model
+from django.db.models import Max
 
 from apps.insights import reviews
-from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
-from apps.insights.upsert import Key, key_of, upsert_add
+from apps.insights.models import RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
+from apps.insights.upsert import Bumps
 from apps.runs.models import Run
 from apps.runs.observers import RunEventView
 
@@ -41,31 +41,6 @@ def _decimal(value: Any) -> Decimal:
         return Decimal(str(value)) if value is not None else Decimal(0)
     except (InvalidOperation, ValueError):
         return Decimal(0)
-
-
-class Bumps:
-    """The counter additions of one event, merged per row and written as one upsert per model
-    (``apps.insights.upsert``): each hour row and its day row, every model touched."""
-
-    def __init__(self) -> None:
-        self.rows: dict[type[Model], dict[Key, dict[str, Any]]] = {}
-
-    def add(self, model: type[Model], key: dict[str, Any], **amounts: Any) -> None:
-        """Add ``amounts`` to the hour row and the day row of ``key`` (zeros are left out)."""
-        amounts = {k: v for k, v in amounts.items() if v}
-        if not amounts:
-            return
-        rows = self.rows.setdefault(model, {})
-        hour = key["hour"]
-        for grain, start in ((HOUR, hour), (DAY, hour.replace(hour=0))):
-            acc = rows.setdefault(key_of({**key, "grain": grain, "hour": start}), {})
-            for name, value in amounts.items():
-                acc[name] = acc.get(name, 0) + value
-
-    def flush(self) -> None:
-        for model, rows in self.rows.items():
-            upsert_add(model, rows)
-        self.rows = {}
 
 
 # Time to first token: run.started and the run's first step.delta as this process saw them. The

@@ -16,6 +16,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model, UniqueConstraint
 
+from apps.insights.models import DAY, HOUR
+
 Key = tuple[tuple[str, Any], ...]
 
 
@@ -70,3 +72,28 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+class Bumps:
+    """The counter additions of one event, merged per row and written as one upsert per model
+    (``apps.insights.upsert``): each hour row and its day row, every model touched."""
+
+    def __init__(self) -> None:
+        self.rows: dict[type[Model], dict[Key, dict[str, Any]]] = {}
+
+    def add(self, model: type[Model], key: dict[str, Any], **amounts: Any) -> None:
+        """Add ``amounts`` to the hour row and the day row of ``key`` (zeros are left out)."""
+        amounts = {k: v for k, v in amounts.items() if v}
+        if not amounts:
+            return
+        rows = self.rows.setdefault(model, {})
+        hour = key["hour"]
+        for grain, start in ((HOUR, hour), (DAY, hour.replace(hour=0))):
+            acc = rows.setdefault(key_of({**key, "grain": grain, "hour": start}), {})
+            for name, value in amounts.items():
+                acc[name] = acc.get(name, 0) + value
+
+    def flush(self) -> None:
+        for model, rows in self.rows.items():
+            upsert_add(model, rows)
+        self.rows = {}

@@ -168,6 +168,11 @@ def journal_pool(engine_pool: Any, journal: CallJournal) -> Any:
     engine_pool.workers = [JournaledWorker(w, journal) for w in engine_pool.workers]
     if engine_pool.conductor is not None:
         engine_pool.conductor = JournaledWorker(engine_pool.conductor, journal)
+    # A preset's own conductor plans too: journaled like the pool's, so a resumed attempt replays
+    # its plan instead of asking (and billing) it again.
+    presets = getattr(engine_pool, "preset_conductors", None)
+    if presets:
+        engine_pool.preset_conductors = {name: JournaledWorker(w, journal) for name, w in presets.items()}
     return engine_pool
 
 

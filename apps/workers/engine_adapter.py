@@ -179,9 +179,9 @@ def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> PresetWorkerP
 def use_preset_conductor(engine_pool: Any, preset: str | None) -> None:
     """Make ``preset``'s own conductor the one that plans this run (no-op without one).
 
-    Raises ``PoolUnavailable`` naming the preset when its own conductor cannot be used. A run-time
-    wrapper already around the conductor (the run's call journal: ``inner`` and ``info``) is kept
-    and re-pointed, so the preset's calls are journaled like any other."""
+    Raises ``PoolUnavailable`` naming the preset when its own conductor cannot be used. The run's
+    call journal wraps every preset conductor too (``apps.runs.journal.journal_pool``), so a
+    resumed attempt replays its plan; a bare one re-points a wrapper around the default conductor."""
     if not preset:
         return
     reason = getattr(engine_pool, "unavailable_presets", {}).get(preset)
@@ -191,11 +191,11 @@ def use_preset_conductor(engine_pool: Any, preset: str | None) -> None:
     if chosen is None:
         return
     holder = engine_pool.conductor
-    if holder is not None and hasattr(holder, "inner") and holder is not chosen:
-        holder.inner = chosen
+    if holder is not None and hasattr(holder, "inner") and not hasattr(chosen, "inner"):
+        holder.inner = chosen  # a wrapper around the default conductor, re-pointed
         holder.info = chosen.info
     else:
-        engine_pool.conductor = chosen
+        engine_pool.conductor = chosen  # already wrapped by the run's journal, or no wrapper
 
 
 def preset_unavailable_reason(pool: Pool, preset: str, rows: PoolRows | None = None) -> str | None:

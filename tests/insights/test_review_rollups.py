@@ -15,7 +15,8 @@ from apps.audit.models import RunReview
 from apps.audit.services import run_review
 from apps.insights import reviews
 from apps.insights.models import DAY, HOUR, RUN_ROW, ReviewRollup, Rollup
-from apps.insights.rollup import Bumps, hour_of
+from apps.insights.rollup import hour_of
+from apps.insights.upsert import Bumps
 from apps.runs.models import ReviewStatus, Run, RunStatus
 from apps.runs.services import run_create, run_wait
 from tests.factories.audit import make_run

@@ -15,7 +15,8 @@ from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
-from apps.insights.rollup import Bumps, hour_of, on_event
+from apps.insights.rollup import hour_of, on_event
+from apps.insights.upsert import Bumps
 from apps.runs.observers import RunEventView
 from tests.factories.audit import make_pool
 

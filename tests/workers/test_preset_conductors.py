@@ -6,6 +6,7 @@ experiments all know the preset conductors."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -272,3 +273,20 @@ def test_experiments_record_each_presets_conductor(fake_pool: Any, tuned: dict[s
         "conductor-mini": {"worker": "fake-conductor", "model": CONDUCTOR_MODEL},
         "conductor-ultra": {"worker": "ultra-conductor", "model": "ultra-planner-1"},
     }
+
+
+@pytest.mark.django_db
+def test_a_preset_conductor_is_journaled_even_when_the_pool_has_no_conductor(
+    fake_pool: Any, tuned: dict[str, ConductorServer]
+) -> None:
+    """A resumed attempt must replay the preset conductor's plan, not ask (and bill) it again."""
+    from apps.runs.integration import build_pool
+    from apps.runs.journal import CallJournal, JournaledWorker, journal_pool
+    from apps.workers.engine_adapter import use_preset_conductor
+
+    pool_update(actor=None, pool=fake_pool.pool, conductor_worker=None, mini_conductor=tuned["mini"].worker)
+    engine_pool = build_pool(_fresh(fake_pool.pool))
+    journal_pool(engine_pool, CallJournal(uuid.uuid4(), 1))
+    use_preset_conductor(engine_pool, "mini")
+    assert isinstance(engine_pool.conductor, JournaledWorker)
+    assert engine_pool.conductor.info.key == "mini-conductor"
