@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.fixtures.runs",
     "tests.fixtures.api",
     "tests.fixtures.audit",
+    "tests.fixtures.queries",
 ]
 
 

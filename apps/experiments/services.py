@@ -31,8 +31,8 @@ from apps.experiments.models import (
 )
 from apps.governance import selectors as gov
 from apps.governance.models import Team
-from apps.workers.engine_adapter import PRESET_CONDUCTOR_FIELDS, preset_conductor_of
-from apps.workers.models import Pool
+from apps.workers.engine_adapter import preset_conductor_of
+from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool
 
 RUN_PERMISSION = "governance.run_on_team"
 TEACH_PERMISSION = "governance.manage_team"

@@ -203,7 +203,8 @@ class RunSink:
         # No event stored by an earlier attempt: no Step row exists yet, so a started step is a
         # plain INSERT (no read, no savepoint) and its end a plain UPDATE (issue #15).
         self._fresh = self._seq == 0
-        self._created_steps: set[int] = set()
+        # index -> worker key of the steps whose start this sink stored (the row exists)
+        self._created_steps: dict[int, str] = {}
         # The Run counters the batch's events add to, written in one UPDATE at the batch's end.
         self._delta: dict[str, Any] = {}
         self._team = run.team if Run.team.is_cached(run) else None
@@ -512,7 +513,7 @@ class RunSink:
             Step.objects.create(run_id=self.run_id, index=index, **fields)
         else:
             Step.objects.update_or_create(run_id=self.run_id, index=index, defaults=fields)
-        self._created_steps.add(index)
+        self._created_steps[index] = str(fields["worker_key"])
         self._audit(
             AuditEventType.RUN_STEP_STARTED,
             {
@@ -547,12 +548,7 @@ class RunSink:
             Step.objects.filter(run_id=self.run_id, index=data["index"]).update(**ended)
             step = Step(run_id=self.run_id, index=data["index"], **ended)
             if "worker_key" not in ended:
-                step.worker_key = (
-                    Step.objects.filter(run_id=self.run_id, index=data["index"])
-                    .values_list("worker_key", flat=True)
-                    .first()
-                    or ""
-                )
+                step.worker_key = self._created_steps[data["index"]]
         else:
             step, _ = Step.objects.get_or_create(
                 run_id=self.run_id,

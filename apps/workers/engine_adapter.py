@@ -23,10 +23,6 @@ if TYPE_CHECKING:
     from apps.workers.selectors import PoolRows
 
 
-# The conductor of each preset: its own field on the pool, else ``conductor_worker`` (issue 19).
-PRESET_CONDUCTOR_FIELDS: dict[str, str] = {"mini": "mini_conductor", "ultra": "ultra_conductor"}
-
-
 class PoolUnavailable(Exception):
     """The pool cannot run now. ``reason`` is plain words safe to show the user."""
 
@@ -113,20 +109,13 @@ class PresetWorkerPool(WorkerPool):
 
 def preset_conductor_of(pool: Pool, preset: str) -> Worker | None:
     """The worker that plans ``preset`` on ``pool``: its own, else the pool's conductor."""
-    name = PRESET_CONDUCTOR_FIELDS.get(preset)
-    own = getattr(pool, name) if name and getattr(pool, f"{name}_id") else None
+    own = pool.own_preset_conductors().get(preset)
     return own or (pool.conductor_worker if pool.conductor_worker_id else None)
 
 
 def _preset_workers(pool: Pool, rows: PoolRows | None) -> dict[str, Worker]:
     """Each preset's *own* conductor (not the fallback), read from ``rows`` when given."""
-    if rows is not None:
-        return dict(rows.presets)
-    out: dict[str, Worker] = {}
-    for preset, name in PRESET_CONDUCTOR_FIELDS.items():
-        if getattr(pool, f"{name}_id"):
-            out[preset] = getattr(pool, name)
-    return out
+    return dict(rows.presets) if rows is not None else pool.own_preset_conductors()
 
 
 def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> PresetWorkerPool:
@@ -196,15 +185,6 @@ def use_preset_conductor(engine_pool: Any, preset: str | None) -> None:
         holder.info = chosen.info
     else:
         engine_pool.conductor = chosen  # already wrapped by the run's journal, or no wrapper
-
-
-def preset_unavailable_reason(pool: Pool, preset: str, rows: PoolRows | None = None) -> str | None:
-    """Why ``preset`` cannot plan on ``pool`` (its own conductor unusable), or None."""
-    own = _preset_workers(pool, rows).get(preset)
-    if own is None:
-        return None
-    reason = worker_unavailable_reason(own)
-    return f"The conductor of conductor-{preset}: {reason}" if reason else None
 
 
 def pool_unavailable_reason(pool: Pool, rows: PoolRows | None = None) -> str | None:

@@ -204,6 +204,17 @@ class ExistingWorkerForm(forms.Form):
         cast("forms.ModelChoiceField[Worker]", self.fields["worker"]).queryset = workers
 
 
+def _preset_conductor_field(preset: str) -> forms.ModelChoiceField[Worker]:
+    return forms.ModelChoiceField(
+        queryset=None,
+        required=False,
+        empty_label="— the pool's conductor —",
+        label=f"conductor-{preset} conductor",
+        help_text=f"Plans conductor-{preset} runs; empty: the pool's conductor.",
+        error_messages={"invalid_choice": "Choose one of your workers."},
+    )
+
+
 class PoolForm(forms.Form):
     team: forms.ModelChoiceField[Team] = forms.ModelChoiceField(
         queryset=None,
@@ -232,22 +243,8 @@ class PoolForm(forms.Form):
     )
     # Each preset may be planned by its own model (e.g. a fine-tuned conductor on an
     # OpenAI-compatible endpoint); empty: the conductor above.
-    mini_conductor: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
-        queryset=None,
-        required=False,
-        empty_label="— the pool's conductor —",
-        label="conductor-mini conductor",
-        help_text="Plans conductor-mini runs; empty: the pool's conductor.",
-        error_messages={"invalid_choice": "Choose one of your workers."},
-    )
-    ultra_conductor: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
-        queryset=None,
-        required=False,
-        empty_label="— the pool's conductor —",
-        label="conductor-ultra conductor",
-        help_text="Plans conductor-ultra runs; empty: the pool's conductor.",
-        error_messages={"invalid_choice": "Choose one of your workers."},
-    )
+    mini_conductor = _preset_conductor_field("mini")
+    ultra_conductor = _preset_conductor_field("ultra")
     enabled = forms.BooleanField(required=False, initial=True)
 
     def __init__(

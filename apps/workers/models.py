@@ -82,6 +82,10 @@ class Worker(models.Model):
         return self.display_name
 
 
+# The field naming each preset's own conductor (issue 19); empty: the pool's ``conductor_worker``.
+PRESET_CONDUCTOR_FIELDS: dict[str, str] = {"mini": "mini_conductor", "ultra": "ultra_conductor"}
+
+
 class Pool(models.Model):
     team = models.ForeignKey(
         "governance.Team",
@@ -120,6 +124,14 @@ class Pool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def own_preset_conductors(self) -> dict[str, Worker]:
+        """Each preset's *own* conductor, by preset (not the fallback to ``conductor_worker``)."""
+        return {
+            preset: getattr(self, name)
+            for preset, name in PRESET_CONDUCTOR_FIELDS.items()
+            if getattr(self, f"{name}_id")
+        }
 
 
 class PoolWorker(models.Model):

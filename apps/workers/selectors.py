@@ -17,8 +17,7 @@ from django.db.models import Count, Max, Prefetch, Q, QuerySet
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_active_user, is_platform_admin
-from apps.workers.engine_adapter import PRESET_CONDUCTOR_FIELDS
-from apps.workers.models import Pool, PoolWorker, Provider, Worker
+from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool, PoolWorker, Provider, Worker
 
 can_configure_team = gov.can_configure_team
 
@@ -155,14 +154,6 @@ def worker_health(worker: Worker, *, role: str = "worker") -> WorkerHealth:
     return WorkerHealth(worker, role, FAILING, f"“{name}” failed its last health check{when}: {detail}")
 
 
-def _preset_own_conductors(pool: Pool) -> list[tuple[str, Worker]]:
-    return [
-        (preset, getattr(pool, name))
-        for preset, name in PRESET_CONDUCTOR_FIELDS.items()
-        if getattr(pool, f"{name}_id")
-    ]
-
-
 def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHealth:
     """The pool's readiness from its workers' last health checks (no request is sent here)."""
     if entries is None:
@@ -182,7 +173,7 @@ def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHeal
             workers.append(cond)
     # A preset's own conductor plans that preset only: failing, it makes that preset unavailable.
     presets_unavailable: list[tuple[str, str]] = []
-    for preset, own in _preset_own_conductors(pool):
+    for preset, own in pool.own_preset_conductors().items():
         role = f"conductor-{preset}"
         h = next((w for w in workers if w.worker.pk == own.pk), None)
         if h is None or h.role != "worker":
@@ -191,35 +182,22 @@ def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHeal
         if not h.passing:
             presets_unavailable.append((role, f"The conductor of {role}: {h.reason}"))
     unavailable = tuple(presets_unavailable)
+
+    def verdict(state: str, reason: str) -> PoolHealth:
+        return PoolHealth(state, reason, tuple(workers), unavailable)
+
     members = [w for w in workers if w.role == "worker"]
     allowed = [w for w in members if w.state != UNAVAILABLE]
     if not allowed:
-        return PoolHealth(
-            UNAVAILABLE,
-            f"No worker of “{pool.name}” can be called: {members[0].reason}",
-            tuple(workers),
-            unavailable,
-        )
+        return verdict(UNAVAILABLE, f"No worker of “{pool.name}” can be called: {members[0].reason}")
     if cond is not None and not cond.passing:
-        return PoolHealth(
-            cond.state if cond.state != PASSING else FAILING,
-            f"The conductor: {cond.reason}",
-            tuple(workers),
-            unavailable,
-        )
+        return verdict(cond.state if cond.state != PASSING else FAILING, f"The conductor: {cond.reason}")
     if any(w.passing for w in allowed):
-        return PoolHealth("ready", "", tuple(workers), unavailable)
+        return verdict("ready", "")
     if all(w.state == UNCHECKED for w in allowed):
-        return PoolHealth(
-            UNCHECKED,
-            "No worker has passed a health check yet: test a worker's connection.",
-            tuple(workers),
-            unavailable,
-        )
+        return verdict(UNCHECKED, "No worker has passed a health check yet: test a worker's connection.")
     failing = "; ".join(w.reason for w in allowed if w.state == FAILING)
-    return PoolHealth(
-        FAILING, f"No allowed worker passes its health check. {failing}", tuple(workers), unavailable
-    )
+    return verdict(FAILING, f"No allowed worker passes its health check. {failing}")
 
 
 # --- a pool's worker rows, cached by what they were read from ------------------------------------

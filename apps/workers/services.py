@@ -26,7 +26,15 @@ from apps.governance.visibility import is_platform_admin
 from apps.workers import selectors
 from apps.workers.egress import base_url_refusal, url_shape_refusal
 from apps.workers.engine_adapter import worker_unavailable_reason
-from apps.workers.models import HealthStatus, Pool, PoolWorker, Provider, ProviderKind, Worker
+from apps.workers.models import (
+    PRESET_CONDUCTOR_FIELDS,
+    HealthStatus,
+    Pool,
+    PoolWorker,
+    Provider,
+    ProviderKind,
+    Worker,
+)
 from apps.workers.secrets import encrypt, key_env_refusal, last4
 
 logger = logging.getLogger(__name__)
@@ -55,7 +63,6 @@ POOL_FIELDS = (
     "ultra_conductor",
     "enabled",
 )
-PRESET_CONDUCTOR_FIELDS = ("mini_conductor", "ultra_conductor")
 
 
 # --- snapshots for audit (never the key) ----------------------------------------------------------
@@ -598,7 +605,7 @@ def pool_update(
         errors,
         {
             f: changes[f]
-            for f in PRESET_CONDUCTOR_FIELDS
+            for f in PRESET_CONDUCTOR_FIELDS.values()
             if f in changes and changes[f] is not None and changes[f].pk != getattr(pool, f"{f}_id")
         },
     )

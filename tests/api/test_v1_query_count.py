@@ -10,19 +10,15 @@ that starts reading per event or checking a permission twice fails here.
 from __future__ import annotations
 
 import json
-import re
-import threading
-from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db.backends.utils import CursorWrapper
 from django.test import Client
 
 from apps.runs.models import Run, Step
 from apps.workers.services import pool_create
 from tests.fakes.base import FakeReply
+from tests.fixtures.queries import Queries
 from tests.runtime import MODE
 
 pytestmark = [
@@ -33,32 +29,6 @@ pytestmark = [
 
 # Statements per warm pass-through run, content-type lookups aside: 55 here when written.
 BUDGET = 60
-
-
-class Statements:
-    def __init__(self) -> None:
-        self.sql: list[str] = []
-        self.lock = threading.Lock()
-
-    def count(self, pattern: str) -> int:
-        return sum(1 for sql in self.sql if re.search(pattern, sql))
-
-    def common(self) -> list[tuple[str, int]]:
-        return Counter(s[:120] for s in self.sql).most_common(20)
-
-
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
-    seen = Statements()
-    original = CursorWrapper._execute_with_wrappers  # type: ignore[attr-defined]
-
-    def counting(self: Any, sql: str, params: Any, many: bool, executor: Any) -> Any:
-        with seen.lock:
-            seen.sql.append(sql)
-        return original(self, sql, params, many, executor)
-
-    monkeypatch.setattr(CursorWrapper, "_execute_with_wrappers", counting)
-    yield seen
 
 
 @pytest.fixture
@@ -88,30 +58,30 @@ def _ask(client: Client, key: str) -> dict[str, Any]:
 
 
 def test_a_warm_pass_through_run_stays_within_its_statement_budget(
-    solo: Any, api_key: tuple[Any, str], statements: Statements
+    solo: Any, api_key: tuple[Any, str], queries: Queries
 ) -> None:
     client = Client()
     _ask(client, api_key[1])  # the first run of the process fills the caches
-    statements.sql.clear()
+    queries.sql.clear()
     answer = _ask(client, api_key[1])
     assert answer["choices"][0]["message"]["content"] == "42"
-    common = statements.common()
+    common = queries.common()
     # Content-type lookups are Django's own per-process cache, which the test database's flushes
     # empty (a warm server sends none); they are not the run's cost.
-    own = [sql for sql in statements.sql if '"django_content_type"' not in sql.split(" WHERE ")[0]]
+    own = [sql for sql in queries.sql if '"django_content_type"' not in sql.split(" WHERE ")[0]]
     assert len(own) <= BUDGET, (len(own), common)
     # The pool is looked up, checked for the key and counted in one query, and run_create is
     # handed that verdict instead of checking the pool again.
-    assert statements.count(r'^SELECT .* FROM "workers_pool" ') == 1, common
+    assert queries.count(r'^SELECT .* FROM "workers_pool" ') == 1, common
     # The sink writes a fresh run's step without reading it first, adds usage without reading the
     # run, and fences each batch with the same UPDATE that moves last_seq.
-    assert statements.count(r'^SELECT .* FROM "runs_step"') == 0, common
-    assert statements.count(r'^SELECT "runs_run"."cost_usd"') == 0, common
-    assert statements.count(r"FOR UPDATE") == 0, common
+    assert queries.count(r'^SELECT .* FROM "runs_step"') == 0, common
+    assert queries.count(r'^SELECT "runs_run"."cost_usd"') == 0, common
+    assert queries.count(r"FOR UPDATE") == 0, common
     # The waiter reads run.finished once (the provider wait and the answer's finish reason).
-    assert statements.count(r'^SELECT .* FROM "runs_runevent"') == 1, common
+    assert queries.count(r'^SELECT .* FROM "runs_runevent"') == 1, common
     # Metric labels are not read per model call.
-    assert statements.count(r'^SELECT .* FROM "governance_team"') <= 1, common
+    assert queries.count(r'^SELECT .* FROM "governance_team"') <= 1, common
 
     # What was stored is what the run did: totals, one step, its worker.
     run = Run.objects.get(pk=answer["conductor"]["run_id"])

@@ -6,47 +6,15 @@ process, so a run costs a bounded number of queries. Counted across every thread
 from __future__ import annotations
 
 import json
-import re
-import threading
-from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db.backends.utils import CursorWrapper
 from django.test import Client
 
+from tests.fixtures.queries import Queries
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
-
-
-class Queries:
-    """Every SQL statement any thread of this process sends while installed."""
-
-    def __init__(self) -> None:
-        self.sql: list[str] = []
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self.sql)
-
-    def common(self, n: int = 15) -> list[tuple[str, int]]:
-        return Counter(s[:150] for s in self.sql).most_common(n)
-
-
-@pytest.fixture
-def queries(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queries]:
-    seen = Queries()
-    original = CursorWrapper._execute_with_wrappers  # type: ignore[attr-defined]
-
-    def counting(self: Any, sql: str, params: Any, many: bool, executor: Any) -> Any:
-        with seen._lock:
-            seen.sql.append(sql)
-        return original(self, sql, params, many, executor)
-
-    monkeypatch.setattr(CursorWrapper, "_execute_with_wrappers", counting)
-    yield seen
 
 
 def _ask(client: Client, key: str, model: str = "conductor-mini") -> dict[str, Any]:
@@ -67,10 +35,6 @@ def _ask(client: Client, key: str, model: str = "conductor-mini") -> dict[str, A
 BUDGET = 130
 
 
-def _count(queries: Queries, pattern: str) -> int:
-    return sum(1 for sql in queries.sql if re.search(pattern, sql))
-
-
 @pytest.mark.skipif(MODE != "embedded", reason="the run executes in this process only when embedded")
 def test_queries_per_v1_run(conductor_fake: Any, api_key: tuple[Any, str], queries: Queries) -> None:
     client = Client()
@@ -82,20 +46,20 @@ def test_queries_per_v1_run(conductor_fake: Any, api_key: tuple[Any, str], queri
     assert len(queries) <= BUDGET, common
     # The policy: only the two current version ids, once per ask (create, execute, hold decision,
     # budget alerts); the versions themselves are not read again.
-    assert _count(queries, r'FROM "policies_policyversion"') == 0, common
-    assert _count(queries, r'FROM "policies_policy"') <= 4, common
+    assert queries.count(r'FROM "policies_policyversion"') == 0, common
+    assert queries.count(r'FROM "policies_policy"') <= 4, common
     # The pool's worker rows: one freshness query per use, no membership reads.
-    assert _count(queries, r'FROM "workers_poolworker"') == 0, common
-    assert _count(queries, r'MAX\("workers_worker"."updated_at"\)') == 2, common
+    assert queries.count(r'FROM "workers_poolworker"') == 0, common
+    assert queries.count(r'MAX\("workers_worker"."updated_at"\)') == 2, common
     # The key: one query with its membership folded in.
-    assert _count(queries, r'FROM "api_apikey"') == 1, common
+    assert queries.count(r'FROM "api_apikey"') == 1, common
     assert (
-        _count(queries, r'SELECT .* FROM "governance_membership" WHERE \("governance_membership"."team_id"')
+        queries.count(r'SELECT .* FROM "governance_membership" WHERE \("governance_membership"."team_id"')
         == 0
     )
     # The rollups: one upsert per table per event, never a read-then-update.
-    assert _count(queries, r'^SELECT .* FROM "insights_') == 0, common
-    assert _count(queries, r'^UPDATE "insights_') == 0, common
+    assert queries.count(r'^SELECT .* FROM "insights_') == 0, common
+    assert queries.count(r'^UPDATE "insights_') == 0, common
 
 
 def test_a_published_policy_is_in_force_at_once(alpha: Any, queries: Queries) -> None:
@@ -132,7 +96,7 @@ def test_pool_rows_follow_every_edit(fake_pool: Any, alpha: Any, queries: Querie
     first = pool_rows(fresh())
     queries.sql.clear()
     assert pool_rows(fresh()) is first
-    assert _count(queries, r'FROM "workers_poolworker"') == 0
+    assert queries.count(r'FROM "workers_poolworker"') == 0
     check_pool_available(fresh())
     assert len(build_pool(fresh()).workers) == len(first.entries)
 
