@@ -1,5 +1,9 @@
+import os
+
 from django.apps import AppConfig
 from django.conf import settings
+
+from conductor_web.executor_db import forget_parent_connections
 
 
 class ConductorWebConfig(AppConfig):
@@ -10,6 +14,8 @@ class ConductorWebConfig(AppConfig):
         from conductor_web import auth  # registers the login-failure audit receiver
 
         auth.connect_signals()
+        # Once per process: a forked child never touches its parent's pooled connections.
+        os.register_at_fork(after_in_child=forget_parent_connections)
         if getattr(settings, "CONTENTTYPE_CACHE_DISABLED", False):
             _disable_contenttype_cache()
 

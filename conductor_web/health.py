@@ -19,6 +19,11 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from apps.api import ratelimit
+from apps.audit.sequencer import sequencer_lag
+from apps.runs.execution import thread_executor_alive
+from conductor_web.celery import app
+
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 3.0
 # Without these no run can be recorded or executed: they make /healthz answer 503.
@@ -46,12 +51,9 @@ async def _channel_layer_check() -> dict[str, Any]:
 
 def _execution_check() -> dict[str, Any]:
     if settings.EXECUTION_BACKEND != "celery":
-        from apps.runs.execution import thread_executor_alive
-
         if not thread_executor_alive():
             raise RuntimeError("the in-process run executor is shut down")
         return {"backend": "thread", "ok": True}
-    from conductor_web.celery import app
 
     broker = app.conf.broker_url.split("://", 1)[0]
     with app.connection_for_write() as conn:
@@ -67,8 +69,6 @@ def _audit_sequencer_check() -> dict[str, Any]:
     numbers the pending rows), but the growing age shows the gap.
     """
     from django.db import DatabaseError
-
-    from apps.audit.sequencer import sequencer_lag
 
     try:
         return {"ok": True, **sequencer_lag().as_dict()}
@@ -86,8 +86,6 @@ async def _guard(name: str, coro: Any) -> dict[str, Any]:
 
 
 def _rate_limiter_check() -> dict[str, Any]:
-    from apps.api import ratelimit
-
     return ratelimit.status(probe=True)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import re
 
+from conductor_web.request_context import current_request_meta
+
 # Common key shapes: OpenAI/Anthropic style keys, our own API keys, bearer tokens, key=value pairs.
 _SECRET_PATTERNS = [
     re.compile(r"sk-(?:ant-|proj-)?[A-Za-z0-9_\-]{8,}"),
@@ -40,8 +42,6 @@ class RequestIdFilter(logging.Filter):
     is being handled, else empty. The ``plain`` formatter prints it after the logger name."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from conductor_web.request_context import current_request_meta
-
         request_id = current_request_meta().request_id
         record.request_id = f" [{request_id}]" if request_id else ""
         return True

@@ -33,6 +33,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from apps.audit.models import AuditEvent
+from apps.governance.models import Team
+from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
+from apps.policies.budgets import budget_status
+from apps.policies.services import effective_policy
+from apps.workers.models import Worker
+from conductor_web.telemetry import PROVIDER_NAMES
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -85,15 +93,12 @@ def on_run_event(view: RunEventView) -> None:
     """After-commit observer: one observation per model call (planning and steps)."""
     if view.type not in ("plan.proposed", "step.finished"):
         return
-    from apps.governance.models import Team
-    from apps.workers.models import Worker
 
     data = view.data
     if view.type == "step.finished" and data.get("latency_ms") is None:
         return  # the step never called a model (skipped/blocked)
     key = str(data.get("worker_key") or "")  # plan.proposed names its planner too
     worker = Worker.objects.filter(slug=key).values_list("model_name", "provider__kind").first()
-    from conductor_web.telemetry import PROVIDER_NAMES
 
     labels = {
         "gen_ai_operation_name": "chat",
@@ -115,12 +120,6 @@ class DatabaseCollector(Collector):
     """Numbers read from the database at scrape time (the same from every process)."""
 
     def collect(self) -> Iterator[Metric]:
-        from apps.audit.models import AuditEvent
-        from apps.governance.models import Team
-        from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
-        from apps.policies.budgets import budget_status
-        from apps.policies.services import effective_policy
-
         runs = CounterMetricFamily(
             "conductor_runs_finished",
             "Runs finished, by outcome and strategy",

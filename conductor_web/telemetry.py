@@ -30,6 +30,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from apps.runs.models import Run, RunEvent
+from apps.workers.models import Worker
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
@@ -135,9 +138,6 @@ def _error(span: Span, message: str, error_type: str) -> None:
 def export_run(tracer: Tracer, run_id: UUID) -> None:
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
-
-    from apps.runs.models import Run, RunEvent
-    from apps.workers.models import Worker
 
     run = Run.objects.select_related("team").get(pk=run_id)
     events = list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values("type", "data", "created_at"))

@@ -2,24 +2,49 @@
 import each other, function-level imports of project code, and the largest files.
 
     .venv/bin/python scripts/structure_report.py [--root apps]
+
+The functions are importable: tests/core/test_structure.py checks the same figures in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 PAGES = {"views", "forms", "urls", "admin", "templatetags", "management", "apps", "api", "api_urls"}
+PROJECT_PREFIXES = ("apps.", "conductor_web")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.with_suffix("").parts)
+@dataclass(frozen=True)
+class NestedImport:
+    """A project import inside a function body: `function` is the dotted path of the enclosing
+    classes and functions (``Class.method``, ``outer.inner``)."""
+
+    module: str
+    function: str
+    line: int
+    names: tuple[str, ...]
+
+
+def module_name(path: Path, base: Path | None = None) -> str:
+    """``apps/x/y.py`` -> ``apps.x.y`` (relative to `base`, default: as given)."""
+    parts = list((path.relative_to(base) if base else path).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+def _parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    return parents
 
 
 def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
@@ -32,53 +57,66 @@ def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def imports_of(tree: ast.Module, mod: str) -> tuple[set[str], int]:
-    """Project imports of one module, and how many of them sit inside a function."""
-    found: set[str] = set()
-    nested = 0
-    parents: dict[ast.AST, ast.AST] = {}
+def _project_imports(tree: ast.Module) -> Iterable[tuple[ast.Import | ast.ImportFrom, list[str]]]:
+    """Every run-time import of project code, with the names it depends on."""
+    parents = _parents(tree)
     for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[child] = node
-    for node in ast.walk(tree):
-        names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # "from pkg import mod" depends on pkg.mod; "from pkg import name" resolves to pkg
             names = [f"{node.module}.{a.name}" for a in node.names]
-        names = [n for n in names if n.startswith(("apps.", "conductor_web"))]
-        if not names or _type_checking_only(node, parents):
+        else:
             continue
-        found.update(names)
+        names = [n for n in names if n.startswith(PROJECT_PREFIXES)]
+        if names and not _type_checking_only(node, parents):
+            yield node, names
+
+
+def nested_imports(tree: ast.Module, mod: str) -> list[NestedImport]:
+    """The project imports of one module that sit inside a function body."""
+    parents = _parents(tree)
+    found = []
+    for node, names in _project_imports(tree):
+        scopes: list[str] = []
+        inside_function = False
         up = parents.get(node)
-        while up is not None and not isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef):
+        while up is not None:
+            if isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                scopes.append(up.name)
+                inside_function = inside_function or not isinstance(up, ast.ClassDef)
             up = parents.get(up)
-        if up is not None:
-            nested += 1
-    return found, nested
+        if inside_function:
+            found.append(NestedImport(mod, ".".join(reversed(scopes)), node.lineno, tuple(names)))
+    return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--root", default="apps")
-    parser.add_argument("--largest", type=int, default=5)
-    args = parser.parse_args()
-    files = [p for p in Path(args.root).rglob("*.py") if "migrations" not in p.parts]
-    modules = {module_name(p): p for p in files}
+def imports_of(tree: ast.Module, mod: str) -> tuple[set[str], int]:
+    """Project imports of one module, and how many of them sit inside a function."""
+    found = {name for _, names in _project_imports(tree) for name in names}
+    return found, len(nested_imports(tree, mod))
+
+
+def source_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "migrations" not in p.parts)
+
+
+def import_graph(modules: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (function-level imports included)."""
     graph: dict[str, set[str]] = defaultdict(set)
-    nested_total = 0
-    for mod, path in modules.items():
-        names, nested = imports_of(ast.parse(path.read_text()), mod)
-        nested_total += nested
+    for mod, tree in modules.items():
+        names, _ = imports_of(tree, mod)
         for name in names:
             # resolve "pkg.mod.attr" to the longest known module
             while name and name not in modules:
                 name = name.rpartition(".")[0]
             if name and name != mod:
                 graph[mod].add(name)
+    return graph
 
-    # module cycles: strongly connected components with more than one module (Tarjan)
+
+def module_cycles(graph: dict[str, set[str]], modules: Iterable[str]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -92,7 +130,7 @@ def main() -> None:
         counter += 1
         stack.append(v)
         on.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])
@@ -109,24 +147,46 @@ def main() -> None:
             if len(comp) > 1:
                 sccs.append(sorted(comp))
 
-    import sys
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10000))
+    try:
+        for v in sorted(modules):
+            if v not in index:
+                strong(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sccs
 
-    sys.setrecursionlimit(10000)
-    for v in list(modules):
-        if v not in index:
-            strong(v)
 
-    def app(mod: str) -> str:
-        return ".".join(mod.split(".")[:2])
+def parse_tree(root: Path, base: Path | None = None) -> dict[str, ast.Module]:
+    """Every non-migration module under `root`, parsed, by dotted name."""
+    return {module_name(p, base): ast.parse(p.read_text(), str(p)) for p in source_files(root)}
 
-    def mutual_pairs(keep: Callable[[str], bool]) -> list[tuple[str, ...]]:
-        edges = {(app(a), app(b)) for a, bs in graph.items() if keep(a) for b in bs if app(a) != app(b)}
-        return sorted({tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges})
 
-    mutual = mutual_pairs(lambda mod: True)
+def app(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+def mutual_pairs(graph: dict[str, set[str]], keep: Callable[[str], bool]) -> list[tuple[str, ...]]:
+    edges = {(app(a), app(b)) for a, bs in graph.items() if keep(a) for b in bs if app(a) != app(b)}
+    return sorted({tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", default="apps")
+    parser.add_argument("--largest", type=int, default=5)
+    args = parser.parse_args()
+    files = source_files(Path(args.root))
+    modules = parse_tree(Path(args.root))
+    graph = import_graph(modules)
+    sccs = module_cycles(graph, modules)
+    nested_total = sum(len(nested_imports(tree, mod)) for mod, tree in modules.items())
+
+    mutual = mutual_pairs(graph, lambda mod: True)
     # Pages (views, forms, urls, admin, template tags, commands) may read every app, and an
     # AppConfig fills the ports of the layers below it: the layer rule binds the rest.
-    core = mutual_pairs(lambda mod: not any(part in PAGES for part in mod.split(".")[2:]))
+    core = mutual_pairs(graph, lambda mod: not any(part in PAGES for part in mod.split(".")[2:]))
     print(f"module cycles: {len(sccs)}")
     for comp in sccs:
         print("  " + " <-> ".join(comp))

@@ -15,7 +15,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed, Throttled
 from rest_framework.request import Request
 
-from apps.api import ratelimit
+from apps.api import keyguard, ratelimit
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_authenticate
 from conductor_web.request_context import set_api_key_id
@@ -48,7 +48,6 @@ class ApiKeyAuthentication(BaseAuthentication):
             if header and header.partition(" ")[0].lower() == "bearer":
                 raise AuthenticationFailed("Empty bearer token.")
             return None  # not a key request: let session authentication try
-        from apps.api import keyguard  # imports this module
 
         try:
             key = keyguard.authenticate(request._request, raw)

@@ -28,6 +28,7 @@ from apps.policies.models import Policy
 from apps.runs.models import Run
 from apps.workers.models import Pool
 from apps.workers.querysets import PoolQuerySet
+from apps.workers.selectors import providers_visible_to, workers_visible_to
 from apps.workers.visibility import pools_granted_to
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
@@ -172,8 +173,6 @@ def pools_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 
 
 def workers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    from apps.workers.selectors import workers_visible_to
-
     qs = workers_visible_to(user)
     if key is None:
         return qs
@@ -189,8 +188,6 @@ def workers_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
 
 
 def providers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
-    from apps.workers.selectors import providers_visible_to
-
     qs = providers_visible_to(user)
     # Platform providers (team=NULL) are out of a key's reach, even to read.
     return qs.filter(team_id=key.team_id) if key is not None else qs

@@ -28,10 +28,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
+from apps.api.ratelimit import limiter
 from apps.api.selectors import creator_role, effective_scopes, grantable_scopes, key_for_prefix
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.governance import selectors
+from apps.governance.models import Membership, Role
 from apps.governance.visibility import is_platform_admin
+from apps.workers.visibility import pools_granted_to
 
 logger = logging.getLogger(__name__)
 
@@ -79,23 +83,18 @@ def parse_prefix(plaintext: str) -> str | None:
 
 
 def _pools_team_may_use(team: Any) -> Any:
-    from apps.workers.visibility import pools_granted_to
-
     return pools_granted_to(team)
 
 
 def _assert_manages(actor: Any, team: Any) -> None:
     if actor is None:  # management command / system
         return
-    from apps.governance import selectors
 
     if not selectors.teams_managed_by(actor).filter(pk=team.pk).exists():
         raise PermissionDenied("Only the team's admins manage its API keys.")
 
 
 def _default_principal(team: Any) -> Any:
-    from apps.governance.models import Membership, Role
-
     membership = (
         Membership.objects.filter(team=team, role=Role.ADMIN)
         .select_related("user")
@@ -204,8 +203,6 @@ def apikey_create(
             "The team has no admin the key could act for; name a user explicitly."
         )
     else:
-        from apps.governance.models import Membership
-
         if not is_platform_admin(acts_as) and not Membership.objects.filter(team=team, user=acts_as).exists():
             errors.setdefault("principal", []).append("The key must act for a member of its team.")
     if errors:
@@ -267,7 +264,6 @@ def apikey_revoke(*, actor: Any, api_key: ApiKey) -> ApiKey:
 def apikey_record_denied(*, api_key: ApiKey, reason: str, detail: str = "") -> None:
     """Audit a refused use of a known key. At most once a minute per key and reason, so a client
     hammering with a revoked key cannot flood the (serialised) audit chain."""
-    from apps.api.ratelimit import limiter
 
     if not limiter().first_in_window(f"deny:{api_key.prefix}:{reason}", window_s=60):
         return

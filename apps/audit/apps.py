@@ -1,10 +1,7 @@
-import sys
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-
-SERVER_COMMANDS = ("daphne", "runserver", "uvicorn")
 
 # 0 while ``manage.py flush`` runs in this process (see apps.audit.management.commands.flush):
 # the SQLite append-only trigger consults it through the SQL function audit_guard_active().
@@ -19,6 +16,7 @@ def _register_sqlite_guard(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 
 def _start_in_worker(**kwargs: Any) -> None:
+    # Imported here: apps.py loads before the app registry is ready (the sequencer uses models).
     from apps.audit.sequencer import start_sequencer_thread
 
     start_sequencer_thread(publish=False)  # beat publishes tree heads in the distributed mode
@@ -35,11 +33,7 @@ class AuditConfig(AppConfig):
         if settings.EXECUTION_BACKEND == "celery":
             from celery.signals import worker_process_init, worker_ready
 
-            # Every worker process (and daphne, below) runs a sequencer; the advisory lock lets
-            # exactly one pass run at a time.
+            # Every worker process (and every server: conductor_web.background) runs a
+            # sequencer; the advisory lock lets exactly one pass run at a time.
             worker_ready.connect(_start_in_worker, weak=False, dispatch_uid="audit-seq-ready")
             worker_process_init.connect(_start_in_worker, weak=False, dispatch_uid="audit-seq-init")
-        if any(cmd in " ".join(sys.argv[:2]) for cmd in SERVER_COMMANDS):
-            from apps.audit.sequencer import start_sequencer_thread
-
-            start_sequencer_thread(publish=settings.EXECUTION_BACKEND != "celery")

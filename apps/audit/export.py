@@ -22,6 +22,8 @@ from django.db.models import QuerySet
 
 from apps.audit.chain import DIGEST_FIELDS, canonical_json
 from apps.audit.models import SignedTreeHead
+from apps.audit.proofs import load_tree
+from apps.audit.sequencer import hmac_key, sth_create
 from apps.audit.verify import ROW_FIELDS, row_content
 
 CONTENT_COLUMNS = DIGEST_FIELDS
@@ -41,9 +43,6 @@ class _Cut:
     """The STH an export is cut from, its tree (for inclusion proofs) and the running tally."""
 
     def __init__(self) -> None:
-        from apps.audit.proofs import load_tree
-        from apps.audit.sequencer import sth_create
-
         self.sth: SignedTreeHead = sth_create()
         self.tree = load_tree(self.sth.tree_size)
         self.rows = 0
@@ -60,8 +59,6 @@ class _Cut:
         return [h.hex() for h in self.tree.inclusion_proof(seq - 1, self.sth.tree_size)]
 
     def trailer(self) -> dict[str, Any]:
-        from apps.audit.sequencer import hmac_key
-
         body = {
             "type": "end",
             "format": END_FORMAT,

@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.audit import ports
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, ReviewDecision, RunReview
+from apps.audit.sequencer import sequencer_lag
 
 PAGE_SIZE = 50
 
@@ -106,8 +107,6 @@ class ChainState:
 
 
 def chain_state() -> ChainState:
-    from apps.audit.sequencer import sequencer_lag
-
     lag = sequencer_lag()
     head = AuditChainHead.objects.filter(pk=1).first()
     if head is None:

@@ -23,8 +23,9 @@ from apps.audit import ports
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
-from apps.audit.models import AuditEvent
+from apps.audit.models import AuditEvent, ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
+from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge, sth_create
 from conductor_web.request_context import current_request_meta
 
@@ -433,7 +434,6 @@ def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) 
     ``since``: an earlier checkpoint; the new one then carries the RFC 9162 consistency proof
     from it (``scripts/verify_audit_export.py --consistency OLD NEW`` checks it offline).
     """
-    from apps.audit.proofs import consistency_proof
 
     sth = sth_create()
     head = AuditEvent.objects.filter(seq=sth.tree_size).values_list("digest", flat=True).first()
@@ -484,8 +484,6 @@ REVIEW_TEXT_MAX = 2000
 
 
 def _review_errors(status: str, reason: str, comment: str) -> dict[str, list[str]]:
-    from apps.audit.models import ReviewDecision
-
     errors: dict[str, list[str]] = {}
     if status not in ReviewDecision.values:
         errors["status"] = ["Choose approved, flagged or needs follow-up."]
@@ -502,7 +500,6 @@ def _review_locked(
     *, actor: Any, run: Any, status: str, reason: str, comment: str, extra: dict[str, Any] | None = None
 ) -> Any:
     """One review inside the caller's transaction: lock the run, save the review, audit it."""
-    from apps.audit.models import ReviewDecision, RunReview
 
     locked = ports.runs().run.objects.select_for_update().get(pk=run.pk)
     before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
@@ -582,8 +579,6 @@ def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
     """
     from django.core.exceptions import PermissionDenied, ValidationError
 
-    from apps.audit.models import ReviewDecision
-
     note = (note or "").strip()
     if not runs:
         raise ValidationError({"runs": ["Select at least one run."]})
@@ -620,8 +615,6 @@ def run_flag_resolve(*, actor: Any, run: Any, note: str) -> Any:
     latest of them.
     """
     from django.core.exceptions import PermissionDenied, ValidationError
-
-    from apps.audit.models import ReviewDecision, RunReview
 
     if not _can_review_run(actor, run):
         raise PermissionDenied("You may not resolve this flag: it needs the review_team_runs permission.")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from apps.audit.sequencer import sth_publish
+from apps.audit.services import audit_retention_sweep as sweep
+from apps.audit.services import hmac_key
+from apps.audit.verify import verify_and_record
+
 
 @shared_task(name="apps.audit.tasks.audit_retention_sweep", ignore_result=True)
 def audit_retention_sweep() -> int:
     """Idempotent: each run is erased once (``payload_erased_at`` is the claim)."""
-    from apps.audit.services import audit_retention_sweep as sweep
 
     return sweep()
 
@@ -16,8 +20,6 @@ def audit_retention_sweep() -> int:
 @shared_task(name="apps.audit.tasks.audit_verify", ignore_result=True)
 def audit_verify() -> bool:
     """Verify the whole chain and record the outcome on the chain head (the UI shows it)."""
-    from apps.audit.services import hmac_key
-    from apps.audit.verify import verify_and_record
 
     return verify_and_record(key=hmac_key()).ok
 
@@ -25,7 +27,6 @@ def audit_verify() -> bool:
 @shared_task(name="apps.audit.tasks.audit_sth_publish", ignore_result=True)
 def audit_sth_publish() -> int:
     """Sign the tree head and append it to ``AUDIT_STH_PUBLISH_PATH``; idempotent per tree size."""
-    from apps.audit.sequencer import sth_publish
 
     sth = sth_publish()
     return sth.tree_size if sth else 0

@@ -44,6 +44,7 @@ from apps.audit.chain import (
     compute_digest,
 )
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
+from apps.audit.sequencer import audit_flush, last_published_sth
 
 # The columns a walk needs, in a fixed order (values_list is far cheaper than model instances).
 ROW_FIELDS = (*DIGEST_FIELDS, "prev_digest", "digest")
@@ -434,7 +435,6 @@ def verify_chain(
     ``CHUNK_LEAVES`` events are walked in forked processes (the CLI does; a server thread does
     not fork).
     """
-    from apps.audit.sequencer import audit_flush, last_published_sth
 
     audit_flush()
     if published is None:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.audit import export, selectors, services
+from apps.audit import export, selectors, services, tasks
 from apps.audit.filters import AuditFilterForm, active_filters, filter_audit_events
 from apps.audit.forms import (
     PAGE_PARAMS,
@@ -37,7 +37,9 @@ from apps.audit.models import AuditEvent
 from apps.audit.selectors import TABS
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
+from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
+from apps.runs.approvals import approvals_waiting_for
 from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible
 
@@ -50,8 +52,6 @@ def _int_param(request: HttpRequest, name: str) -> int | None:
 def _filter_form(request: HttpRequest) -> AuditFilterForm:
     teams = gov.teams_with_audit_visible_to(request.user) if not is_platform_admin(request.user) else None
     if teams is None:
-        from apps.governance.models import Team
-
         teams = Team.objects.all()
     return AuditFilterForm(request.GET or None, teams=teams.order_by("slug"))
 
@@ -157,8 +157,6 @@ def verify_now(request: HttpRequest) -> HttpResponse:
 def _verify_in_background() -> None:
     from django.conf import settings
 
-    from apps.audit import tasks
-
     if settings.EXECUTION_BACKEND == "celery":
         tasks.audit_verify.delay()
         return
@@ -176,8 +174,6 @@ def _verify_in_background() -> None:
 
 @require_GET
 def review_queue(request: HttpRequest) -> HttpResponse:
-    from apps.runs.approvals import approvals_waiting_for
-
     teams = gov.teams_reviewable_by(request.user).order_by("slug")
     form = ReviewQueueFilterForm(request.GET or None, teams=teams)
     filters = form.cleaned_data if form.is_valid() else {}

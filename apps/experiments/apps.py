@@ -8,6 +8,7 @@ class ExperimentsConfig(AppConfig):
     label = "experiments"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.experiments import services
         from apps.runs import observers
 

@@ -21,7 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from apps.experiments.models import ExperimentRun
 from apps.feedback.models import Feedback
+from apps.policies.services import effective_policy
 from apps.runs.models import Run, RunEvent, RunStatus
 
 KINDS = ("conductor", "chat")
@@ -38,8 +40,6 @@ class ExportSummary:
 
 
 def _learning_metric(team: Any) -> str:
-    from apps.policies.services import effective_policy
-
     spec = effective_policy(team).spec
     learning = getattr(spec, "learning", None)
     return str(getattr(learning, "metric", "") or "helpful")
@@ -63,8 +63,6 @@ def _rewards(run_ids: list[Any], metric: str) -> dict[Any, tuple[float, str]]:
 
 
 def _experiment_scores(run_ids: list[Any]) -> dict[Any, float]:
-    from apps.experiments.models import ExperimentRun
-
     return {
         run_id: float(score)
         for run_id, score in ExperimentRun.objects.filter(

@@ -8,6 +8,7 @@ from django import forms
 
 from apps.experiments.datasets import MAX_FILE_BYTES, DatasetInvalid, ParsedItem, parse_jsonl
 from apps.experiments.models import Dataset, EvaluatorKind
+from apps.experiments.selectors import datasets_visible_to
 from apps.experiments.services import COMPOSITE_ARMS
 from apps.governance import selectors as gov
 from apps.governance.models import Team
@@ -54,8 +55,6 @@ class ExperimentForm(forms.Form):
     seed = forms.IntegerField(initial=0, min_value=0, max_value=2**31 - 1)
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
-        from apps.experiments.selectors import datasets_visible_to
-
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets_visible_to(user)  # type: ignore[attr-defined]
         pools = Pool.objects.visible_to(user, "use").filter(enabled=True).order_by("slug")

@@ -21,6 +21,7 @@ from django.utils import timezone
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.experiments.datasets import ParsedItem
+from apps.experiments.export import KINDS, ExportSummary, dumps, export_rows
 from apps.experiments.models import (
     Dataset,
     DatasetItem,
@@ -29,8 +30,14 @@ from apps.experiments.models import (
     ExperimentRun,
     ExperimentStatus,
 )
+from apps.feedback.evaluators import evaluate_exact, evaluate_regex
 from apps.governance import selectors as gov
 from apps.governance.models import Team
+from apps.learning.bandit import Arm
+from apps.learning.services import OfflineExample, learn_offline
+from apps.runs.integration import policy_in_force
+from apps.runs.models import Run, RunSource
+from apps.runs.services import RunRefused, run_cancel, run_create
 from apps.workers.engine_adapter import preset_conductor_of
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool
 
@@ -142,9 +149,6 @@ def experiment_start(
     seed: int = 0,
 ) -> Experiment:
     """Create the experiment and every (item, arm) run in one transaction; they dispatch on commit."""
-    from apps.runs.integration import policy_in_force
-    from apps.runs.models import RunSource
-    from apps.runs.services import RunRefused, run_create
 
     team = dataset.team
     _require_run_on_team(actor, team)
@@ -234,8 +238,6 @@ def experiment_start(
 
 
 def score_answer(evaluator: str, answer: str, reference: str | None) -> float | None:
-    from apps.feedback.evaluators import evaluate_exact, evaluate_regex
-
     if evaluator == EvaluatorKind.REGEX:
         return evaluate_regex(answer, reference).value
     return evaluate_exact(answer, reference, {"normalize": True}).value
@@ -325,8 +327,6 @@ def experiment_refresh(experiment: Experiment) -> None:
 
 def experiment_cancel(*, actor: Any, experiment: Experiment) -> Experiment:
     """Cancel every unfinished run and mark the experiment cancelled (finished runs keep their scores)."""
-    from apps.runs.models import Run
-    from apps.runs.services import run_cancel
 
     _require_run_on_team(actor, experiment.team)
     if experiment.is_terminal:
@@ -361,8 +361,6 @@ def experiment_cancel(*, actor: Any, experiment: Experiment) -> Experiment:
 
 
 def _arm_of(arm_id: str) -> Any:
-    from apps.learning.bandit import Arm
-
     if arm_id.startswith("single:"):
         return Arm(arm_id, "single", worker=arm_id.removeprefix("single:"))
     if arm_id.startswith("conductor-"):
@@ -380,7 +378,6 @@ def experiment_teach(*, actor: Any, experiment: Experiment) -> TeachResult:
     """Teach the team's learned router from the scored rows (learning audits the new version).
 
     Only rows with a score and an arm the router knows (not ``learned`` itself) count."""
-    from apps.learning.services import OfflineExample, learn_offline
 
     if not gov.can_manage_team(actor, experiment.team):
         raise PermissionError(
@@ -416,7 +413,6 @@ def training_export(
 ) -> tuple[list[str], dict[str, Any]]:
     """The team's training export as JSONL lines (apps.experiments.export), audited with its
     counts (never its content). Team admins only: it carries questions and answers."""
-    from apps.experiments.export import KINDS, ExportSummary, dumps, export_rows
 
     if not gov.can_manage_team(actor, team):
         raise PermissionError(

@@ -14,6 +14,8 @@ from apps.experiments import selectors, services
 from apps.experiments.forms import DatasetUploadForm, ExperimentForm
 from apps.experiments.models import Experiment
 from apps.governance import selectors as gov
+from apps.governance.models import Team
+from apps.learning.services import RouterError
 
 
 def _experiment_for(user: Any, pk: int) -> Experiment:
@@ -134,8 +136,6 @@ def experiment_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def experiment_teach(request: HttpRequest, pk: int) -> HttpResponse:
-    from apps.learning.services import RouterError
-
     experiment = _experiment_for(request.user, pk)
     try:
         result = services.experiment_teach(actor=request.user, experiment=experiment)
@@ -154,7 +154,6 @@ def experiment_teach(request: HttpRequest, pk: int) -> HttpResponse:
 
 def training_export(request: HttpRequest, team_slug: str) -> HttpResponse:
     """``?kind=conductor|chat``: the team's training export as a JSONL download (team admins)."""
-    from apps.governance.models import Team
 
     team = Team.objects.filter(slug=team_slug).first()
     if team is None or not gov.can_view_team(request.user, team):

@@ -10,6 +10,7 @@ class FeedbackConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_save
 
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.feedback import evaluators, services
         from apps.runs import observers
 

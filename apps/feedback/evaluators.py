@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from apps.feedback.models import Evaluator, EvaluatorKind, FeedbackSource, MetricKind
+from apps.feedback.services import feedback_record
+from apps.policies.guardrails.json_schema import scan
+from apps.policies.guardrails.regex import UnsafePattern, compile_pattern
+from apps.runs.models import Run, RunStatus
+from apps.workers.engine_adapter import build_engine_pool
 
 logger = logging.getLogger(__name__)
 
@@ -50,15 +55,11 @@ def _normalise(text: str) -> str:
 
 
 def evaluate_json_schema(answer: str, config: dict[str, Any]) -> Outcome:
-    from apps.policies.guardrails.json_schema import scan
-
     findings = scan(answer, config.get("schema"))
     return Outcome(0.0 if findings else 1.0, findings[0].label if findings else "valid JSON")
 
 
 def evaluate_regex(answer: str, reference: str | None) -> Outcome:
-    from apps.policies.guardrails.regex import UnsafePattern, compile_pattern
-
     if reference is None:
         return Outcome(None, "no reference answer in the request metadata")
     try:
@@ -95,7 +96,6 @@ def judge_prompt(question: str, answer: str, rubric: str, reference: str | None)
 
 def evaluate_judge(run: Any, config: dict[str, Any], reference: str | None) -> Outcome:
     """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score."""
-    from apps.workers.engine_adapter import build_engine_pool
 
     pool = build_engine_pool(run.pool)
     slug = config.get("worker")
@@ -132,8 +132,6 @@ def evaluate(evaluator: Evaluator, run: Any) -> Outcome:
 
 def run_evaluators(run_id: Any) -> list[Any]:
     """Evaluate a finished run with its team's enabled evaluators; returns the feedback recorded."""
-    from apps.feedback.services import feedback_record
-    from apps.runs.models import Run, RunStatus
 
     run = Run.objects.select_related("team", "pool").filter(pk=run_id).first()
     if run is None or run.status != RunStatus.SUCCEEDED:

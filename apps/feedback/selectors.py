@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from apps.feedback.models import Evaluator, Feedback, Metric
+from apps.feedback.services import ensure_default_metrics
 
 
 def feedback_of_run(run: Any) -> QuerySet[Feedback]:
@@ -14,8 +15,6 @@ def feedback_of_run(run: Any) -> QuerySet[Feedback]:
 
 
 def metrics_of_team(team: Any) -> QuerySet[Metric]:
-    from apps.feedback.services import ensure_default_metrics
-
     ensure_default_metrics(team)
     return Metric.objects.filter(team_id=team.pk).order_by("name")
 

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
+from apps.audit.models import RunReview
 from apps.audit.services import audit_record, audit_run_event
 from apps.feedback.models import (
     COMMENT_MAX,
@@ -33,6 +34,7 @@ from apps.feedback.models import (
     MetricLevel,
     Optimize,
 )
+from apps.governance.selectors import can_change_team_policy
 
 logger = logging.getLogger(__name__)
 
@@ -245,8 +247,6 @@ def on_review_saved(sender: Any, instance: Any, created: bool, raw: bool = False
     review_id, value = instance.pk, REVIEW_VALUES[instance.status]
 
     def record() -> None:
-        from apps.audit.models import RunReview
-
         try:
             review = RunReview.objects.select_related("run__team", "reviewer").get(pk=review_id)
             feedback_record(
@@ -267,8 +267,6 @@ def on_review_saved(sender: Any, instance: Any, created: bool, raw: bool = False
 
 
 def can_configure_feedback(user: Any, team: Any) -> bool:
-    from apps.governance.selectors import can_change_team_policy
-
     return bool(getattr(user, "is_authenticated", False)) and can_change_team_policy(user, team)
 
 

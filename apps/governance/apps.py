@@ -8,6 +8,7 @@ class GovernanceConfig(AppConfig):
     # never by a signal: every grant is audited in the transaction that made it (issue #16).
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.governance.ports import install
 
         install()

@@ -8,6 +8,7 @@ class InsightsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_save, pre_save
 
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.audit.models import RunReview
         from apps.insights import reviews, rollup, services
         from apps.runs import observers

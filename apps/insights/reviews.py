@@ -23,8 +23,9 @@ from typing import Any
 from django.db.models import Count, Q
 from django.db.models.functions import TruncDay, TruncHour
 
-from apps.insights.models import DAY, HOUR
+from apps.insights.models import DAY, HOUR, ReviewFact, ReviewRollup
 from apps.insights.upsert import Bumps
+from apps.runs.models import Run
 
 PENDING, FLAGGED, APPROVED = "pending", "flagged", "approved"  # apps.runs.models.ReviewStatus
 _WATCHED = frozenset({"review_status", "answer_held"})
@@ -49,7 +50,6 @@ def _key(team_id: int, pool_id: int | None, strategy: str, created_at: datetime)
 
 def at_run_end(bumps: Bumps, base: dict[str, Any], run: dict[str, Any]) -> None:
     """The run has just ended (its row as the sink left it): count what the end entered."""
-    from apps.insights.models import ReviewRollup
 
     entered = {"pending": int(run["review_status"] == PENDING), "held": int(bool(run["answer_held"]))}
     bumps.add(ReviewRollup, {**base, "hour": _bucket(run["created_at"])}, **entered)
@@ -67,7 +67,6 @@ def on_run_post_save(
     sender: Any, instance: Any, created: bool = False, update_fields: Any = None, **kwargs: Any
 ) -> None:
     """Move the run between counters when a save changed its review state."""
-    from apps.insights.models import ReviewRollup
 
     if created:
         before: tuple[str, bool] | None = ("", False)
@@ -90,8 +89,6 @@ def on_run_post_save(
 
 def on_review_saved(sender: Any, instance: Any, created: bool = False, **kwargs: Any) -> None:
     """A new RunReview: its row for the reviews chart, in the review's transaction."""
-    from apps.insights.models import ReviewFact
-    from apps.runs.models import Run
 
     if not created:
         return  # a review's run, reviewer, status and time never change after it is written

@@ -15,6 +15,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 
 from apps.governance import selectors as gov
+from apps.governance.models import Team
 from apps.insights.models import (
     DAY,
     HOUR,
@@ -26,6 +27,7 @@ from apps.insights.models import (
     ReviewRollup,
     Rollup,
 )
+from apps.policies.services import effective_policy
 from apps.workers.models import Pool
 
 
@@ -152,8 +154,6 @@ def _chart(cid: str, title: str, caption: str, data: list[dict[str, Any]], **lay
 
 def daily_budgets(scope: Scope) -> dict[str, Decimal]:
     """Each team's daily limit in force now (hard, else soft); teams without one are left out."""
-    from apps.governance.models import Team
-    from apps.policies.services import effective_policy
 
     out = {}
     for team in Team.objects.filter(pk__in=scope.team_ids).order_by("slug"):

@@ -30,7 +30,10 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.governance.models import Team
 from apps.insights.models import BudgetAlert, BudgetNotice, WebhookDelivery
+from apps.policies.budgets import budget_status
+from apps.policies.selectors import effective_policy_cached
 from apps.runs.observers import RunEventView
 
 logger = logging.getLogger(__name__)
@@ -69,9 +72,6 @@ def on_run_event(view: RunEventView) -> None:
 
 def budget_alerts_check(*, team_id: int) -> list[BudgetAlert]:
     """Raise every threshold the team's budget windows have crossed and not yet raised."""
-    from apps.governance.models import Team
-    from apps.policies.budgets import budget_status
-    from apps.policies.selectors import effective_policy_cached
 
     team = Team.objects.get(pk=team_id)
     status = budget_status(team=team, effective=effective_policy_cached(team))

@@ -24,11 +24,13 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.engine.strategies import build_strategy
 from apps.governance.models import Team
 from apps.learning.arms import candidate_arms
 from apps.learning.bandit import Arm, Bandit, choose, exploration_rate, reward_of
 from apps.learning.features import Context, context_of
 from apps.learning.models import Decision, Router
+from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy, Learning
 
 logger = logging.getLogger(__name__)
@@ -206,7 +208,6 @@ def route(
 
 def strategy_for(decision: Decision) -> Any:
     """The engine strategy of the decision's chosen arm."""
-    from apps.engine.strategies import build_strategy
 
     arm = decision.chosen or {"arm": decision.chosen_arm, "kind": "conductor", "preset": "mini"}
     kind = arm.get("kind")
@@ -297,7 +298,6 @@ def learn_from_feedback(
     the policy's learning metric. The first value for the decision is its reward (later ones are
     not learned again: a bandit cannot unlearn). A frozen router, or learning switched off by the
     policy, stores the reward without learning from it."""
-    from apps.policies.services import effective_policy
 
     decision = Decision.objects.filter(run_id=run_id, team_id=team_id).first()
     if decision is None:
@@ -375,7 +375,6 @@ def learn_offline(
 ) -> int:
     """Teach the team's live router from experiment results (every arm was run on purpose, so
     each example is logged with probability 1). Returns the number of examples learned."""
-    from apps.policies.services import effective_policy
 
     team = Team.objects.get(pk=team_id)
     learning = effective_policy(team).spec.learning

@@ -6,6 +6,7 @@ class PoliciesConfig(AppConfig):
     label = "policies"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.governance.permissions import register_grant_source
         from apps.policies.visibility import POLICY_GRANTS
 

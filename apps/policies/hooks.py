@@ -31,7 +31,9 @@ from apps.engine.hooks import (
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.types import Totals, WorkerInfo
 from apps.policies import ports
+from apps.policies.budgets import budget_status
 from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
+from apps.policies.forecast import forecast_plan, forecast_violations
 from apps.policies.guardrails import StageEnv, run_stage
 from apps.policies.spec import EffectivePolicy
 
@@ -88,7 +90,6 @@ class PolicyHooks:
             getattr(b, n).soft_usd is None and getattr(b, n).hard_usd is None for n in ("daily", "monthly")
         ):
             return [], []
-        from apps.policies.budgets import budget_status
 
         status = budget_status(team=self.team, effective=self.effective)
         return status.rooms(), status.warnings
@@ -179,7 +180,6 @@ class PolicyHooks:
         """Plan checks on the plan that would run, before any worker is called: the forecast
         (cost, tokens) and the data boundary. A hard limit blocks; a plan-check limit whose
         action is require_approval holds the plan for an approver unless one approved it."""
-        from apps.policies.forecast import forecast_plan, forecast_violations
 
         assert verdict.plan is not None
         c = self.spec.constraints

@@ -10,9 +10,11 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from apps.engine.types import WorkerInfo
+from apps.governance import selectors as gov
 from apps.governance.visibility import is_platform_admin
 from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
+from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
 
 
@@ -44,7 +46,6 @@ class PolicyRow:
 
 def policy_rows_for(user: Any) -> list[PolicyRow]:
     """The platform default plus one row per team the user can see (with or without a policy yet)."""
-    from apps.governance import selectors as gov
 
     rows = [
         PolicyRow(
@@ -118,7 +119,6 @@ def _current_versions(team: Any) -> tuple[Stamp, Stamp]:
 def effective_policy_cached(team: Any) -> EffectivePolicy:
     """``apps.policies.services.effective_policy`` for the versions current now, merged once per
     process per (team, platform version, team version)."""
-    from apps.policies.services import effective_policy
 
     key = (getattr(team, "pk", None), *_current_versions(team))
     with _effective_lock:

@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.governance.selectors import can_change_team_policy
 from apps.governance.services import grant_object_perms
+from apps.governance.visibility import is_platform_admin
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.spec import (
     EffectivePolicy,
@@ -107,9 +109,6 @@ def policy_get_or_create(*, actor: Any, team: Any | None, name: str = "") -> Pol
     if existing is not None:
         return existing
     if actor is not None:
-        from apps.governance.selectors import can_change_team_policy
-        from apps.governance.visibility import is_platform_admin
-
         _require(
             is_platform_admin(actor) if team is None else can_change_team_policy(actor, team),
             "You may not create this policy.",

@@ -85,6 +85,9 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from apps.engine.types import Limits
+from apps.policies.patterns import regex_problem
+
 ConstraintAction = Literal["repair", "block"]
 # A plan that crosses a plan-check limit: wait for an approver, or end blocked at once.
 HoldAction = Literal["require_approval", "block"]
@@ -813,8 +816,6 @@ def _regex_problem(pattern: str) -> str | None:
     if len(pattern) > MAX_PATTERN_CHARS:
         return f"the pattern is longer than {MAX_PATTERN_CHARS} characters"
     # Policy patterns run on RE2 (linear time); what RE2 refuses cannot be published.
-    from apps.policies.guardrails.regex import regex_problem  # the guardrails package imports this module
-
     problem = regex_problem(pattern)
     if problem is not None:
         return f"invalid regular expression for RE2 (linear-time matching): {problem}"[:300]
@@ -1175,8 +1176,6 @@ class EffectivePolicy:
         `validate_plan`, where the policy repairs or blocks it with a precise violation; presets
         may narrow ``max_steps`` further. Depth, parallelism and the time caps are enforced by
         the engine directly."""
-        from apps.engine.types import Limits
-
         base = Limits()
         c = self.spec.constraints
         kwargs: dict[str, Any] = {}

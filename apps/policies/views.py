@@ -49,6 +49,7 @@ from apps.policies.spec import (
     validate_spec,
 )
 from apps.runs.models import Run
+from apps.runs.selectors import run_content_visible  # the one content rule for held answers
 
 
 def _team_or_404(user: Any, slug: str) -> Team:
@@ -302,7 +303,6 @@ def recorded_runs(*, user: Any, team: Any, limit: int) -> list[Any]:
     Row visibility is the one rule (`Run.objects.visible_to(user, "view")`); whether the viewer may see a
     run's content (held answers) is `apps.runs.selectors.run_content_visible`, carried on each
     record so the replay page shows only rule names for withheld runs."""
-    from apps.runs.selectors import run_content_visible  # the one content rule for held answers
 
     qs = Run.objects.visible_to(user, "view").filter(team=team, status__in=_TERMINAL)
     # RunEvent through the Run relation: this module names no model of the runs app.

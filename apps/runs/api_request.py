@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.engine.generation import GenerationOptions
+from apps.engine.strategies import build_strategy
 from apps.runs.models import Run
 
 
@@ -23,8 +24,6 @@ def generation_for(run: Run) -> GenerationOptions | None:
 def passthrough_strategy(run: Run, engine_pool: Any) -> Any | None:
     """A pool model's tool conversation: one step on the pool's default worker, which receives
     the client's chat as it is (tool calls and results included). None for every other run."""
-    from apps.engine.strategies import build_strategy
-
     record = run.api_request if isinstance(run.api_request, dict) else {}
     conversation = record.get("conversation")
     if not isinstance(conversation, list) or not conversation:

@@ -3,7 +3,8 @@
 A plan over a plan-check limit whose policy action is ``require_approval`` (the cost/token
 forecast, or labelled data leaving the team's data boundary) pauses the run before any worker is
 called: the engine emits ``run.awaiting_approval`` and the sink calls ``approval_requested`` in
-the event's transaction. The run holds no lease while it waits. Then, exactly one of:
+the event's transaction (through the hook ``install_approval_hooks`` sets at app ready: the sink
+and the sweep sit below this module). The run holds no lease while it waits. Then, exactly one of:
 
 - ``plan_approve``: the run is queued again (outbox, same transaction); the next attempt replays
   the planning call from the resume journal, so the same plan comes back, and the hooks let the
@@ -37,9 +38,11 @@ from apps.audit.notify import notify_review_requested
 from apps.audit.services import audit_record
 from apps.engine.events import EventType
 from apps.governance import selectors as gov
+from apps.runs import observers, sweeper
+from apps.runs.endings import run_finish_externally, stored_event
+from apps.runs.execution import dispatch_pending, reset_for_next_attempt
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunStatus
-from apps.runs.services import run_finish_externally, stored_event
 from apps.runs.sink import publish, publish_review
 
 logger = logging.getLogger(__name__)
@@ -189,9 +192,6 @@ def _clean_note(note: str) -> str:
 
 def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
     """Let the held plan run: the run is queued again and resumes from its journal."""
-    # Execution reads approvals (approved digests, expiry in its sweep): this side is the lazy one.
-    from apps.runs.execution import dispatch_pending, reset_for_next_attempt
-
     check_may_decide(actor, run)
     note = _clean_note(note)
     now = timezone.now()
@@ -324,15 +324,6 @@ def expire_approvals(now: datetime | None = None) -> int:
     return ended
 
 
-def approved_digests(run_id: UUID | str) -> set[str]:
-    """The plans an approver let through for this run (the hooks accept exactly these)."""
-    return set(
-        PlanApproval.objects.filter(run_id=run_id, decision=ApprovalDecision.APPROVED).values_list(
-            "digest", flat=True
-        )
-    )
-
-
 def approvals_waiting_for(user: Any) -> Any:
     """Held plans the user may decide (teams where they approve), oldest first."""
     teams = gov.teams_reviewable_by(user)
@@ -343,3 +334,10 @@ def approvals_waiting_for(user: Any) -> Any:
         .select_related("run", "run__team", "run__created_by")
         .order_by("requested_at")
     )
+
+
+def install_approval_hooks() -> None:
+    """At app ready: the sink (below) pauses a held plan through ``approval_requested``, and the
+    sweep (below) ends held plans past their timeout through ``expire_approvals``."""
+    observers.register_plan_hold(approval_requested)
+    sweeper.register_expiry("runs.approvals", expire_approvals)

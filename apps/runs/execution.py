@@ -29,16 +29,33 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_record
+from apps.engine.runner import run_request
+from apps.engine.strategies import build_strategy
+from apps.learning.services import learned_strategy
+from apps.runs import integration
 from apps.runs.api_request import generation_for, passthrough_strategy
+from apps.runs.endings import run_finish_externally
+from apps.runs.journal import CallJournal, journal_pool
 from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
+from apps.runs.selectors import approved_digests
+from apps.runs.sink import RunSink
+from apps.runs.sweeper import start_sweeper
+from apps.workers.engine_adapter import use_preset_conductor
 from conductor_web.request_context import set_request_id
 
 logger = logging.getLogger(__name__)
+
+# The Celery task that executes a run (apps.runs.tasks, above this module): sent by name, so
+# execution never imports the tasks module that calls it.
+RUN_EXECUTE_TASK = "apps.runs.tasks.run_execute"
 
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
@@ -66,10 +83,8 @@ def _as_uuid(run_id: UUID | str) -> UUID:
 def dispatch_run(run_id: UUID | str) -> None:
     """Hand a run to an executor now. Raises if the hand-off failed (e.g. broker down)."""
     if settings.EXECUTION_BACKEND == "celery":
-        from apps.runs.tasks import run_execute
-
         options: dict[str, Any] = {"queue": settings.CELERY_RUN_QUEUE} if settings.CELERY_RUN_QUEUE else {}
-        run_execute.apply_async((str(run_id),), **options)
+        current_app.send_task(RUN_EXECUTE_TASK, args=(str(run_id),), **options)
     else:
         thread_executor().submit(_execute_in_thread, str(run_id))
 
@@ -222,8 +237,6 @@ def execute_run(run_id: UUID | str) -> str | None:
     if not _claim(run_id):
         logger.info("run %s not claimed (already taken or no longer queued)", run_id)
         return None
-    from apps.runs.services import run_finish_externally
-
     owner = executor_id()
     cancel = DbCancelToken(run_id, owner=owner)
     _track(str(run_id), True)
@@ -271,12 +284,6 @@ def _still_owner(run_id: UUID | str, owner: str) -> bool:
 
 
 def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
-    from apps.engine.runner import run_request
-    from apps.runs import integration
-    from apps.runs.journal import CallJournal, journal_pool
-    from apps.runs.sink import RunSink
-    from apps.workers.engine_adapter import use_preset_conductor
-
     run = Run.objects.select_related("team", "pool", "worker").get(pk=run_id)
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
     journal = CallJournal(run.id, attempt=run.attempts or 1)
@@ -299,8 +306,6 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     hooks = integration.governance_hooks(run.team, policy, str(run.id))
     if (run.attempts or 1) > 1 and hasattr(hooks, "approved_digests"):
         # Only a later attempt can carry an approval (approving re-queues the run).
-        from apps.runs.approvals import approved_digests
-
         hooks.approved_digests = approved_digests(run.id)  # plans an approver let through
     run_request(
         run_id=str(run.id),
@@ -329,8 +334,6 @@ def _replay_question(run: Run) -> str:
 
 
 def build_run_strategy(run: Run, engine_pool: Any) -> Any:
-    from apps.engine.strategies import build_strategy
-
     if run.replay_messages:
         return _replay_strategy(run, engine_pool)
     if (passthrough := passthrough_strategy(run, engine_pool)) is not None:
@@ -340,9 +343,6 @@ def build_run_strategy(run: Run, engine_pool: Any) -> Any:
     if run.strategy == "single":
         return build_strategy("single", worker=run.worker.slug if run.worker else None)
     if run.strategy == "learned":  # the team's router picks the arm (apps.learning, below runs)
-        from apps.learning.services import learned_strategy
-        from apps.runs import integration
-
         return learned_strategy(
             run_id=run.id,
             team_id=run.team_id,
@@ -368,87 +368,12 @@ class _ReplayWorker:
 
 
 def _replay_strategy(run: Run, engine_pool: Any) -> Any:
-    from apps.engine.strategies import build_strategy
-
     key = run.worker.slug if run.worker else engine_pool.workers[engine_pool.default_index].info.key
     index = engine_pool.index_of(key)
     if index is None:
         raise ValueError(f"The worker {key!r} is not in the pool any more.")
     engine_pool.workers[index] = _ReplayWorker(engine_pool.workers[index], list(run.replay_messages or []))
     return build_strategy("single", worker=key, instruction="Replay of one step with its exact messages.")
-
-
-# -- the sweep --------------------------------------------------------------------------------------
-
-_sweeper_started = False
-_sweeper_lock = threading.Lock()
-
-
-def sweep_stale_runs() -> int:
-    """End runs whose deadline + grace passed while still queued/running (dead worker, lost
-    task). Returns how many were ended."""
-    from datetime import timedelta
-
-    from apps.runs.services import run_finish_externally
-
-    cutoff = timezone.now() - timedelta(seconds=settings.RUN_SWEEP_GRACE_S)
-    stale = list(
-        Run.objects.filter(
-            status__in=[RunStatus.QUEUED, RunStatus.RUNNING], deadline_at__lt=cutoff
-        ).values_list("pk", "status", "deadline_at")[:500]
-    )
-    ended = 0
-    for pk, status, deadline in stale:
-        reason = (
-            f"The run was still {status} {settings.RUN_SWEEP_GRACE_S} s after its deadline "
-            f"({deadline:%Y-%m-%d %H:%M:%S} UTC); its worker process probably died."
-        )
-        if run_finish_externally(run_id=pk, status=RunStatus.TIMED_OUT, reason="swept", error=reason):
-            ended += 1
-    from apps.runs.approvals import expire_approvals
-
-    return ended + expire_approvals()
-
-
-def start_sweeper() -> None:
-    """Embedded mode: one timer thread per process does what Celery beat does when distributed —
-    the stale-run sweep, audit retention and the periodic chain verification."""
-    global _sweeper_started
-    if settings.EXECUTION_BACKEND == "celery":
-        return
-    with _sweeper_lock:
-        if _sweeper_started:
-            return
-        _sweeper_started = True
-
-    def periodic() -> list[tuple[str, float, Any]]:
-        from apps.audit.tasks import audit_retention_sweep, audit_verify
-
-        return [
-            ("run sweep", float(settings.RUN_SWEEP_INTERVAL_S), sweep_stale_runs),
-            ("audit retention", float(settings.AUDIT_RETENTION_INTERVAL_S), audit_retention_sweep),
-            ("audit verify", float(settings.AUDIT_VERIFY_INTERVAL_S), audit_verify),
-        ]
-
-    def loop() -> None:
-        jobs = periodic()
-        last_run = {name: time.monotonic() for name, _, _ in jobs}
-        tick = max(1.0, min(interval for _, interval, _ in jobs))
-        while True:
-            time.sleep(tick)
-            for name, interval, job in jobs:
-                if time.monotonic() - last_run[name] < interval:
-                    continue
-                last_run[name] = time.monotonic()
-                try:
-                    close_old_connections()
-                    job()
-                except Exception:
-                    logger.exception("%s failed", name)
-                finally:
-                    connection.close()
-
-    threading.Thread(target=loop, daemon=True, name="run-sweeper").start()
 
 
 # -- leases: identity, heartbeat, re-queue --------------------------------------------------------
@@ -552,10 +477,6 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
     """Take a running run away from a lost executor. Conditional on the owner (and, unless the
     owner is known dead, on the lease having expired), so exactly one reaper acts. Returns the
     new status (`queued`, or `failed`/`cancelled` when it must not run again), None if not taken."""
-    from apps.audit.events import AuditEventType
-    from apps.audit.services import audit_record
-    from apps.runs.services import run_finish_externally
-
     now = timezone.now()
     taken = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_owner=owner)
     if expired_only:

@@ -11,6 +11,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from apps.engine.types import Limits
+from apps.policies.budgets import BudgetExceeded, budget_check
+from apps.policies.hooks import PolicyHooks
+from apps.policies.selectors import effective_policy_cached
+from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool, pool_unavailable_reason
+from apps.workers.selectors import pool_rows
 
 if TYPE_CHECKING:
     from apps.engine.hooks import GovernanceHooks
@@ -42,9 +47,6 @@ class PolicyInForce:
 
 def build_pool(pool: Pool) -> WorkerPool:
     """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason)."""
-    from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool
-    from apps.workers.selectors import pool_rows
-
     if not pool.enabled:
         raise PoolUnavailableError(f"The pool “{pool.name}” is disabled.")
     try:
@@ -56,9 +58,6 @@ def build_pool(pool: Pool) -> WorkerPool:
 def check_pool_available(pool: Pool) -> None:
     """Refuse a pool that cannot run (disabled, a worker without a key...) without building SDK
     clients: that costs tens of milliseconds per client and execution builds them anyway."""
-    from apps.workers.engine_adapter import pool_unavailable_reason
-    from apps.workers.selectors import pool_rows
-
     # The rows are read once per process while unchanged (pool_rows); availability (enabled,
     # keys) is judged from them on every call.
     reason = pool_unavailable_reason(pool, pool_rows(pool)) if pool.enabled else pool_unavailable_reason(pool)
@@ -69,8 +68,6 @@ def check_pool_available(pool: Pool) -> None:
 def policy_in_force(team: Team) -> PolicyInForce:
     # Merged once per process per version pair (a run asks up to three times: create, execute,
     # the sink's hold decision); the current version ids are read fresh on every call.
-    from apps.policies.selectors import effective_policy_cached
-
     effective = effective_policy_cached(team)
     version = getattr(effective, "version", None)
     return PolicyInForce(effective, getattr(version, "pk", None))
@@ -78,8 +75,6 @@ def policy_in_force(team: Team) -> PolicyInForce:
 
 def check_budget(team: Team, policy: PolicyInForce) -> None:
     """Raise BudgetRefusal when a hard budget of the team is spent (before any model call)."""
-    from apps.policies.budgets import BudgetExceeded, budget_check
-
     try:
         budget_check(team=team, effective=policy.effective)
     except BudgetExceeded as exc:
@@ -88,8 +83,6 @@ def check_budget(team: Team, policy: PolicyInForce) -> None:
 
 
 def governance_hooks(team: Team, policy: PolicyInForce, run_id: str) -> GovernanceHooks:
-    from apps.policies.hooks import PolicyHooks
-
     return PolicyHooks(effective=policy.effective, team=team, run_id=run_id)
 
 

@@ -11,6 +11,10 @@ of editing the sink. Two moments:
 
 ``RunEventView`` carries what the sink already knows, so observers need no extra query for the
 common fields.
+
+One event is a decision, not a notice: ``run.awaiting_approval`` pauses the run for an approver.
+Its handler (``apps.runs.approvals.approval_requested``, above the sink) is set at app ready with
+``register_plan_hold`` and runs in the sink's transaction, before the observers.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 from uuid import UUID
 
 logger = logging.getLogger(__name__)
@@ -70,3 +75,44 @@ def notify_after_commit(view: RunEventView) -> None:
             observer(view)
         except Exception:  # an observer must never cost a run anything
             logger.exception("run observer %s failed on %s", name, view.type)
+
+
+class PlanHold(Protocol):
+    """Pauses a run whose plan waits for an approver (inside the sink's transaction)."""
+
+    def __call__(
+        self,
+        *,
+        run_id: UUID,
+        team_id: int,
+        policy_version_id: int | None,
+        owner: str | None,
+        at: datetime,
+        data: dict[str, Any],
+    ) -> object: ...
+
+
+_plan_hold: PlanHold | None = None
+
+
+def register_plan_hold(handler: PlanHold) -> None:
+    global _plan_hold
+    _plan_hold = handler
+
+
+def hold_plan(
+    *,
+    run_id: UUID,
+    team_id: int,
+    policy_version_id: int | None,
+    owner: str | None,
+    at: datetime,
+    data: dict[str, Any],
+) -> None:
+    # No handler means apps.runs never became ready: fail the batch (its transaction rolls back)
+    # rather than store a held plan that nothing pauses.
+    if _plan_hold is None:
+        raise RuntimeError("no plan-hold handler registered (apps.runs is not ready)")
+    _plan_hold(
+        run_id=run_id, team_id=team_id, policy_version_id=policy_version_id, owner=owner, at=at, data=data
+    )

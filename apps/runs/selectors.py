@@ -11,7 +11,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
-from apps.runs.models import Run, RunEvent, RunStatus, Step
+from apps.runs import integration
+from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunEvent, RunStatus, Step
 
 SORTS = {
     "newest": "-created_at",
@@ -234,13 +235,20 @@ def policy_hold_rules(spec: Any) -> list[str]:
 
 def team_may_hold(team: Any) -> bool:
     """Whether a run started now on ``team`` could have its answer held."""
-    from apps.runs import integration
-
     try:
         spec = integration.policy_in_force(team).effective.spec
     except ValueError:
         return True  # a policy that no longer validates: assume the strictest
     return bool(policy_hold_rules(spec))
+
+
+def approved_digests(run_id: UUID | str) -> set[str]:
+    """The plans an approver let through for this run (the hooks accept exactly these)."""
+    return set(
+        PlanApproval.objects.filter(run_id=run_id, decision=ApprovalDecision.APPROVED).values_list(
+            "digest", flat=True
+        )
+    )
 
 
 _NOT_READ: Any = object()  # run_may_be_held: the caller did not read run.started

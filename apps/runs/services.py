@@ -16,8 +16,11 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.governance import selectors as gov
 from apps.runs import integration
+from apps.runs.endings import terminal_event
+from apps.runs.execution import dispatch_pending
 from apps.runs.journal import forget as forget_calls
-from apps.runs.models import Preset, Run, RunDispatch, RunEvent, RunSource, RunStatus, Strategy
+from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Strategy
+from apps.runs.sink import publish
 from apps.workers.models import Pool
 
 MAX_QUESTION_CHARS = 32_000
@@ -208,8 +211,6 @@ def _valid_messages(messages: Any) -> bool:
 def _dispatch(run_id: UUID) -> None:
     """On commit: hand the run to an executor. Never raises — if the broker is down the client
     still gets its run id and the outbox row is retried by the lease keeper / beat."""
-    from apps.runs.execution import dispatch_pending
-
     dispatch_pending(run_id)
 
 
@@ -250,7 +251,7 @@ def run_cancel(*, actor: Any, run: Run) -> Run:
                     "last_seq",
                 ]
             )
-            event = _terminal_event(locked, now)
+            event = terminal_event(locked, now)
         else:
             locked.cancel_requested = True
             locked.save(update_fields=["cancel_requested"])
@@ -264,36 +265,8 @@ def run_cancel(*, actor: Any, run: Run) -> Run:
             payload={"status_before": run.status, "immediate": event is not None},
         )
         if event is not None:
-            from apps.runs.sink import publish
-
             transaction.on_commit(lambda: publish(locked.id, event))
     return locked
-
-
-def _terminal_event(run: Run, now: Any) -> dict[str, Any]:
-    """Persist a run.finished for a run the engine never finished (cancelled in queue, swept)."""
-    data = {
-        "status": run.status,
-        "answer": None,
-        "error": run.error,
-        "reason": run.status_reason,
-        "totals": {
-            "input_tokens": run.input_tokens,
-            "output_tokens": run.output_tokens,
-            "cost_usd": str(run.cost_usd) if run.cost_usd is not None else None,
-            "priced": run.priced,
-            "latency_ms": run.latency_ms,
-            "steps": run.step_count,
-        },
-    }
-    return stored_event(run, "run.finished", data, now)
-
-
-def stored_event(run: Run, kind: str, data: dict[str, Any], now: Any) -> dict[str, Any]:
-    """Store an event the Django side writes (numbered ``run.last_seq``, which the caller has
-    advanced under the run's row lock) and return it as the protocol publishes it."""
-    RunEvent.objects.create(run=run, seq=run.last_seq, type=kind, data=data)
-    return {"type": kind, "run_id": str(run.id), "seq": run.last_seq, "ts": now.timestamp(), "data": data}
 
 
 def run_wait(run_id: UUID | str, timeout_s: float) -> Run:
@@ -306,39 +279,3 @@ def run_wait(run_id: UUID | str, timeout_s: float) -> Run:
             return run
         time.sleep(min(delay, max(0.0, end - time.monotonic())))
         delay = min(delay * 1.5, 0.5)
-
-
-def run_finish_externally(*, run_id: UUID | str, status: str, reason: str, error: str) -> bool:
-    """End a non-terminal run the engine cannot finish (crash, dead worker, sweep). Returns
-    False if it was already terminal. Records the decision in the audit trail."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.is_terminal:
-            return False
-        now = timezone.now()
-        run.status = status
-        run.status_reason = reason
-        run.error = error
-        run.finished_at = now
-        run.last_seq += 1
-        run.save(update_fields=["status", "status_reason", "error", "finished_at", "last_seq"])
-        # Steps left running by a dead process are not running any more.
-        run.steps.filter(status__in=["pending", "running"]).update(
-            status="timed_out" if status == RunStatus.TIMED_OUT else "failed", finished_at=now
-        )
-        forget_calls(run.id)
-        event = _terminal_event(run, now)
-        audit_record(
-            event_type=AuditEventType.RUN_TIMED_OUT
-            if status == RunStatus.TIMED_OUT
-            else AuditEventType.RUN_FINISHED,
-            team=run.team_id,
-            obj=run,
-            run_id=run.id,
-            policy_version_id=run.policy_version_id,
-            payload={"status": status, "reason": reason, "error": error},
-        )
-        from apps.runs.sink import publish
-
-        transaction.on_commit(lambda: publish(run.id, event))
-    return True

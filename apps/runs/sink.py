@@ -26,11 +26,13 @@ from django.db.models.functions import Coalesce, Greatest
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
-from apps.audit.services import audit_batch, audit_record
+from apps.audit.services import audit_batch, audit_record, maybe_sample_for_review, review_request
 from apps.engine.events import Event
+from apps.governance.models import Team
 from apps.runs import observers
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
+from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
 
 logger = logging.getLogger(__name__)
@@ -377,9 +379,6 @@ class RunSink:
     def holdable(self) -> bool:
         """Decided once per run, from the policy in force when it starts (as the engine's hooks)."""
         if self._holdable is None:
-            from apps.governance.models import Team
-            from apps.runs.selectors import team_may_hold
-
             team = self._team if self._team is not None else Team.objects.get(pk=self.team_id)
             self._holdable = team_may_hold(team)
         return self._holdable
@@ -624,9 +623,7 @@ class RunSink:
 
     def _on_run_awaiting_approval(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         """The plan waits for an approver: the run pauses (lease given back, journal kept)."""
-        from apps.runs.approvals import approval_requested
-
-        approval_requested(
+        observers.hold_plan(
             run_id=self.run_id,
             team_id=self.team_id,
             policy_version_id=self.policy_version_id,
@@ -637,8 +634,6 @@ class RunSink:
 
     def _queue_for_review(self) -> None:
         """warn / require_review guardrails put the run in the review queue; others may be sampled."""
-        from apps.audit.services import maybe_sample_for_review, review_request
-
         run = Run.objects.get(pk=self.run_id)
         review_flags = [flag for flag in self.flags if flag in REVIEW_FLAGS]
         if review_flags:

@@ -12,19 +12,18 @@ from typing import Any
 from celery import shared_task
 from celery.signals import worker_ready
 
-from apps.runs import execution
+from apps.runs import execution, sweeper
 
 
-@shared_task(
-    name="apps.runs.tasks.run_execute", acks_late=True, reject_on_worker_lost=True, ignore_result=True
-)
+# Named by execution, which sends it by that name (it cannot import this module: tasks sits above).
+@shared_task(name=execution.RUN_EXECUTE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def run_execute(run_id: str) -> str | None:
     return execution.execute_run(run_id)
 
 
 @shared_task(name="apps.runs.tasks.sweep_stale_runs", ignore_result=True)
 def sweep_stale_runs() -> int:
-    return execution.sweep_stale_runs()
+    return sweeper.sweep_stale_runs()
 
 
 @shared_task(name="apps.runs.tasks.reap_runs", ignore_result=True)

@@ -17,8 +17,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from apps.audit.selectors import TOTAL_CAP, capped_total
 from apps.governance import selectors as gov
+from apps.learning.selectors import decision_for_run
 from apps.policies.models import Policy
-from apps.runs import selectors, services
+from apps.runs import approvals, integration, selectors, services
 from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
 from apps.runs.models import Run, RunSource, Strategy
 from apps.workers.models import ProviderKind, Worker
@@ -216,15 +217,11 @@ def _learning_decision(run: Run) -> Any:
     """The learned router's choice for this run ("why this arm"), when it routed it."""
     if run.strategy != Strategy.LEARNED:
         return None
-    from apps.learning.selectors import decision_for_run
-
     return decision_for_run(run.id)
 
 
 def _approval_context(request: HttpRequest, run: Run) -> dict[str, Any] | None:
     """The held plan (or the decisions taken on earlier ones) for the run page's approval panel."""
-    from apps.runs import approvals
-
     history = list(run.approvals.select_related("decided_by").order_by("requested_at"))
     if not history:
         return None
@@ -343,8 +340,6 @@ def step_replay(request: HttpRequest, run_id: str, index: int) -> HttpResponse:
 
 def _input_guardrails(team: Any) -> list[str]:
     """``guardrails.input.<check>`` of every enabled input check of the team's policy in force."""
-    from apps.runs import integration
-
     try:
         checks = integration.policy_in_force(team).effective.spec.guardrails.input
     except ValueError:
@@ -364,8 +359,6 @@ def _last_user_message(msgs: list[dict[str, str]]) -> str:
 @require_POST
 def plan_decide(request: HttpRequest, run_id: str) -> HttpResponse:
     """Approve or refuse a plan held for an approver (apps.runs.approvals)."""
-    from apps.runs import approvals
-
     run = selectors.run_get_visible(user=request.user, run_id=run_id)
     if run is None:
         raise Http404("No such run.")

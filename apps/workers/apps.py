@@ -6,6 +6,7 @@ class WorkersConfig(AppConfig):
     label = "workers"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py loads before the app registry is ready.
         from apps.governance.permissions import register_grant_source
         from apps.workers.egress import install_default_policy
         from apps.workers.visibility import POOL_GRANTS

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from apps.audit.models import AuditEvent
 from apps.governance.models import Team
 from apps.governance.services import pool_grant, team_set_default_pool
 from apps.workers.engine_adapter import pool_unavailable_reason
@@ -204,7 +205,6 @@ def seed_pools(teams: dict[str, Team], *, new_teams: frozenset[str] = frozenset(
 def _default_chosen_by_seed(team: Team) -> bool:
     """Whether the team's default pool was last set by the system (this seed), not by a person:
     only then may a re-run move finance to ``frontier`` once its keys are set."""
-    from apps.audit.models import AuditEvent
 
     last = (
         AuditEvent.objects.filter(

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
+from apps.engine.providers.local import runtime_missing
+
 if TYPE_CHECKING:
     from apps.workers.models import Provider
 
@@ -143,7 +145,6 @@ def resolve_api_key(provider: Provider) -> str | None:
 def _local_runtime_status() -> KeyStatus:
     """The local worker needs no key, but it needs llama-cpp-python: on a fresh `make demo` that is
     still compiling in the background while every other page already works."""
-    from apps.engine.providers.local import runtime_missing
 
     missing = runtime_missing()
     if missing is None:

@@ -17,7 +17,8 @@ from django.db.models import Count, Max, Prefetch, Q, QuerySet
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_active_user, is_platform_admin
-from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool, PoolWorker, Provider, Worker
+from apps.workers.engine_adapter import worker_unavailable_reason
+from apps.workers.models import PRESET_CONDUCTOR_FIELDS, HealthStatus, Pool, PoolWorker, Provider, Worker
 
 can_configure_team = gov.can_configure_team
 
@@ -138,9 +139,6 @@ class PoolHealth:
 
 
 def worker_health(worker: Worker, *, role: str = "worker") -> WorkerHealth:
-    from apps.workers.engine_adapter import worker_unavailable_reason
-    from apps.workers.models import HealthStatus
-
     name = worker.display_name
     reason = worker_unavailable_reason(worker)
     if reason:

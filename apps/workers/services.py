@@ -21,11 +21,13 @@ from django.utils.text import slugify
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.engine.providers import ProviderError
 from apps.governance.models import Team
+from apps.governance.services import pool_grant
 from apps.governance.visibility import is_platform_admin
 from apps.workers import selectors
 from apps.workers.egress import base_url_refusal, url_shape_refusal
-from apps.workers.engine_adapter import worker_unavailable_reason
+from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker, worker_unavailable_reason
 from apps.workers.models import (
     PRESET_CONDUCTOR_FIELDS,
     HealthStatus,
@@ -547,7 +549,6 @@ def pool_create(
     _check_preset_conductors(errors, {"mini_conductor": mini_conductor, "ultra_conductor": ultra_conductor})
     if errors:
         raise ValidationError(errors)
-    from apps.governance.services import pool_grant
 
     with transaction.atomic():
         pool = Pool.objects.create(
@@ -672,9 +673,6 @@ HEALTH_PROMPT = [{"role": "user", "content": "Reply with the single word: OK"}]
 
 
 def _probe(worker: Worker) -> HealthResult:
-    from apps.engine.providers import ProviderError
-    from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker, worker_unavailable_reason
-
     reason = worker_unavailable_reason(worker) if worker.enabled else None
     if reason:
         return HealthResult(HealthStatus.UNAVAILABLE, None, reason)

@@ -145,7 +145,22 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     }
 else:
-    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
+    # A bounded pool per process: a burst of requests waits for a connection (up to
+    # DB_POOL_TIMEOUT s, then a truthful 503) instead of each request thread opening its own and
+    # exhausting the server's max_connections (128 /v1 clients on one daphne failed every run with
+    # "too many clients"). DB_POOL_MAX_SIZE=0 turns the pool off (then DB_CONN_MAX_AGE applies).
+    DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=20)
+    if DB_POOL_MAX_SIZE > 0:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(2, DB_POOL_MAX_SIZE),
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
+        }
+    else:
+        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
+    # With the pool: a checked-out connection is tested first (one round trip), so a restarted
+    # PostgreSQL costs a reconnect, not a failed request.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

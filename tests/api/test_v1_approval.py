@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import openai
 import pytest
 
 from apps.runs.models import Run
+from tests.fixtures.waits import status_is, wait_run
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
@@ -52,7 +52,7 @@ def test_a_held_plan_is_a_409_naming_the_policy_field(
 
 
 def test_the_caller_waits_for_the_approver_and_gets_the_answer(
-    conductor_fake: Any, client: openai.OpenAI, alpha: Any, reviewer: Any
+    conductor_fake: Any, client: openai.OpenAI, api_server: Any, alpha: Any, reviewer: Any
 ) -> None:
     from apps.runs.approvals import plan_approve
     from tests.factories.policies import publish_policy
@@ -69,12 +69,11 @@ def test_the_caller_waits_for_the_approver_and_gets_the_answer(
 
     caller = threading.Thread(target=call)
     caller.start()
-    end = time.monotonic() + 30
-    run = None
-    while time.monotonic() < end and run is None:
-        run = Run.objects.filter(status="awaiting_approval").first()
-        time.sleep(0.05)
-    assert run is not None, out
+    # The conductor was asked: the run exists. The server executes it (embedded mode: in its own
+    # process), so its websocket says when it pauses.
+    conductor_fake.server.wait_requests(lambda requests: len(requests) > 0, 30)
+    run = wait_run(Run.objects.get().pk, status_is("awaiting_approval"), timeout=30, server=api_server)
+    assert run.status == "awaiting_approval", (run.status, out)
     assert caller.is_alive()  # still waiting for the decision
     plan_approve(actor=reviewer, run=run, note="ok")
     caller.join(60)

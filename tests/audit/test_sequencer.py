@@ -24,6 +24,7 @@ from apps.audit.services import audit_checkpoint, audit_record, hmac_key
 from apps.audit.verify import verify_chain
 from tests.factories.audit import append_events
 from tests.fixtures.core import ROOT, subprocess_env
+from tests.fixtures.waits import wait_until
 
 SCRIPT = ROOT / "scripts" / "verify_audit_export.py"
 
@@ -274,14 +275,15 @@ WRITER = textwrap.dedent(
 
 SEQUENCER = textwrap.dedent(
     """
-    import sys, time, django
+    import os, sys, django
     django.setup()
     from django.db import OperationalError, connection
     from apps.audit.sequencer import sequence_pass
     def on_row(seq):
         if seq == int(sys.argv[1]):
             print("mid-batch", flush=True)
-            time.sleep(600)  # holds the transaction open until SIGKILLed
+            sys.stdin.readline()  # the test writes nothing more: holds the transaction open until SIGKILLed
+            os._exit(1)  # stdin closed (the test went away): leave without committing
     print("ready", flush=True)
     sys.stdin.readline()  # "go": the test has just committed pending rows
     for attempt in range(30):  # SQLite: another connection may hold the write lock briefly
@@ -289,9 +291,9 @@ SEQUENCER = textwrap.dedent(
             n = sequence_pass(on_row=on_row)
             break
         except OperationalError as exc:
+            # SQLite's busy handler already waited (the 30 s timeout) before raising: retry at once.
             print(f"retry: {exc}", file=sys.stderr, flush=True)
             connection.close()
-            time.sleep(0.2)
     print("empty", flush=True)  # another process's sequencer numbered them first
     """
 )
@@ -326,6 +328,11 @@ def test_writer_processes_give_one_gap_free_sequence_with_a_valid_tree() -> None
     assert verify_chain(key=hmac_key()).ok
 
 
+def _advisory_waiters(conn: Any) -> int:
+    row = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()
+    return int(row[0])
+
+
 def _hold_sequencer_lock() -> Any:
     """PostgreSQL: take the sequencer's advisory lock in a side connection (None on SQLite)."""
     if connection.vendor != "postgresql":
@@ -344,15 +351,8 @@ def _hand_lock_to_waiter(side: Any) -> None:
     """Release the lock once the subprocess queues for it: PostgreSQL grants it to the waiter."""
     if side is None:
         return
-    import time
-
-    for _ in range(600):
-        waiting = side.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-        ).fetchone()[0]
-        if waiting:
-            break
-        time.sleep(0.1)
+    # PostgreSQL announces nothing when a session starts waiting for a lock: a condition wait.
+    wait_until(lambda: _advisory_waiters(side), 60, "the subprocess to queue for the sequencer lock")
     side.execute("SELECT pg_advisory_unlock_all()")
     side.close()
 
@@ -360,7 +360,6 @@ def _hand_lock_to_waiter(side: Any) -> None:
 def _queue_for_sequencer_lock() -> Any:
     """PostgreSQL: a side connection blocks on the lock in a thread; returns a join -> connection."""
     import threading
-    import time
 
     if connection.vendor != "postgresql":
         return lambda: None
@@ -375,12 +374,8 @@ def _queue_for_sequencer_lock() -> Any:
     with psycopg.connect(
         test_database_url().replace("postgres://", "postgresql://"), autocommit=True
     ) as probe:
-        for _ in range(600):
-            if probe.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone()[0]:
-                break
-            time.sleep(0.1)
+        # As in _hand_lock_to_waiter: no event says the side connection now waits.
+        wait_until(lambda: _advisory_waiters(probe), 60, "the side connection to queue for the lock")
 
     def join() -> Any:
         thread.join(timeout=60)

@@ -210,10 +210,12 @@ def test_fallback_failure_fails_the_step_once() -> None:
 
 
 def test_step_timeout_marks_step_timed_out() -> None:
-    slow = FnWorker("slow", "late", delay=3.0)  # ignores the timeout it is given
+    slow = FnWorker("slow", "late", held=True)  # ignores the timeout it is given
     t0 = time.monotonic()
     result, sink = run(steps((0, "x", []), (0, "y", [0])), [slow], limits=Limits(step_timeout_s=0.2))
-    assert time.monotonic() - t0 < 1.5
+    elapsed = time.monotonic() - t0
+    slow.release()
+    assert elapsed < 1.5
     assert result.status == RunStatus.FAILED
     assert result.reason == "step_timed_out"
     fin = finished(sink)
@@ -224,17 +226,20 @@ def test_step_timeout_marks_step_timed_out() -> None:
 
 
 def test_provider_reported_timeout_is_timed_out() -> None:
-    slow = FnWorker("slow", "late", delay=3.0, honour_timeout=True)
+    slow = FnWorker("slow", "late", held=True, honour_timeout=True)
     result, sink = run(steps((0, "x", [])), [slow], limits=Limits(step_timeout_s=0.2))
+    slow.release()
     assert finished(sink)[0]["status"] == "timed_out"
     assert result.status == RunStatus.FAILED
 
 
 def test_run_deadline() -> None:
-    slow = FnWorker("slow", "late", delay=3.0)
+    slow = FnWorker("slow", "late", held=True)
     t0 = time.monotonic()
     result, sink = run(steps((0, "x", []), (0, "y", [0])), [slow], limits=Limits(run_timeout_s=0.3))
-    assert time.monotonic() - t0 < 1.5
+    elapsed = time.monotonic() - t0
+    slow.release()
+    assert elapsed < 1.5
     assert result.status == RunStatus.TIMED_OUT
     assert result.reason == "run_timeout"
     fin = finished(sink)
@@ -243,10 +248,10 @@ def test_run_deadline() -> None:
 
 
 def test_late_result_of_abandoned_step_emits_nothing() -> None:
-    slow = FnWorker("slow", "late", delay=0.4, pieces=["a", "b"])
+    slow = FnWorker("slow", "late", held=True, pieces=["a", "b"])
     result, sink = run(steps((0, "x", [])), [slow], limits=Limits(step_timeout_s=0.1))
     n = len(sink.events)
-    time.sleep(0.6)
+    slow.release()  # the late result and deltas arrive now, after run.finished; the call's thread ends
     assert len(sink.events) == n, "an abandoned call must not emit after run.finished"
     assert result.status == RunStatus.FAILED
 
@@ -279,11 +284,14 @@ def test_cancel_at_step_boundary() -> None:
 
 def test_cancel_while_step_runs() -> None:
     token = CancelToken()
-    slow = FnWorker("slow", "late", delay=3.0)
-    threading.Timer(0.15, token.cancel).start()
+    slow = FnWorker("slow", "late", held=True)
+    # Cancelled once the step is running (the worker holds it), not after a guessed delay.
+    threading.Thread(target=lambda: slow.started.wait(10) and token.cancel(), daemon=True).start()
     t0 = time.monotonic()
     result, sink = run(steps((0, "x", [])), [slow], cancel=token, limits=Limits(cancel_poll_s=0.05))
-    assert time.monotonic() - t0 < 1.0
+    elapsed = time.monotonic() - t0
+    slow.release()
+    assert elapsed < 1.0
     assert result.status == RunStatus.CANCELLED
     assert sink.events[-1].data["status"] == "cancelled"
 

@@ -11,9 +11,18 @@ from decimal import Decimal
 from apps.engine.providers.base import ProviderError, ProviderTimeout
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
+# A held call waits for release() at most this long: a safety net, so an executor that fails to
+# abandon it fails the test's assertions instead of hanging the suite. Not a pace.
+HOLD_LIMIT_S = 30.0
+
 
 class FnWorker:
-    """Answers with `reply` (a string or a function of the messages); records every call."""
+    """Answers with `reply` (a string or a function of the messages); records every call.
+
+    ``held=True``: each call blocks until the test calls ``release()`` ("slow until I say so");
+    with ``honour_timeout`` it gives up at the call's timeout like a provider. ``delay`` is
+    simulated latency, for the scheduling tests where the pace itself is measured.
+    """
 
     def __init__(
         self,
@@ -21,6 +30,7 @@ class FnWorker:
         reply: str | Callable[[list[Message]], str] = "ok",
         *,
         delay: float = 0.0,
+        held: bool = False,
         fail: ProviderError | None = None,
         cost_rank: int = 1,
         fallback_key: str | None = None,
@@ -43,6 +53,10 @@ class FnWorker:
         )
         self.reply = reply
         self.delay = delay
+        self.held = held
+        self.released = threading.Event()
+        self.started = threading.Event()  # set as the first call begins
+        self.threads: list[threading.Thread] = []  # the threads the calls ran on
         self.fail = fail
         self.usage = usage
         self.cost = cost
@@ -68,11 +82,17 @@ class FnWorker:
             self.calls.append([dict(m) for m in messages])
             self.schemas.append(json_schema)
             self.starts.append(time.monotonic())
-        if self.delay:
-            if self.honour_timeout and timeout is not None and timeout < self.delay:
-                time.sleep(timeout)
-                raise ProviderTimeout(f"{self.info.key} timed out")
-            time.sleep(self.delay)
+            self.threads.append(threading.current_thread())
+        self.started.set()
+        # Held: until release(). Delay: the simulated latency the scheduling tests measure (a
+        # release() cuts it short). A worker that honours its timeout gives up at it, like a provider.
+        hold = HOLD_LIMIT_S if self.held else self.delay
+        if hold:
+            if self.honour_timeout and timeout is not None and timeout < hold:
+                if not self.released.wait(timeout):
+                    raise ProviderTimeout(f"{self.info.key} timed out")
+            else:
+                self.released.wait(hold)
         try:
             if self.fail is not None:
                 raise self.fail
@@ -91,6 +111,16 @@ class FnWorker:
             cost_usd=self.cost,
             priced=self.cost is not None,
         )
+
+    def release(self, join_timeout: float = 10) -> None:
+        """Let held calls finish, and wait for the threads they ran on to end (nothing the
+        calls do can happen after this)."""
+        self.released.set()
+        with self._lock:
+            threads = list(self.threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(join_timeout)
 
 
 class ScriptedConductor(FnWorker):

@@ -9,6 +9,7 @@ from typing import Any
 
 from tests.fakes.base import FakeReply
 from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN
+from tests.fixtures.waits import wait_runs
 
 QUESTIONS = [
     ("What is 2 + 2?", "4", "math"),
@@ -47,12 +48,11 @@ class Responder:
 def wait_runs_settled(timeout_s: float = 90) -> None:
     """Until no run is queued or running: an experiment leaves many runs with the executors, and
     a test must not end (and its database be flushed) while one still writes (a flush that meets
-    a run's transaction on PostgreSQL deadlocks)."""
-    import time
-
+    a run's transaction on PostgreSQL deadlocks). An experiment creates all its runs at start, so
+    the runs still executing now are all there are; each one's events wake the wait."""
     from apps.runs.models import Run
 
-    deadline = time.monotonic() + timeout_s
-    while Run.objects.filter(status__in=("queued", "running")).exists():
-        assert time.monotonic() < deadline, "runs still executing after the test"
-        time.sleep(0.1)
+    busy = ("queued", "running")
+    ids = list(Run.objects.filter(status__in=busy).values_list("pk", flat=True))
+    runs = wait_runs(ids, lambda run: run.status not in busy, timeout=timeout_s)
+    assert all(run.status not in busy for run in runs), "runs still executing after the test"

@@ -3,7 +3,6 @@ scored by the after-commit observer, the aggregates, the audit trail; cancel; te
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -16,21 +15,21 @@ from apps.experiments import selectors, services
 from apps.experiments.models import Dataset, Experiment, ExperimentRun
 from apps.runs.models import Run
 from tests.experiments.helpers import QUESTIONS, Responder, jsonl, wait_runs_settled
+from tests.fixtures.waits import wait_runs
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 ARMS = ["single:fake-solver", "single:fake-planner", "single:fake-critic", "conductor-mini"]
 
 
 def _wait_terminal(experiment: Experiment, timeout_s: float = 90) -> Experiment:
-    """Polls like the page does (the progress endpoint refreshes); a deadline, not a sleep-and-hope."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        services.experiment_refresh(experiment)
-        experiment.refresh_from_db()
-        if experiment.is_terminal:
-            return experiment
-        time.sleep(0.2)
-    raise AssertionError(f"experiment still {experiment.status}: {selectors.progress(experiment)}")
+    """Until every run of the experiment ended (their events wake the wait), then the refresh the
+    page's progress endpoint makes: it scores any run the after-commit observer has not yet."""
+    rows = ExperimentRun.objects.filter(experiment=experiment, run__isnull=False)
+    wait_runs(list(rows.values_list("run_id", flat=True)), timeout=timeout_s)
+    services.experiment_refresh(experiment)
+    experiment.refresh_from_db()
+    assert experiment.is_terminal, f"experiment still {experiment.status}: {selectors.progress(experiment)}"
+    return experiment
 
 
 def _upload(client: Client, data: bytes, name: str = "arith-geo") -> Any:
@@ -135,12 +134,9 @@ def test_cancel_stops_every_unfinished_run(runtime_workers: Any, fake_pool: Any,
     finally:
         responder.gate.set()
         wait_runs_settled()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        services.experiment_refresh(experiment)
-        if not ExperimentRun.objects.filter(experiment=experiment, scored_at__isnull=True).exists():
-            break
-        time.sleep(0.2)
+    # Every run ended (wait_runs_settled): one refresh scores those the observer has not yet.
+    services.experiment_refresh(experiment)
+    assert not ExperimentRun.objects.filter(experiment=experiment, scored_at__isnull=True).exists()
     experiment.refresh_from_db()
     assert experiment.status == "cancelled"  # runs finishing late do not revive it
     cancelled = ExperimentRun.objects.filter(experiment=experiment, status="cancelled")

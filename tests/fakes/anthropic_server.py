@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fakes.base import FakeError, FakeReply, FakeServerBase, count_prompt_tokens, split_chunks
+from tests.fakes.base import (
+    FakeError,
+    FakeReply,
+    FakeServerBase,
+    before_reply,
+    count_prompt_tokens,
+    simulate_latency,
+    split_chunks,
+)
 
 _ids = itertools.count(1)
 
@@ -116,8 +123,7 @@ class FakeAnthropicServer(FakeServerBase):
             return
         if isinstance(reply, str):
             reply = FakeReply(reply)
-        if reply.delay:
-            time.sleep(reply.delay)
+        before_reply(reply)
         model = reply.model or model
         forced = req.get("tool_choice", {}).get("name") if isinstance(req.get("tool_choice"), dict) else None
         tool_input = reply.tool_input
@@ -193,8 +199,7 @@ class FakeAnthropicServer(FakeServerBase):
             send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             self.write_sse(handler, json.dumps({"type": "ping"}), event="ping")
             for piece in chunks:
-                if reply.chunk_delay:
-                    time.sleep(reply.chunk_delay)
+                simulate_latency(reply.chunk_delay)
                 send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
         send("content_block_stop", {"index": 0})
         send(

@@ -29,8 +29,11 @@ class FakeReply:
     text: str = ""
     input_tokens: int | None = None  # None: counted from the request (words + 4 per message)
     output_tokens: int | None = None  # None: one per streamed chunk / word
+    # Simulated latency, for tests where the pace is the point (a timeout that must fire, a run
+    # slow enough to watch mid-way). A test that only needs "slow until I say so" uses `hold`.
     delay: float = 0.0  # seconds before the response starts
     chunk_delay: float = 0.0  # seconds between streamed chunks
+    hold: threading.Event | None = None  # the response starts only once the test sets it
     chunks: list[str] | None = None  # explicit stream chunks; default: split text into words
     include_usage: bool = True  # OpenAI: send usage (JSON) / the usage chunk (stream)
     tool_input: dict[str, Any] | None = None  # Anthropic forced tool call input
@@ -45,7 +48,8 @@ class FakeError:
     status: int
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
+    delay: float = 0.0  # simulated latency before the error (see FakeReply.delay)
+    hold: threading.Event | None = None  # the error is sent only once the test sets it
 
 
 Reply = str | FakeReply | FakeError
@@ -80,6 +84,20 @@ def split_chunks(text: str) -> list[str]:
     return out
 
 
+def simulate_latency(seconds: float) -> None:
+    """The fakes' one deliberate sleep: a reply's declared `delay` / `chunk_delay` (pacing that
+    the test asked for by name; nothing waits on it to learn a state)."""
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def before_reply(reply: FakeReply | FakeError) -> None:
+    """Hold the reply until the test releases it (`hold`), then its declared `delay`."""
+    if reply.hold is not None:
+        reply.hold.wait()
+    simulate_latency(reply.delay)
+
+
 def count_prompt_tokens(messages: Iterable[dict[str, Any]], system: object = None) -> int:
     total = 0
     for m in messages:
@@ -111,6 +129,7 @@ class FakeServerBase:
         self.requests: list[RecordedRequest] = []
         self._script: deque[Reply] = deque()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified as each request is recorded
         self._host = host
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -134,8 +153,9 @@ class FakeServerBase:
                 except ValueError:
                     body = None
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                with server._lock:
+                with server._arrived:
                     server.requests.append(RecordedRequest(method, self.path, headers, body))
+                    server._arrived.notify_all()
                 # The client may give up mid-reply (timeout tests): that is not a server error.
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     server.handle(self, method, self.path.split("?", 1)[0], body, headers)
@@ -194,6 +214,16 @@ class FakeServerBase:
             scripted = self._script.popleft() if self._script else None
         return scripted if scripted is not None else self.responder(request_json)
 
+    def wait_requests(
+        self, check: Callable[[list[RecordedRequest]], bool], timeout: float = 30
+    ) -> list[RecordedRequest]:
+        """The recorded requests once ``check(requests)`` holds: each arriving request wakes the
+        wait (a test learns "the provider was called" without polling)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: check(list(self.requests)), timeout):
+                raise AssertionError(f"{type(self).__name__}: requests never matched in {timeout}s")
+            return list(self.requests)
+
     def posts(self, path_suffix: str = "") -> list[RecordedRequest]:
         with self._lock:
             return [r for r in self.requests if r.method == "POST" and r.path.endswith(path_suffix)]
@@ -232,8 +262,7 @@ class FakeServerBase:
         handler.wfile.flush()
 
     def send_error_reply(self, handler: BaseHTTPRequestHandler, err: FakeError) -> None:
-        if err.delay:
-            time.sleep(err.delay)
+        before_reply(err)
         self.send_json(handler, err.status, err.body, err.headers)
 
     def handle(

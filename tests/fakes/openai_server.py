@@ -19,7 +19,15 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.fakes.base import FakeError, FakeReply, FakeServerBase, count_prompt_tokens, split_chunks
+from tests.fakes.base import (
+    FakeError,
+    FakeReply,
+    FakeServerBase,
+    before_reply,
+    count_prompt_tokens,
+    simulate_latency,
+    split_chunks,
+)
 
 _ids = itertools.count(1)
 
@@ -162,8 +170,7 @@ class FakeOpenAIServer(FakeServerBase):
             return
         if isinstance(reply, str):
             reply = FakeReply(reply)
-        if reply.delay:
-            time.sleep(reply.delay)
+        before_reply(reply)
         model = reply.model or model
         chunks = reply.chunks if reply.chunks is not None else split_chunks(reply.text)
         text = "".join(chunks) if reply.chunks is not None else reply.text
@@ -240,16 +247,15 @@ class FakeOpenAIServer(FakeServerBase):
         self.start_sse(handler, reply.headers)
         self.write_sse(handler, chunk({"role": "assistant", "content": "", "refusal": None}, None))
         for piece in chunks:
-            if reply.chunk_delay:
-                time.sleep(reply.chunk_delay)
+            simulate_latency(reply.chunk_delay)
             self.write_sse(handler, chunk({"content": piece}, None))
         for i, call in enumerate(calls):
             head = {**call, "index": i, "function": {"name": call["function"]["name"], "arguments": ""}}
             self.write_sse(handler, chunk({"tool_calls": [head]}, None))
             arguments = call["function"]["arguments"]
             for start in range(0, len(arguments), 8):
-                piece = {"index": i, "function": {"arguments": arguments[start : start + 8]}}
-                self.write_sse(handler, chunk({"tool_calls": [piece]}, None))
+                part = {"index": i, "function": {"arguments": arguments[start : start + 8]}}
+                self.write_sse(handler, chunk({"tool_calls": [part]}, None))
         self.write_sse(handler, chunk({}, finish))
         include = bool((req.get("stream_options") or {}).get("include_usage")) and reply.include_usage
         if include:
@@ -270,13 +276,13 @@ class FakeOpenAIServer(FakeServerBase):
 
 
 if __name__ == "__main__":  # pragma: no cover — manual use as an openai_compatible provider
+    import signal
     import sys
 
     srv = FakeOpenAIServer(lambda req: "This is the fake OpenAI server.").start()
     print(srv.base_url, flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        signal.pause()  # serve until interrupted
     except KeyboardInterrupt:
         srv.stop()
         sys.exit(0)

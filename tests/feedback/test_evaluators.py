@@ -151,9 +151,8 @@ def test_a_real_run_is_evaluated_after_it_finishes(
     runtime_workers: Any, run_pool: Any, owner: Any, alpha: Any
 ) -> None:
     """End to end: the run executes (thread or Celery), the observer evaluates after commit."""
-    import time
-
     from apps.runs.services import run_create, run_wait
+    from tests.fixtures.waits import wait_until
 
     _evaluators(alpha)
     run = run_create(
@@ -164,9 +163,9 @@ def test_a_real_run_is_evaluated_after_it_finishes(
     )
     run = run_wait(run.id, 60)
     assert run.status == "succeeded", run.error
-    deadline = time.monotonic() + 30  # in distributed mode the worker process evaluates
-    while Feedback.objects.filter(run=run).count() < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # The evaluators run after the run's last event was published (in the worker process in
+    # distributed mode) and announce nothing: a condition wait on their rows.
+    wait_until(lambda: Feedback.objects.filter(run=run).count() >= 3, 30, "three feedback rows")
     assert _values(run) == {"json": 0.0, "regex": 1.0, "exact": 0.0}
 
 

@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
-from apps.runs.execution import execute_run, sweep_stale_runs
+from apps.runs.execution import execute_run
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import run_cancel, run_create, run_wait
+from apps.runs.sweeper import sweep_stale_runs
 from tests.factories.runs import RunFactory
 from tests.fixtures.runs import scripted_plan
 

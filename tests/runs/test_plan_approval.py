@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.waits import status_is, wait_run
+
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 HELD_POLICY = {"constraints": {"forecast": {"enabled": True, "max_tokens": 50, "action": "require_approval"}}}
@@ -18,17 +20,7 @@ HELD_POLICY = {"constraints": {"forecast": {"enabled": True, "max_tokens": 50, "
 
 def _wait_status(run_id: Any, status: str, timeout: float = 60) -> Any:
     """The run once it reached ``status`` (awaiting_approval is not terminal: run_wait won't stop)."""
-    import time
-
-    from apps.runs.models import Run
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        run = Run.objects.get(pk=run_id)
-        if run.status == status or run.is_terminal:
-            return run
-        time.sleep(0.05)
-    return Run.objects.get(pk=run_id)
+    return wait_run(run_id, status_is(status), timeout=timeout)
 
 
 def _models_called(server: Any) -> list[Any]:
@@ -148,8 +140,8 @@ def test_an_undecided_plan_expires_blocked_naming_the_timeout(
 ) -> None:
     from django.utils import timezone
 
-    from apps.runs.execution import sweep_stale_runs
     from apps.runs.models import RunStatus
+    from apps.runs.sweeper import sweep_stale_runs
 
     run = _held_run(fake_pool, owner, alpha)
     assert sweep_stale_runs() == 0  # not due yet

@@ -20,8 +20,10 @@ from rest_framework.response import Response
 from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView, SeqCursorPagination
+from apps.audit import export
 from apps.audit.filters import FILTER_PARAMS, AuditEventFilterSet, active_filters, filter_audit_events
 from apps.audit.models import AuditEvent
+from apps.audit.services import audit_export_record
 
 
 class AuditEventOutput(serializers.ModelSerializer):
@@ -107,9 +109,6 @@ class AuditExport(ApiView):
         },
     )
     def get(self, request: Request) -> Any:
-        from apps.audit import export
-        from apps.audit.services import audit_export_record
-
         export_format = request.query_params.get("format") or "jsonl"
         if export_format not in export.FORMATS:
             raise ValidationError({"format": ["Use csv or jsonl."]})

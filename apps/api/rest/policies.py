@@ -15,6 +15,8 @@ from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView, key_object
 from apps.policies.models import Policy, PolicyVersion
+from apps.policies.services import policy_diff, policy_publish, policy_rollback, policy_save_draft
+from apps.policies.spec import SpecError
 
 
 class PolicyVersionSummaryOutput(serializers.ModelSerializer):
@@ -135,9 +137,6 @@ class PolicyVersionListCreate(ApiListView):
 
     @extend_schema(request=DraftInput, responses={201: PolicyVersionOutput})
     def post(self, request: Request, policy_id: int) -> Response:
-        from apps.policies.services import policy_save_draft
-        from apps.policies.spec import SpecError
-
         policy = visible_policy(self, policy_id)
         data = DraftInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -166,9 +165,6 @@ class PolicyVersionPublish(ApiView):
 
     @extend_schema(request=NoteInput, responses=PolicyVersionOutput)
     def post(self, request: Request, policy_id: int, number: int) -> Response:
-        from apps.policies.services import policy_publish, policy_rollback
-        from apps.policies.spec import SpecError
-
         policy = visible_policy(self, policy_id)
         version = policy_version(policy, number)
         data = NoteInput(data=request.data)
@@ -198,8 +194,6 @@ class PolicyDiff(ApiView):
         responses=DiffOutput,
     )
     def get(self, request: Request, policy_id: int) -> Response:
-        from apps.policies.services import policy_diff
-
         policy = visible_policy(self, policy_id)
         numbers: dict[str, int] = {}
         errors: dict[str, list[str]] = {}

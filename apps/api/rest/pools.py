@@ -16,6 +16,15 @@ from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView, key_object, require_team_object
 from apps.governance.models import Team
 from apps.workers.models import Pool, Provider, ProviderKind, Worker
+from apps.workers.services import (
+    pool_create,
+    pool_update,
+    provider_create,
+    provider_update,
+    worker_create,
+    worker_health_check,
+    worker_update,
+)
 
 # --- providers ---------------------------------------------------------------------------------------
 
@@ -101,8 +110,6 @@ class ProviderListCreate(ApiListView):
 
     @extend_schema(request=ProviderCreateInput, responses={201: ProviderOutput})
     def post(self, request: Request) -> Response:
-        from apps.workers.services import provider_create
-
         data = ProviderCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
@@ -131,8 +138,6 @@ class ProviderDetail(ApiView):
 
     @extend_schema(request=ProviderUpdateInput, responses=ProviderOutput)
     def patch(self, request: Request, slug: str) -> Response:
-        from apps.workers.services import provider_update
-
         provider = self._provider(slug)
         data = ProviderUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -244,8 +249,6 @@ class WorkerListCreate(ApiListView):
 
     @extend_schema(request=WorkerCreateInput, responses={201: WorkerOutput})
     def post(self, request: Request) -> Response:
-        from apps.workers.services import worker_create
-
         data = WorkerCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
@@ -271,8 +274,6 @@ class WorkerDetail(ApiView):
 
     @extend_schema(request=WorkerUpdateInput, responses=WorkerOutput)
     def patch(self, request: Request, slug: str) -> Response:
-        from apps.workers.services import worker_update
-
         worker = self._worker(slug)
         require_team_object(self, worker, team_id=worker.provider.team_id, what=f"The worker '{worker.slug}'")
         data = WorkerUpdateInput(data=request.data)
@@ -287,8 +288,6 @@ class WorkerHealthCheck(ApiView):
 
     @extend_schema(request=None, responses=HealthOutput)
     def post(self, request: Request, slug: str) -> Response:
-        from apps.workers.services import worker_health_check
-
         worker = get_object_or_404(api_sel.workers_visible_for(request.user, self.key), slug=slug)
         require_team_object(self, worker, team_id=worker.provider.team_id, what=f"The worker '{worker.slug}'")
         result = worker_health_check(actor=request.user, worker=worker)
@@ -429,8 +428,6 @@ class PoolListCreate(ApiListView):
 
     @extend_schema(request=PoolCreateInput, responses={201: PoolOutput})
     def post(self, request: Request) -> Response:
-        from apps.workers.services import pool_create
-
         data = PoolCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = dict(data.validated_data)
@@ -454,8 +451,6 @@ class PoolDetail(ApiView):
 
     @extend_schema(request=PoolUpdateInput, responses=PoolOutput)
     def patch(self, request: Request, slug: str) -> Response:
-        from apps.workers.services import pool_update
-
         pool = self._pool(slug)
         require_team_object(self, pool, team_id=pool.team_id, what=f"The pool '{pool.slug}'")
         data = PoolUpdateInput(data=request.data)

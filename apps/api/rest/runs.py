@@ -15,6 +15,9 @@ from rest_framework.response import Response
 from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
+from apps.api.v1.shaping import run_url
+from apps.audit.services import run_review
+from apps.runs import approvals
 from apps.runs.models import (
     Preset,
     ReviewStatus,
@@ -26,11 +29,10 @@ from apps.runs.models import (
     Strategy,
 )
 from apps.runs.selectors import run_content_visible, withhold_event_data, withhold_step
+from apps.runs.services import RunRefused, run_cancel, run_create
 
 
 def run_absolute_url(request: Request, run: Run) -> str:
-    from apps.api.v1.shaping import run_url
-
     return run_url(request._request, run.pk)
 
 
@@ -275,8 +277,6 @@ class RunListCreate(ApiListView):
 
     @extend_schema(request=RunCreateInput, responses={201: RunOutput})
     def post(self, request: Request) -> Response:
-        from apps.runs.services import RunRefused, run_create
-
         data = RunCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         v = data.validated_data
@@ -373,8 +373,6 @@ class RunCancel(ApiView):
 
     @extend_schema(request=None, responses=RunOutput)
     def post(self, request: Request, run_id: Any) -> Response:
-        from apps.runs.services import run_cancel
-
         run = visible_run(self, run_id)
         run = run_cancel(actor=request.user, run=run)
         return Response(RunOutput(visible_run(self, run.pk), context={"request": request}).data)
@@ -385,8 +383,6 @@ class RunReview(ApiView):
 
     @extend_schema(request=ReviewInput, responses={201: ReviewOutput})
     def post(self, request: Request, run_id: Any) -> Response:
-        from apps.audit.services import run_review
-
         run = visible_run(self, run_id)
         data = ReviewInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -413,8 +409,6 @@ class RunApproval(ApiView):
     @extend_schema(request=ApprovalInput, responses=RunOutput)
     def post(self, request: Request, run_id: Any) -> Response:
         from rest_framework.exceptions import PermissionDenied
-
-        from apps.runs import approvals
 
         run = visible_run(self, run_id)
         data = ApprovalInput(data=request.data)

@@ -17,6 +17,13 @@ from apps.api.models import ApiScope
 from apps.api.rest.base import PLATFORM_ONLY, ApiListView, ApiView
 from apps.governance import selectors as gov
 from apps.governance.models import Membership, Role, Team
+from apps.governance.services import (
+    membership_remove,
+    membership_set,
+    team_create,
+    team_set_default_pool,
+    team_update,
+)
 from apps.workers.visibility import pools_granted_to
 
 
@@ -82,8 +89,6 @@ class TeamListCreate(ApiListView):
 
     @extend_schema(request=TeamCreateInput, responses={201: TeamOutput})
     def post(self, request: Request) -> Response:
-        from apps.governance.services import team_create
-
         data = TeamCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
         team = team_create(actor=request.user, **data.validated_data)
@@ -99,8 +104,6 @@ class TeamDetail(ApiView):
 
     @extend_schema(request=TeamUpdateInput, responses=TeamOutput)
     def patch(self, request: Request, slug: str) -> Response:
-        from apps.governance.services import team_set_default_pool, team_update
-
         team = visible_team(self, slug)
         data = TeamUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -133,8 +136,6 @@ class MemberListCreate(ApiListView):
 
     @extend_schema(request=MembershipInput, responses={201: MembershipOutput})
     def post(self, request: Request, slug: str) -> Response:
-        from apps.governance.services import membership_set
-
         team = visible_team(self, slug)
         data = MembershipInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -160,8 +161,6 @@ class MemberDetail(ApiView):
 
     @extend_schema(request=MembershipRoleInput, responses=MembershipOutput)
     def patch(self, request: Request, slug: str, username: str) -> Response:
-        from apps.governance.services import membership_set
-
         membership = self._membership(slug, username)
         data = MembershipRoleInput(data=request.data)
         data.is_valid(raise_exception=True)
@@ -172,8 +171,6 @@ class MemberDetail(ApiView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, slug: str, username: str) -> Response:
-        from apps.governance.services import membership_remove
-
         membership = self._membership(slug, username)
         membership_remove(actor=request.user, team=membership.team, user=membership.user)
         return Response(status=status.HTTP_204_NO_CONTENT)

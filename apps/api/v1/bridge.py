@@ -44,6 +44,11 @@ from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.requests import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
+from apps.runs import services as run_services
+from apps.runs.models import PlanApproval, Run, RunEvent, RunSource
+from apps.runs.services import RunRefused
+from apps.runs.sink import register_server_loop
+from conductor_web.executor_db import release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +113,6 @@ def _start_run(
 
     ``prepare(req, key)`` (optional) completes the parsed request with what only the key may
     read, e.g. the history of a ``previous_response_id``; it runs after the scope check."""
-    from apps.runs.models import RunSource
-    from apps.runs.services import RunRefused, run_create
 
     key = authenticate(request)
     req = parse(request.body)
@@ -133,7 +136,8 @@ def _start_run(
         )
     record = api_request_record(req, target)
     try:
-        run = run_create(
+        # Through the module, looked up per call: the seam tests replace to fail the store.
+        run = run_services.run_create(
             actor=key.created_by,
             team=key.team,
             pool=target.pool,
@@ -215,8 +219,6 @@ class RunFollower:
         try:
             from channels.layers import get_channel_layer
 
-            from apps.runs.sink import register_server_loop
-
             self.layer = get_channel_layer()
             if self.layer is not None:
                 register_server_loop(asyncio.get_running_loop())
@@ -267,15 +269,12 @@ def _may_end_run(message: dict[str, Any] | None) -> bool:
 
 def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
     """The run's persisted events after ``seq``, in order (``seq``, ``type``, ``data``)."""
-    from apps.runs.models import RunEvent
 
     rows = RunEvent.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq").values("seq", "type", "data")
     return [dict(row) for row in rows]
 
 
 def load_run(run_id: Any) -> Any:
-    from apps.runs.models import Run
-
     return Run.objects.select_related("pool").get(pk=run_id)
 
 
@@ -293,7 +292,6 @@ def run_deadline(run: Any) -> float:
 
 def finished_data(run_id: Any) -> dict[str, Any]:
     """The data of the run's ``run.finished`` event ({} before it is stored)."""
-    from apps.runs.models import RunEvent
 
     data = (
         RunEvent.objects.filter(run_id=run_id, type="run.finished")
@@ -325,8 +323,6 @@ def approval_wait_left(run_id: Any) -> float:
     (``constraints.approval.api_wait_s``); 0 when it must be answered now."""
     from django.utils import timezone
 
-    from apps.runs.models import PlanApproval
-
     until = (
         PlanApproval.objects.filter(run_id=run_id, decision="pending")
         .order_by("-requested_at")
@@ -355,6 +351,7 @@ async def wait_for_run(run: Any) -> Any:
                     state.provider_ms = waited_ms
                 return current
             until = min(deadline, time.monotonic() + may_wait)
+            await release_while_waiting()  # an idle waiter holds no pooled connection
             # Skip the read for events that cannot end the run; a quiet interval (a lost publish
             # included) still reads the database every FOLLOW_POLL_S.
             while not _may_end_run(await follower.wait(until - time.monotonic())):
@@ -411,6 +408,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                     yield RunUpdate("keepalive")
                     last_sent = time.monotonic()
                 wake = deadline if held_until is None else min(deadline, held_until)
+                await release_while_waiting()
                 await follower.wait(wake - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
         final = await sync_to_async(load_run)(run.id)

@@ -17,6 +17,8 @@ from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1 import auth
 from apps.api.v1.errors import BodyRules, OpenAIError, error_response, json_body, method_not_allowed
+from apps.feedback.models import FeedbackSource
+from apps.feedback.services import FeedbackInvalid, feedback_record
 
 BODY_RULES = BodyRules(
     required=("run_id", "metric", "value"),
@@ -56,9 +58,6 @@ def _run_for(key: ApiKey, run_id: Any) -> Any:
 
 
 def record(request: HttpRequest) -> dict[str, Any]:
-    from apps.feedback.models import FeedbackSource
-    from apps.feedback.services import FeedbackInvalid, feedback_record
-
     key = auth.authenticate(request)
     body = json_body(request.body, BODY_RULES)
     refusal = api_sel.scope_refusal(key, ApiScope.RUNS_WRITE)

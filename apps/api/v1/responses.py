@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1 import auth, bridge, requests, shaping, targets
 from apps.api.v1.chat import _metadata, _number, _positive_int, parse_response_format
@@ -313,7 +314,6 @@ def _not_found(resp_id: str, param: str | None) -> OpenAIError:
 
 def stored_run(key: ApiKey, resp_id: str, param: str | None = None) -> Any:
     """The run behind a stored response this key's team may read (404 otherwise: no probing)."""
-    from apps.api import selectors as api_sel
 
     run_id = run_id_of(resp_id)
     if run_id is None:
@@ -623,8 +623,6 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
 
 
 def _retrieve(request: HttpRequest, resp_id: str) -> tuple[Any, targets.Target]:
-    from apps.api import selectors as api_sel
-
     key = auth.authenticate(request)
     refusal = api_sel.scope_refusal(key, ApiScope.RUNS_READ)
     if refusal is not None:

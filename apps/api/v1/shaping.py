@@ -21,6 +21,8 @@ from django.urls import NoReverseMatch, reverse
 
 from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.targets import Target
+from apps.runs.models import PlanApproval, RunEvent
+from apps.runs.selectors import held_reason, run_hold_rules, withhold_event_data
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +127,6 @@ def conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str, 
 
 def held_info(run_id: Any) -> dict[str, Any]:
     """Which rules hold the answer and why (names only, never the findings or the answer)."""
-    from apps.runs.selectors import held_reason, run_hold_rules
 
     rules = run_hold_rules(run_id)
     return {"rules": rules, "reason": held_reason(rules)}
@@ -161,7 +162,6 @@ class FinalAnswer:
 def final_answer(run: Any) -> FinalAnswer:
     """The answer of a succeeded run; the extras (finish reason, tool calls) come from its
     ``run.finished`` event. A held answer gives nothing away (see ``run_content_visible``)."""
-    from apps.runs.models import RunEvent
 
     if run.answer_held:
         return FinalAnswer(None, [], "content_filter", True)
@@ -182,7 +182,6 @@ def final_answer(run: Any) -> FinalAnswer:
 
 def awaiting_fields(run_id: Any) -> list[str]:
     """The policy fields whose action held the run's plan."""
-    from apps.runs.models import PlanApproval
 
     row = (
         PlanApproval.objects.filter(run_id=run_id, decision="pending")
@@ -195,7 +194,6 @@ def awaiting_fields(run_id: Any) -> list[str]:
 
 def blocked_rules(run_id: Any) -> list[str]:
     """Names of the checks that blocked the run (never their findings)."""
-    from apps.runs.models import RunEvent
 
     names: list[str] = []
     for data in RunEvent.objects.filter(run_id=run_id, type="guardrail.checked").values_list(
@@ -279,7 +277,6 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     if data.get("holdable"):
         # The run's policy can hold its answer (require_review): a /v1 stream shows no model
         # output before the verdict — the final answer only arrives if it is not held.
-        from apps.runs.selectors import withhold_event_data
 
         data = withhold_event_data(kind, data)
     if kind == "step.started":

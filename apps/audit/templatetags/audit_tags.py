@@ -6,6 +6,7 @@ from typing import Any
 
 from django import template
 
+from apps.audit.selectors import reviews_for_run
 from apps.runs.models import Run
 
 register = template.Library()
@@ -14,7 +15,6 @@ register = template.Library()
 @register.simple_tag(takes_context=True)
 def review_state(context: template.Context, run: Any) -> dict[str, Any]:
     """``reviews`` and ``can_review`` from the context if given, else from the selectors."""
-    from apps.audit.selectors import reviews_for_run
 
     reviews = context.get("reviews")
     can_review = context.get("can_review")

@@ -6,6 +6,9 @@ from typing import Any
 
 from django import template
 
+from apps.audit.selectors import awaiting_review_count, reviews_any_team
+from apps.runs.approvals import approvals_waiting_for
+
 register = template.Library()
 
 
@@ -13,8 +16,6 @@ register = template.Library()
 def review_nav(context: template.Context) -> dict[str, Any]:
     """``show``: the viewer reviews some team; ``count``: runs awaiting their review, plus plans
     held for an approver they may decide (not their own)."""
-    from apps.audit.selectors import awaiting_review_count, reviews_any_team
-    from apps.runs.approvals import approvals_waiting_for
 
     request = context.get("request")
     user = getattr(request, "user", None)

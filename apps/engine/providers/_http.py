@@ -140,6 +140,7 @@ def shared_http_client(policy: EgressPolicy | str | None = None) -> Any:
     between runs. httpx clients are thread-safe and the SDKs pass each request's timeout
     themselves. Keyed by pid so a forked process never reuses its parent's sockets.
     """
+    # Lazy: httpx2/httpcore2 load with the first SDK worker, so importing the engine stays cheap.
     from apps.engine.providers._egress_http import build_client
 
     if not isinstance(policy, EgressPolicy):
@@ -155,6 +156,7 @@ def shared_http_client(policy: EgressPolicy | str | None = None) -> Any:
 
 def connection_error(exc: BaseException, *, provider: str, host: str) -> ProviderError:
     """A connection failure in plain words; an egress refusal names the address and the rule."""
+    # Lazy: an egress refusal can only come from a client build_client made (httpx2 loaded).
     from apps.engine.providers._egress_http import egress_denial
 
     denied = egress_denial(exc)

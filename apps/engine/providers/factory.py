@@ -7,6 +7,7 @@ from typing import Any
 
 from apps.engine.egress import EgressPolicy
 from apps.engine.providers.base import Worker
+from apps.engine.providers.local import LocalWorker
 from apps.engine.types import WorkerInfo
 
 PROVIDER_KINDS = ("openai", "openai_compatible", "anthropic", "local")
@@ -43,6 +44,7 @@ def build_worker(
     if kind != info.provider:
         info = replace(info, provider=kind)
     if kind in ("openai", "openai_compatible"):
+        # Lazy: the openai SDK loads only in a process that builds an OpenAI-style worker.
         from apps.engine.providers.openai_provider import OpenAIWorker
 
         if kind == "openai_compatible" and not base_url:
@@ -57,6 +59,7 @@ def build_worker(
             egress=egress,
         )
     if kind == "anthropic":
+        # Lazy: the anthropic SDK loads only in a process that builds an Anthropic worker.
         from apps.engine.providers.anthropic_provider import AnthropicWorker
 
         return AnthropicWorker(
@@ -68,7 +71,5 @@ def build_worker(
             egress=egress,
         )
     if kind == "local":
-        from apps.engine.providers.local import LocalWorker
-
         return LocalWorker(info, model_path=model_path, **options)
     raise ValueError(f"unknown provider kind {kind!r}; expected one of {', '.join(PROVIDER_KINDS)}")

@@ -16,6 +16,11 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from apps.governance.demo import DEMO_TEAMS, seed_teams
+from apps.governance.models import Team
+from apps.policies.demo import seed_policies
+from apps.workers.demo import seed_pools
+
 DEMO_USERS = {
     "admin": "platform superuser",
     "tom": "finance team admin (members, pools, API keys)",
@@ -48,11 +53,6 @@ class Command(BaseCommand):
     help = "Create the demo users, teams, pools and policies (safe to re-run)."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from apps.governance.demo import DEMO_TEAMS, seed_teams
-        from apps.governance.models import Team
-        from apps.policies.demo import seed_policies
-        from apps.workers.demo import seed_pools
-
         password, generated = demo_password()
         User = get_user_model()
         with transaction.atomic():

@@ -12,6 +12,8 @@ from django.utils import timezone
 
 from apps.api.models import DEFAULT_SCOPES, ApiScope
 from apps.api.services import apikey_create
+from apps.governance.models import Team
+from apps.workers.models import Pool
 
 
 class Command(BaseCommand):
@@ -41,9 +43,6 @@ class Command(BaseCommand):
         parser.add_argument("--tpm", type=int, help="Tokens per minute")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from apps.governance.models import Team
-        from apps.workers.models import Pool
-
         team = Team.objects.filter(slug=options["team"]).first()
         if team is None:
             raise CommandError(f"No team with the slug {options['team']!r}.")
