@@ -22,7 +22,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
-$(VENV)/.installed-local: | $(VENV)/.installed
+$(VENV)/.installed-local: scripts/build_local_model.sh | $(VENV)/.installed
 	bash scripts/build_local_model.sh
 
 install: $(VENV)/.installed
