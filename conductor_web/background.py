@@ -20,8 +20,6 @@ def start_server_background() -> None:
     # embedded servers also publish tree heads (Celery beat does in the distributed mode).
     start_sequencer_thread(publish=settings.EXECUTION_BACKEND != "celery")
     # Re-queue runs whose executor died and drain the dispatch outbox (runs accepted while the
-    # broker was down); embedded servers also sweep. Celery workers start their own keeper
-    # (apps.runs.tasks, on worker_ready).
+    # broker was down). Celery workers start their own keeper (apps.runs.tasks, on worker_ready).
     start_lease_keeper(reap=True)
-    if settings.EXECUTION_BACKEND == "thread":
-        start_sweeper()
+    start_sweeper()  # embedded servers only: Celery beat sweeps in the distributed mode

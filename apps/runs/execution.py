@@ -47,7 +47,7 @@ from apps.runs.journal import CallJournal, journal_pool
 from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
 from apps.runs.selectors import approved_digests
 from apps.runs.sink import RunSink
-from apps.runs.sweeper import start_sweeper
+from apps.runs.sweeper import run_job, start_sweeper
 from apps.workers.engine_adapter import use_preset_conductor
 from conductor_web.request_context import set_request_id
 
@@ -595,13 +595,7 @@ def _ensure_thread(name: str, target: Callable[[], None]) -> None:
 
 def _tick(job: Callable[[], object], interval: float, what: str) -> None:
     while True:
-        try:
-            close_old_connections()
-            job()
-        except Exception:
-            logger.exception("run %s tick failed", what)
-        finally:
-            connection.close()
+        run_job(job, f"run {what} tick")
         time.sleep(interval)
 
 

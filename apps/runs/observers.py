@@ -100,19 +100,9 @@ def register_plan_hold(handler: PlanHold) -> None:
     _plan_hold = handler
 
 
-def hold_plan(
-    *,
-    run_id: UUID,
-    team_id: int,
-    policy_version_id: int | None,
-    owner: str | None,
-    at: datetime,
-    data: dict[str, Any],
-) -> None:
-    # No handler means apps.runs never became ready: fail the batch (its transaction rolls back)
-    # rather than store a held plan that nothing pauses.
+def plan_hold() -> PlanHold:
+    """The registered plan-hold handler. None registered means apps.runs never became ready:
+    fail the batch (its transaction rolls back) rather than store a held plan nothing pauses."""
     if _plan_hold is None:
         raise RuntimeError("no plan-hold handler registered (apps.runs is not ready)")
-    _plan_hold(
-        run_id=run_id, team_id=team_id, policy_version_id=policy_version_id, owner=owner, at=at, data=data
-    )
+    return _plan_hold

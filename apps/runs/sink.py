@@ -623,7 +623,7 @@ class RunSink:
 
     def _on_run_awaiting_approval(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         """The plan waits for an approver: the run pauses (lease given back, journal kept)."""
-        observers.hold_plan(
+        observers.plan_hold()(
             run_id=self.run_id,
             team_id=self.team_id,
             policy_version_id=self.policy_version_id,

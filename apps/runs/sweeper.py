@@ -33,6 +33,18 @@ _sweeper_started = False
 _sweeper_lock = threading.Lock()
 
 
+def run_job(job: Callable[[], object], what: str) -> None:
+    """One pass of a background job on a fresh connection, given back after; a failure is logged,
+    never raised (the next tick tries again)."""
+    try:
+        close_old_connections()
+        job()
+    except Exception:
+        logger.exception("%s failed", what)
+    finally:
+        connection.close()
+
+
 def register_expiry(name: str, expire: Expiry) -> None:
     """Add ``expire`` to every sweep (once by name: app ready may run twice in tests)."""
     _expiries[name] = expire
@@ -86,12 +98,6 @@ def start_sweeper() -> None:
                 if time.monotonic() - last_run[name] < interval:
                     continue
                 last_run[name] = time.monotonic()
-                try:
-                    close_old_connections()
-                    job()
-                except Exception:
-                    logger.exception("%s failed", name)
-                finally:
-                    connection.close()
+                run_job(job, name)
 
     threading.Thread(target=loop, daemon=True, name="run-sweeper").start()

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from apps.runs.models import Run, RunEvent
-from apps.workers.services import pool_create
 from tests.fakes.base import FakeReply
+from tests.fixtures.workers import solo_pool_of
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
@@ -32,17 +32,8 @@ def client(api_server: Any, runtime_workers: Any, api_key: tuple[Any, str]) -> o
 @pytest.fixture
 def solo_pool(fake_pool: Any, alpha: Any) -> Any:
     """A one-worker pool ``solo`` (the fake solver) whose provider is slow by PROVIDER_DELAY_S."""
-    solver = next(w for w in fake_pool.workers if w.slug == "fake-solver")
     fake_pool.server.responder = lambda req: FakeReply("42", delay=PROVIDER_DELAY_S)
-    return pool_create(
-        actor=None,
-        team=alpha,
-        slug="solo",
-        name="Solo",
-        workers=[solver],
-        default_worker=solver,
-        conductor_worker=fake_pool.conductor,
-    )
+    return solo_pool_of(fake_pool, alpha)
 
 
 def test_overhead_header_is_total_less_the_provider_wait(solo_pool: Any, fake_pool: Any, client: Any) -> None:

@@ -16,9 +16,9 @@ import pytest
 from django.test import Client
 
 from apps.runs.models import Run, Step
-from apps.workers.services import pool_create
 from tests.fakes.base import FakeReply
 from tests.fixtures.queries import Queries
+from tests.fixtures.workers import solo_pool_of
 from tests.runtime import MODE
 
 pytestmark = [
@@ -33,17 +33,8 @@ BUDGET = 60
 
 @pytest.fixture
 def solo(fake_pool: Any, alpha: Any) -> Any:
-    solver = next(w for w in fake_pool.workers if w.slug == "fake-solver")
     fake_pool.server.responder = lambda req: FakeReply("42")
-    return pool_create(
-        actor=None,
-        team=alpha,
-        slug="solo",
-        name="Solo",
-        workers=[solver],
-        default_worker=solver,
-        conductor_worker=fake_pool.conductor,
-    )
+    return solo_pool_of(fake_pool, alpha)
 
 
 def _ask(client: Client, key: str) -> dict[str, Any]:
