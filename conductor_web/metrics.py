@@ -98,7 +98,12 @@ def on_run_event(view: RunEventView) -> None:
     if view.type == "step.finished" and data.get("latency_ms") is None:
         return  # the step never called a model (skipped/blocked)
     key = str(data.get("worker_key") or "")  # plan.proposed names its planner too
-    worker = Worker.objects.filter(slug=key).values_list("model_name", "provider__kind").first()
+    known = view.workers.get(key)  # the sink knows the pool's workers: no read per model call
+    worker = (
+        (known[1], known[2])
+        if known is not None
+        else Worker.objects.filter(slug=key).values_list("model_name", "provider__kind").first()
+    )
 
     labels = {
         "gen_ai_operation_name": "chat",

@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 from apps.api.models import ApiKey, ApiScope
 from apps.audit.models import AuditEvent
 from apps.governance import selectors as gov
+from apps.governance.access_version import stamp_expression
 from apps.governance.models import Membership, Role
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import Policy
@@ -224,7 +225,12 @@ def key_for_prefix(prefix: str) -> ApiKey | None:
     member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
     key = (
         ApiKey.objects.select_related("team", "created_by")
-        .annotate(in_team=Exists(member), member_role=Subquery(member.values("role")[:1]))
+        .annotate(
+            in_team=Exists(member),
+            member_role=Subquery(member.values("role")[:1]),
+            # Read with the key, so cached access answers cost no query (access_version).
+            access_stamp=stamp_expression(),
+        )
         .filter(prefix=prefix)
         .first()
     )

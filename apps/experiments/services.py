@@ -295,6 +295,10 @@ def on_run_event(view: Any) -> None:
     """After-commit run observer: score the experiment row of a run that just finished."""
     if view.type != "run.finished":
         return
+    # An experiment's runs carry its id in their metadata (experiment_start); other runs need no
+    # read. A run the observer misses is still scored by experiment_refresh.
+    if view.metadata is not None and "experiment" not in view.metadata:
+        return
     er = (
         ExperimentRun.objects.select_related("experiment", "item", "run")
         .filter(run_id=view.run_id, scored_at__isnull=True)

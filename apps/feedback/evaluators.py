@@ -130,13 +130,22 @@ def evaluate(evaluator: Evaluator, run: Any) -> Outcome:
     return Outcome(None, f"unknown evaluator kind '{evaluator.kind}'")
 
 
-def run_evaluators(run_id: Any) -> list[Any]:
-    """Evaluate a finished run with its team's enabled evaluators; returns the feedback recorded."""
+def run_evaluators(run_id: Any, team_id: int | None = None) -> list[Any]:
+    """Evaluate a finished run with its team's enabled evaluators; returns the feedback recorded.
+    ``team_id`` (the run's, when the caller knows it): a team without evaluators costs one read."""
 
+    evaluators: list[Evaluator] | None = None
+    if team_id is not None:
+        evaluators = list(Evaluator.objects.filter(team_id=team_id, enabled=True).select_related("metric"))
+        if not evaluators:
+            return []
     run = Run.objects.select_related("team", "pool").filter(pk=run_id).first()
     if run is None or run.status != RunStatus.SUCCEEDED:
         return []
-    evaluators = list(Evaluator.objects.filter(team_id=run.team_id, enabled=True).select_related("metric"))
+    if evaluators is None or team_id != run.team_id:
+        evaluators = list(
+            Evaluator.objects.filter(team_id=run.team_id, enabled=True).select_related("metric")
+        )
     if not evaluators:
         return []
     if run.answer_held:
@@ -169,7 +178,7 @@ def on_run_event(view: Any) -> None:
     """After-commit run observer: evaluate once the run finished successfully."""
     if view.type != "run.finished" or view.data.get("status") != "succeeded":
         return
-    run_evaluators(view.run_id)
+    run_evaluators(view.run_id, view.team_id)
 
 
 def dumps(value: Any) -> str:

@@ -58,3 +58,13 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class AccessVersion(models.Model):
+    """One row (id 1) whose ``stamp`` database triggers change with every write to a table that
+    decides access (``apps.governance.access_version``): the key of every cached access answer."""
+
+    stamp = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"access version {self.stamp}"

@@ -67,14 +67,18 @@ def team_admins(team: Any) -> list[Any]:
 def on_run_event(view: RunEventView) -> None:
     """After-commit observer: a finished run may have crossed a threshold of its team's budgets."""
     if view.type == "run.finished":
-        budget_alerts_check(team_id=view.team_id)
+        budget_alerts_check(team_id=view.team_id, team=view.team, stamp=view.access_stamp)
 
 
-def budget_alerts_check(*, team_id: int) -> list[BudgetAlert]:
-    """Raise every threshold the team's budget windows have crossed and not yet raised."""
+def budget_alerts_check(
+    *, team_id: int, team: Team | None = None, stamp: int | None = None
+) -> list[BudgetAlert]:
+    """Raise every threshold the team's budget windows have crossed and not yet raised. ``team``
+    and ``stamp`` (the access version): what the caller already read, so none is read again."""
 
-    team = Team.objects.get(pk=team_id)
-    status = budget_status(team=team, effective=effective_policy_cached(team))
+    if team is None or team.pk != team_id:
+        team = Team.objects.get(pk=team_id)
+    status = budget_status(team=team, effective=effective_policy_cached(team, stamp))
     raised = []
     for window in status.windows:
         used = window.used_percent

@@ -11,6 +11,7 @@ from django.db.models import Q, QuerySet
 
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
+from apps.governance.access_version import AccessCache
 from apps.governance.visibility import is_platform_admin
 from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
@@ -116,10 +117,24 @@ def _current_versions(team: Any) -> tuple[Stamp, Stamp]:
     return platform, own
 
 
-def effective_policy_cached(team: Any) -> EffectivePolicy:
-    """``apps.policies.services.effective_policy`` for the versions current now, merged once per
-    process per (team, platform version, team version)."""
+# With the access version (policies_policy and policies_policyversion are tracked), not even
+# the two version ids are read while it is current.
+_effective_by_stamp: AccessCache[EffectivePolicy] = AccessCache(size=_EFFECTIVE_MAX)
 
+
+def effective_policy_cached(team: Any, stamp: int | None = None) -> EffectivePolicy:
+    """``apps.policies.services.effective_policy`` for the versions current now, merged once per
+    process per (team, platform version, team version); no query while the access version
+    ``stamp`` (read by the caller) is current."""
+    question = getattr(team, "pk", None)
+    hit = _effective_by_stamp.get(stamp, question)
+    if hit is None:
+        hit = _effective_policy_read(team)
+        _effective_by_stamp.put(stamp, question, hit)
+    return hit
+
+
+def _effective_policy_read(team: Any) -> EffectivePolicy:
     key = (getattr(team, "pk", None), *_current_versions(team))
     with _effective_lock:
         hit = _effective.get(key)
@@ -146,5 +161,6 @@ def _team_version(effective: EffectivePolicy) -> Any:
 
 
 def clear_effective_policy_cache() -> None:
+    _effective_by_stamp.clear()
     with _effective_lock:
         _effective.clear()

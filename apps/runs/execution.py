@@ -39,6 +39,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.engine.runner import run_request
 from apps.engine.strategies import build_strategy
+from apps.governance.access_version import stamp_expression
 from apps.learning.services import learned_strategy
 from apps.runs import integration
 from apps.runs.api_request import generation_for, passthrough_strategy
@@ -284,13 +285,20 @@ def _still_owner(run_id: UUID | str, owner: str) -> bool:
 
 
 def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
-    run = Run.objects.select_related("team", "pool", "worker").get(pk=run_id)
+    # The access version comes with the run: pool rows and policy from this process's cache
+    # while it is current (apps.governance.access_version).
+    run = (
+        Run.objects.select_related("team", "pool", "worker")
+        .annotate(access_stamp=stamp_expression())
+        .get(pk=run_id)
+    )
+    stamp = run.access_stamp
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
     journal = CallJournal(run.id, attempt=run.attempts or 1)
     if journal.loaded:
         logger.info("run %s attempt %s resumes with %s journaled calls", run.id, run.attempts, journal.loaded)
-    engine_pool = journal_pool(integration.build_pool(run.pool), journal)
-    policy = integration.policy_in_force(run.team)
+    engine_pool = journal_pool(integration.build_pool(run.pool, stamp), journal)
+    policy = integration.policy_in_force(run.team, stamp)
     remaining = (
         max(1.0, (run.deadline_at - timezone.now()).total_seconds())
         if run.deadline_at
@@ -300,7 +308,9 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     strategy = build_run_strategy(run, engine_pool)
     # Each preset plans with its own conductor, known only now (a learned run picks its arm here).
     use_preset_conductor(engine_pool, getattr(strategy, "preset", None))
-    sink = RunSink(run, owner=cancel.owner, journal=journal)
+    sink = RunSink(
+        run, owner=cancel.owner, journal=journal, workers=integration.pool_worker_labels(run.pool, stamp)
+    )
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
     hooks = integration.governance_hooks(run.team, policy, str(run.id))
@@ -348,7 +358,7 @@ def build_run_strategy(run: Run, engine_pool: Any) -> Any:
             team_id=run.team_id,
             question=run.question,
             pool=engine_pool,
-            effective=integration.policy_in_force(run.team).effective,
+            effective=integration.policy_in_force(run.team, getattr(run, "access_stamp", None)).effective,
             classification=run.classification,
         )
     return build_strategy(run.strategy)

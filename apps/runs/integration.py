@@ -15,7 +15,7 @@ from apps.policies.budgets import BudgetExceeded, budget_check
 from apps.policies.hooks import PolicyHooks
 from apps.policies.selectors import effective_policy_cached
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool, pool_unavailable_reason
-from apps.workers.selectors import pool_rows
+from apps.workers.selectors import pool_rows, worker_labels
 
 if TYPE_CHECKING:
     from apps.engine.hooks import GovernanceHooks
@@ -45,30 +45,41 @@ class PolicyInForce:
     version_id: int | None
 
 
-def build_pool(pool: Pool) -> WorkerPool:
-    """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason)."""
+def build_pool(pool: Pool, stamp: int | None = None) -> WorkerPool:
+    """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason).
+    ``stamp``: the access version read with ``pool`` (apps.governance.access_version)."""
     if not pool.enabled:
         raise PoolUnavailableError(f"The pool “{pool.name}” is disabled.")
     try:
-        return build_engine_pool(pool, pool_rows(pool))
+        return build_engine_pool(pool, pool_rows(pool, stamp))
     except PoolUnavailable as exc:
         raise PoolUnavailableError(str(exc)) from None
 
 
-def check_pool_available(pool: Pool) -> None:
+def pool_worker_labels(pool: Pool, stamp: int | None = None) -> dict[str, tuple[int, str, str]]:
+    """slug -> (pk, model, provider kind) of the pool's workers and conductors (cached rows)."""
+    return worker_labels(pool_rows(pool, stamp))
+
+
+def check_pool_available(pool: Pool, stamp: int | None = None) -> None:
     """Refuse a pool that cannot run (disabled, a worker without a key...) without building SDK
     clients: that costs tens of milliseconds per client and execution builds them anyway."""
     # The rows are read once per process while unchanged (pool_rows); availability (enabled,
     # keys) is judged from them on every call.
-    reason = pool_unavailable_reason(pool, pool_rows(pool)) if pool.enabled else pool_unavailable_reason(pool)
+    reason = (
+        pool_unavailable_reason(pool, pool_rows(pool, stamp))
+        if pool.enabled
+        else pool_unavailable_reason(pool)
+    )
     if reason:
         raise PoolUnavailableError(reason)
 
 
-def policy_in_force(team: Team) -> PolicyInForce:
+def policy_in_force(team: Team, stamp: int | None = None) -> PolicyInForce:
     # Merged once per process per version pair (a run asks up to three times: create, execute,
-    # the sink's hold decision); the current version ids are read fresh on every call.
-    effective = effective_policy_cached(team)
+    # the sink's hold decision); the current version ids are read fresh on every call, unless the
+    # caller read the access version ``stamp`` (then no query while it is current).
+    effective = effective_policy_cached(team, stamp)
     version = getattr(effective, "version", None)
     return PolicyInForce(effective, getattr(version, "pk", None))
 

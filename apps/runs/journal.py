@@ -69,9 +69,14 @@ class CallJournal:
         self.attempt = attempt
         self._lock = threading.Lock()
         self._answers: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
-        for digest, result in (
+        # A first attempt has nothing journaled (calls are journaled by an attempt and read only
+        # by the next one, after a re-queue): no read (issue #15).
+        rows = (
             RunCall.objects.filter(run_id=run_id).order_by("id").values_list("digest", "result")
-        ):
+            if attempt > 1
+            else ()
+        )
+        for digest, result in rows:
             self._answers[digest].append(result)
         self.loaded = sum(len(q) for q in self._answers.values())
         self._pending: list[RunCall] = []

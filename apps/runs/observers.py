@@ -20,8 +20,8 @@ Its handler (``apps.runs.approvals.approval_requested``, above the sink) is set 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 from uuid import UUID
@@ -38,6 +38,12 @@ class RunEventView:
     pool_id: int | None = None
     strategy: str = ""
     team_slug: str = ""  # when the sink knows it (the run's team was loaded): no read per event
+    # What the sink knows from the run's execution, so observers need no read per event (#15):
+    team: Any = None  # the run's Team row, read-only
+    access_stamp: int | None = None  # the access version read with the run
+    metadata: Mapping[str, Any] | None = None  # the request's metadata ({}: none; None: not known)
+    # slug -> (pk, model name, provider kind) of the pool's workers and conductors
+    workers: Mapping[str, tuple[int, str, str]] = field(default_factory=dict)
 
     @property
     def type(self) -> str:

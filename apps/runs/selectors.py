@@ -233,10 +233,11 @@ def policy_hold_rules(spec: Any) -> list[str]:
     return rules
 
 
-def team_may_hold(team: Any) -> bool:
-    """Whether a run started now on ``team`` could have its answer held."""
+def team_may_hold(team: Any, stamp: int | None = None) -> bool:
+    """Whether a run started now on ``team`` could have its answer held (``stamp``: the access
+    version read with the run, if any)."""
     try:
-        spec = integration.policy_in_force(team).effective.spec
+        spec = integration.policy_in_force(team, stamp).effective.spec
     except ValueError:
         return True  # a policy that no longer validates: assume the strictest
     return bool(policy_hold_rules(spec))

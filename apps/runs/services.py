@@ -78,12 +78,18 @@ def run_create(
     request_id: str = "",
     api_request: dict[str, Any] | None = None,
     pool_allowed: bool = False,
+    team_allowed: bool = False,
+    access_stamp: int | None = None,
 ) -> Run:
     """Accept a request: store it `queued` with its audit event and dispatch it on commit.
 
     ``pool_allowed``: the caller already checked that ``actor`` may use ``pool`` with a check at
     least as narrow as this one (``/v1``'s ``resolve_model``: the key's pools within the actor's),
-    so the verdict is passed instead of read twice per request (issue #15).
+    so the verdict is passed instead of read twice per request (issue #15). ``team_allowed``
+    likewise: the caller asked ``can_run_on_team(actor, team)`` for this very actor and team
+    (``/v1`` asks it with the pool, cached by access version). ``access_stamp``: the access
+    version the caller read (apps.governance.access_version); pool rows and the policy in force
+    are then answered from this process's cache while it is current.
 
     Raises RunRefused before anything is stored or any model is called.
     """
@@ -107,7 +113,7 @@ def run_create(
         raise RunRefused("invalid", "Replay messages must be a non-empty list of {role, content} objects.")
 
     team = _resolve_team(actor, team, pool)
-    if team is None or not gov.can_run_on_team(actor, team):
+    if team is None or not (team_allowed or gov.can_run_on_team(actor, team)):
         raise _refuse(
             actor=actor, team=team, code="pool_not_allowed", message="You may not start runs for this team."
         )
@@ -132,13 +138,13 @@ def run_create(
     if strategy == Strategy.SINGLE and worker is None:
         worker = pool.default_worker
     try:
-        integration.check_pool_available(pool)
+        integration.check_pool_available(pool, access_stamp)
     except integration.PoolUnavailableError as exc:
         raise _refuse(
             actor=actor, team=team, code="pool_unavailable", message=str(exc), pool=pool.slug
         ) from None
 
-    policy = integration.policy_in_force(team)
+    policy = integration.policy_in_force(team, access_stamp)
     try:
         integration.check_budget(team, policy)
     except integration.BudgetRefusal as exc:

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -71,7 +72,20 @@ def group_name(run_id: UUID | str) -> str:
 
 def publish(run_id: UUID | str, event: dict[str, Any]) -> None:
     """Send one protocol event to the websocket viewers of the run. Never raises."""
-    _group_send(run_id, {"type": "run.event", "event": event}, event.get("type"), event.get("seq"))
+    publish_batch(run_id, [event])
+
+
+def publish_batch(run_id: UUID | str, events: list[dict[str, Any]]) -> None:
+    """Send a committed batch's events, in order, in one hop to the layer's loop (not one hop and
+    one wait per event: issue #15). Never raises."""
+    if events:
+        first, last = events[0], events[-1]
+        _group_send_many(
+            run_id,
+            [{"type": "run.event", "event": event} for event in events],
+            first.get("type") if len(events) == 1 else f"{len(events)} events",
+            first.get("seq") if len(events) == 1 else f"{first.get('seq')}..{last.get('seq')}",
+        )
 
 
 def publish_review(run_id: UUID | str) -> None:
@@ -89,13 +103,22 @@ def on_run_saved(sender: Any, instance: Run, update_fields: Any = None, **kwargs
 
 
 def _group_send(run_id: UUID | str, message: dict[str, Any], kind: Any, seq: Any) -> None:
+    _group_send_many(run_id, [message], kind, seq)
+
+
+def _group_send_many(run_id: UUID | str, messages: list[dict[str, Any]], kind: Any, seq: Any) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     group = group_name(run_id)
     # Named in the message: one process-wide membership fans it out to the run's local viewers
     # (apps.runs.fanout), which must know whose it is.
-    message = {**message, "group": group}
+    named = [{**message, "group": group} for message in messages]
+
+    async def send_all() -> None:
+        for message in named:  # in seq order: viewers rely on it
+            await layer.group_send(group, message)
+
     try:
         if isinstance(layer, InMemoryChannelLayer):
             loop = _server_loop
@@ -106,18 +129,16 @@ def _group_send(run_id: UUID | str, message: dict[str, Any], kind: Any, seq: Any
             except RuntimeError:
                 running = None
             if running is loop:
-                loop.create_task(layer.group_send(group, message))
+                loop.create_task(send_all())
             else:
-                asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop).result(timeout=5)
+                asyncio.run_coroutine_threadsafe(send_all(), loop).result(timeout=5)
         else:
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
-                asyncio.run_coroutine_threadsafe(layer.group_send(group, message), _publisher_loop()).result(
-                    timeout=10
-                )
+                asyncio.run_coroutine_threadsafe(send_all(), _publisher_loop()).result(timeout=10)
             else:  # called from async code: schedule on the caller's loop
-                task = running.create_task(layer.group_send(group, message))
+                task = running.create_task(send_all())
                 _pending.add(task)
                 task.add_done_callback(_pending.discard)
     except Exception:
@@ -162,8 +183,8 @@ def keep_connection_healthy() -> None:
 
 def _after_commit(run_id: UUID, batch: list[dict[str, Any]], views: list[observers.RunEventView]) -> None:
     """A committed batch, in seq order: each event to the viewers, then to the observers."""
-    for event, view in zip(batch, views, strict=True):
-        publish(run_id, event)
+    publish_batch(run_id, batch)
+    for view in views:
         observers.notify_after_commit(view)
 
 
@@ -183,7 +204,14 @@ class RunSink:
     ``run.finished`` as ``provider_ms``.
     """
 
-    def __init__(self, run: Run, *, owner: str | None = None, journal: Any = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        *,
+        owner: str | None = None,
+        journal: Any = None,
+        workers: Mapping[str, tuple[int, str, str]] | None = None,
+    ) -> None:
         self.run_id = run.id
         self.team_id = run.team_id
         self.policy_version_id = run.policy_version_id
@@ -210,6 +238,11 @@ class RunSink:
         # The Run counters the batch's events add to, written in one UPDATE at the batch's end.
         self._delta: dict[str, Any] = {}
         self._team = run.team if Run.team.is_cached(run) else None
+        self._access_stamp: int | None = getattr(run, "access_stamp", None)
+        # slug -> (pk, model, provider kind) of the pool's workers, from the cached pool rows.
+        self._workers: Mapping[str, tuple[int, str, str]] = workers or {}
+        metadata = (run.api_request or {}).get("metadata") if isinstance(run.api_request, dict) else None
+        self._metadata: Mapping[str, Any] = metadata if isinstance(metadata, dict) else {}
         self._buffer: list[dict[str, Any]] = []
         self._buffered_at = 0.0
         self._running: set[Any] = set()  # indices of the steps started and not finished
@@ -324,6 +357,10 @@ class RunSink:
                         self.pool_id,
                         self.strategy,
                         self._team.slug if self._team is not None else "",
+                        team=self._team,
+                        access_stamp=self._access_stamp,
+                        metadata=self._metadata,
+                        workers=self._workers,
                     )
                     observers.notify_in_transaction(view)
                     views.append(view)
@@ -375,12 +412,18 @@ class RunSink:
             if self.journal is not None:
                 data["provider_ms"] = round(self.journal.provider_ms, 3)
 
+    def _worker_id(self, slug: str) -> int | None:
+        known = self._workers.get(slug)
+        if known is not None:
+            return known[0]
+        return Worker.objects.filter(slug=slug).values_list("pk", flat=True).first()
+
     @property
     def holdable(self) -> bool:
         """Decided once per run, from the policy in force when it starts (as the engine's hooks)."""
         if self._holdable is None:
             team = self._team if self._team is not None else Team.objects.get(pk=self.team_id)
-            self._holdable = team_may_hold(team)
+            self._holdable = team_may_hold(team, self._access_stamp)
         return self._holdable
 
     def _is_held(self, data: dict[str, Any]) -> bool:
@@ -503,9 +546,7 @@ class RunSink:
             "messages": data.get("messages") or [],
             "status": "running",
             "started_at": _ts(event),
-            "worker_id": Worker.objects.filter(slug=data.get("worker_key") or "")
-            .values_list("pk", flat=True)
-            .first(),
+            "worker_id": self._worker_id(data.get("worker_key") or ""),
         }
         index = data["index"]
         if self._fresh and index not in self._created_steps:

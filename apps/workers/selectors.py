@@ -15,6 +15,7 @@ from typing import Any
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
 from apps.governance import selectors as gov
+from apps.governance.access_version import AccessCache
 from apps.governance.models import Team
 from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers.engine_adapter import worker_unavailable_reason
@@ -247,14 +248,41 @@ def _pool_rows_token(pool: Pool) -> tuple[Any, ...]:
     )
 
 
-def pool_rows(pool: Pool) -> PoolRows:
-    """The pool's worker rows and conductors: one query when this process read them already."""
+# With an access version (read by the caller inside a query it makes anyway), no query at all: a
+# write to a pool, worker, provider or membership row changes the version (access_version).
+_pool_rows_by_stamp: AccessCache[PoolRows] = AccessCache(size=_POOL_ROWS_MAX)
+
+
+def pool_rows(pool: Pool, stamp: int | None = None) -> PoolRows:
+    """The pool's worker rows and conductors: no query while the access version ``stamp`` is
+    current, one when this process read them already, else a full read."""
+    if stamp is None:
+        return _pool_rows_by_token(pool)
+    rows = _pool_rows_by_stamp.get(stamp, pool.pk)
+    if rows is None:
+        # A new version: read the rows themselves. The freshness token would miss a change made
+        # without touching ``updated_at`` (a bulk UPDATE, raw SQL); the version does not.
+        rows = _pool_rows_read(pool)
+        _pool_rows_by_stamp.put(stamp, pool.pk, rows)
+    return rows
+
+
+def _pool_rows_by_token(pool: Pool) -> PoolRows:
     key = _pool_rows_token(pool)
     with _pool_rows_lock:
         hit = _pool_rows.get(key)
         if hit is not None:
             _pool_rows.move_to_end(key)
             return hit
+    rows = _pool_rows_read(pool)
+    with _pool_rows_lock:
+        _pool_rows[key] = rows
+        while len(_pool_rows) > _POOL_ROWS_MAX:
+            _pool_rows.popitem(last=False)
+    return rows
+
+
+def _pool_rows_read(pool: Pool) -> PoolRows:
     entries = tuple(
         pool.pool_workers.select_related("worker", "worker__provider", "worker__fallback").order_by(
             "position"
@@ -272,14 +300,18 @@ def pool_rows(pool: Pool) -> PoolRows:
         for preset, name in PRESET_CONDUCTOR_FIELDS.items()
         if getattr(pool, f"{name}_id") in by_pk
     )
-    rows = PoolRows(entries, conductor, presets)
-    with _pool_rows_lock:
-        _pool_rows[key] = rows
-        while len(_pool_rows) > _POOL_ROWS_MAX:
-            _pool_rows.popitem(last=False)
-    return rows
+    return PoolRows(entries, conductor, presets)
+
+
+def worker_labels(rows: PoolRows) -> dict[str, tuple[int, str, str]]:
+    """slug -> (pk, model name, provider kind) of every worker and conductor in ``rows``: what a
+    run's sink and metrics need per event, known without a read (issue #15)."""
+    workers = [entry.worker for entry in rows.entries]
+    workers += [w for w in (rows.conductor, *(c for _, c in rows.presets)) if w is not None]
+    return {w.slug: (w.pk, w.model_name, w.provider.kind) for w in workers}
 
 
 def clear_pool_rows_cache() -> None:
+    _pool_rows_by_stamp.clear()
     with _pool_rows_lock:
         _pool_rows.clear()

@@ -44,13 +44,13 @@ def test_queries_per_v1_run(conductor_fake: Any, api_key: tuple[Any, str], queri
     assert answer["choices"][0]["message"]["content"]
     common = queries.common()
     assert len(queries) <= BUDGET, common
-    # The policy: only the two current version ids, once per ask (create, execute, hold decision,
-    # budget alerts); the versions themselves are not read again.
+    # The policy and the pool's worker rows: nothing read while the access version (read with the
+    # key and with the run) is current: no version ids, no freshness token, no membership reads.
     assert queries.count(r'FROM "policies_policyversion"') == 0, common
-    assert queries.count(r'FROM "policies_policy"') <= 4, common
-    # The pool's worker rows: one freshness query per use, no membership reads.
+    assert queries.count(r'FROM "policies_policy"') == 0, common
     assert queries.count(r'FROM "workers_poolworker"') == 0, common
-    assert queries.count(r'MAX\("workers_worker"."updated_at"\)') == 2, common
+    assert queries.count(r'MAX\("workers_worker"."updated_at"\)') == 0, common
+    assert queries.count(r'FROM "governance_accessversion"') == 2, common  # with the key, with the run
     # The key: one query with its membership folded in.
     assert queries.count(r'FROM "api_apikey"') == 1, common
     assert (

@@ -144,11 +144,12 @@ def test_every_event_is_stored_before_it_is_published_and_observed_once(
     in_tx: list[int] = []
     after: list[int] = []
 
-    def fake_publish(run_id: Any, event: dict[str, Any]) -> None:
-        stored = RunEvent.objects.filter(run_id=run_id, seq=event["seq"], type=event["type"]).exists()
-        published.append((event["seq"], stored))
+    def fake_publish(run_id: Any, events: list[dict[str, Any]]) -> None:
+        for event in events:  # a committed batch, published in one hop
+            stored = RunEvent.objects.filter(run_id=run_id, seq=event["seq"], type=event["type"]).exists()
+            published.append((event["seq"], stored))
 
-    monkeypatch.setattr(sink_module, "publish", fake_publish)
+    monkeypatch.setattr(sink_module, "publish_batch", fake_publish)
     monkeypatch.setattr(sink_module, "DELTA_FLUSH_S", 3600.0)
     observers.register("h3gw-in-tx", lambda view: in_tx.append(view.event["seq"]), in_transaction=True)
     observers.register("h3gw-after", lambda view: after.append(view.event["seq"]))
@@ -168,7 +169,9 @@ def test_a_run_taken_over_by_another_executor_stores_nothing_more(
     running_run: Run, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     published: list[int] = []
-    monkeypatch.setattr(sink_module, "publish", lambda run_id, event: published.append(event["seq"]))
+    monkeypatch.setattr(
+        sink_module, "publish_batch", lambda run_id, events: published.extend(e["seq"] for e in events)
+    )
     sink = RunSink(running_run, owner="me")
     events = _two_step_events(str(running_run.id), deltas=0)
     _emit_all(sink, running_run, events[:2])

@@ -45,7 +45,7 @@ from apps.api.v1.requests import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
 from apps.runs import services as run_services
-from apps.runs.models import PlanApproval, Run, RunEvent, RunSource
+from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import register_server_loop
 from conductor_web.executor_db import release_while_waiting
@@ -151,6 +151,8 @@ def _start_run(
             request_id=request_state(request).request_id,
             api_request=record,
             pool_allowed=True,  # resolve_model checked the key's pools (narrower than the actor's)
+            team_allowed=target.team_allowed,  # asked for this actor and team (key.created_by, key.team)
+            access_stamp=getattr(key, "access_stamp", None),
         )
     except RunRefused as refused:
         raise refusal_error(refused) from None
@@ -308,6 +310,14 @@ def provider_wait_ms(data: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _is_running(run_id: Any) -> bool:
+    """Whether the run is still queued or running: one narrow read, no model instances. A waiter
+    asks this first (a fresh run almost never has an answer yet) and loads the run only when
+    there is something to answer with (issue #15)."""
+    status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    return status in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
 def _load_ended(run_id: Any) -> tuple[Any, float | None]:
     run = load_run(run_id)
     if not run.is_terminal:
@@ -337,6 +347,8 @@ async def wait_for_run(run: Any) -> Any:
     is at the client's deadline."""
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
+        if await sync_to_async(_is_running)(run.id):
+            await _wake_or_poll(follower, deadline)
         while True:
             current, waited_ms = await sync_to_async(_load_ended)(run.id)
             ended, may_wait = current.is_terminal, float("inf")
@@ -350,13 +362,17 @@ async def wait_for_run(run: Any) -> Any:
                 if state is not None and waited_ms is not None:
                     state.provider_ms = waited_ms
                 return current
-            until = min(deadline, time.monotonic() + may_wait)
-            await release_while_waiting()  # an idle waiter holds no pooled connection
-            # Skip the read for events that cannot end the run; a quiet interval (a lost publish
-            # included) still reads the database every FOLLOW_POLL_S.
-            while not _may_end_run(await follower.wait(until - time.monotonic())):
-                if time.monotonic() >= until:
-                    break
+            await _wake_or_poll(follower, min(deadline, time.monotonic() + may_wait))
+
+
+async def _wake_or_poll(follower: RunFollower, until: float) -> None:
+    """Until a wake-up that may end the run, a quiet FOLLOW_POLL_S, or ``until``."""
+    await release_while_waiting()  # an idle waiter holds no pooled connection
+    # Skip the read for events that cannot end the run; a quiet interval (a lost publish
+    # included) still reads the database every FOLLOW_POLL_S.
+    while not _may_end_run(await follower.wait(until - time.monotonic())):
+        if time.monotonic() >= until:
+            break
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ refuses what the pool's workers cannot honour (tools).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db.models import Count, Exists, OuterRef, Subquery
@@ -17,6 +18,8 @@ from apps.api.models import ApiKey
 from apps.api.v1.auth import deny
 from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.requests import RunRequest
+from apps.governance import selectors as gov
+from apps.governance.access_version import AccessCache
 from apps.workers.models import Pool, PoolWorker
 
 PRESETS = {"conductor-mini": "mini", "conductor-ultra": "ultra"}
@@ -38,6 +41,15 @@ class Target:
     direct: bool = False
     passthrough: bool = False
     strategy: str = "conductor"  # "learned" for conductor-learned
+    # Whether the key's principal may start runs on the key's team (run_create's own check),
+    # answered with the pool so a cached target answers both (issue #15).
+    team_allowed: bool = False
+
+
+# Resolved targets by access version: a grant, pool, worker, membership or user change anywhere
+# misses them all at once (apps.governance.access_version). Refusals are never cached: each is
+# answered and audited afresh.
+_targets: AccessCache[Target] = AccessCache(size=2048)
 
 
 def resolve_model(key: ApiKey, model: Any) -> Target:
@@ -45,6 +57,19 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
 
     ``conductor-mini`` / ``conductor-ultra`` run on the team's default pool; ``<preset>:<pool>``
     or a bare ``<pool>`` slug pick another pool. Unknown → 404 ``model_not_found``."""
+    stamp = getattr(key, "access_stamp", None)
+    question = (key.pk, key.team_id, key.created_by_id, key.team.default_pool_id, model)
+    hit = _targets.get(stamp, question)
+    if hit is not None:
+        # Each request gets its own pool instance: callers may load relations on it.
+        return replace(hit, pool=copy.copy(hit.pool))
+    target = _resolve_model(key, model)
+    target = replace(target, team_allowed=gov.can_run_on_team(key.created_by, key.team))
+    _targets.put(stamp, question, target)
+    return replace(target, pool=copy.copy(target.pool))
+
+
+def _resolve_model(key: ApiKey, model: Any) -> Target:
     user = key.created_by
     if not isinstance(model, str) or not model.strip():
         raise OpenAIError(

@@ -1,0 +1,18 @@
+"""Triggers that change the access version on every write to this app's access-deciding tables
+(apps.governance.access_version)."""
+
+from django.db import migrations
+
+from apps.governance import access_version
+
+# Frozen here: a later edit of the module's list must not change what this migration did.
+TABLES = ("api_apikey_allowed_pools",)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("governance", "0003_access_version"),
+        ("api", "0003_apikey_scopes"),
+    ]
+
+    operations = [access_version.tracking(TABLES)]
