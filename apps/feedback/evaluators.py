@@ -130,22 +130,24 @@ def evaluate(evaluator: Evaluator, run: Any) -> Outcome:
     return Outcome(None, f"unknown evaluator kind '{evaluator.kind}'")
 
 
+def _enabled_evaluators(team_id: int) -> list[Evaluator]:
+    return list(Evaluator.objects.filter(team_id=team_id, enabled=True).select_related("metric"))
+
+
 def run_evaluators(run_id: Any, team_id: int | None = None) -> list[Any]:
     """Evaluate a finished run with its team's enabled evaluators; returns the feedback recorded.
     ``team_id`` (the run's, when the caller knows it): a team without evaluators costs one read."""
 
     evaluators: list[Evaluator] | None = None
     if team_id is not None:
-        evaluators = list(Evaluator.objects.filter(team_id=team_id, enabled=True).select_related("metric"))
+        evaluators = _enabled_evaluators(team_id)
         if not evaluators:
             return []
     run = Run.objects.select_related("team", "pool").filter(pk=run_id).first()
     if run is None or run.status != RunStatus.SUCCEEDED:
         return []
     if evaluators is None or team_id != run.team_id:
-        evaluators = list(
-            Evaluator.objects.filter(team_id=run.team_id, enabled=True).select_related("metric")
-        )
+        evaluators = _enabled_evaluators(run.team_id)
     if not evaluators:
         return []
     if run.answer_held:
