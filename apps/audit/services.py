@@ -687,9 +687,15 @@ def review_request(
     return bool(queued)
 
 
+def review_sample_rate() -> float:
+    """The share of runs sampled for review at their end (``AUDIT_REVIEW_SAMPLE_RATE``); at 0 a
+    caller need not even read the run."""
+    return float(getattr(settings, "AUDIT_REVIEW_SAMPLE_RATE", 0.0) or 0.0)
+
+
 def maybe_sample_for_review(run: Any, *, rng: random.Random | None = None) -> bool:
     """At run end: queue a random share (``AUDIT_REVIEW_SAMPLE_RATE``, 0.0 to 1.0) of runs for review."""
-    rate = float(getattr(settings, "AUDIT_REVIEW_SAMPLE_RATE", 0.0) or 0.0)
+    rate = review_sample_rate()
     if rate <= 0.0 or run.review_status:
         return False
     draw = (rng or _SAMPLER).random()

@@ -50,7 +50,7 @@ class PolicyHooks:
         effective: EffectivePolicy,
         team: Any = None,
         run_id: str = "",
-        classification: str = "",
+        classification: str | None = None,
         pool: WorkerPool | None = None,
         budget_rooms: Sequence[BudgetRoom] | None = None,
         budget_warnings: Sequence[str] | None = None,
@@ -59,7 +59,10 @@ class PolicyHooks:
         self.spec = effective.spec
         self.team = team
         self.run_id = run_id
-        self.classification = classification or self._run_classification(run_id)
+        # None: not known to the caller, read from the run (the executor passes the run's own).
+        self.classification = (
+            classification if classification is not None else self._run_classification(run_id)
+        )
         self._lock = threading.Lock()
         self._pool = pool
         self._confidential = False

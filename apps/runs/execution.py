@@ -17,14 +17,16 @@ continue the run's `seq`, so websocket clients lose nothing and see nothing twic
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -165,13 +167,17 @@ class DbCancelToken:
     """The engine's CancelToken backed by `Run.cancel_requested` and the lease, read at most every
     `interval` s."""
 
-    def __init__(self, run_id: UUID | str, interval: float = 0.5, owner: str | None = None) -> None:
+    def __init__(
+        self, run_id: UUID | str, interval: float = 0.5, owner: str | None = None, *, claimed: bool = False
+    ) -> None:
         self.run_id = run_id
         self.owner = owner if owner is not None else executor_id()
         self.lease_lost = False
         self.interval = interval
         self._cancelled = False
-        self._checked = 0.0
+        # ``claimed``: the run was just claimed, a claim that checked it was neither cancelled nor
+        # taken, so the first read is due one interval from now (a pass-through ends before it).
+        self._checked = time.monotonic() if claimed else 0.0
         self._lock = threading.Lock()
         self._owner = threading.get_ident()
 
@@ -238,12 +244,81 @@ def execute_run(run_id: UUID | str) -> str | None:
     if not _claim(run_id):
         logger.info("run %s not claimed (already taken or no longer queued)", run_id)
         return None
+    ended = _execute_claimed(run_id, Run.objects.only("status", "lease_owner"))
+    return None if ended is None else str(ended.status)
+
+
+# -- inline execution: a plain /v1 run on the request's own thread -------------------------------
+
+_inline_slots: tuple[int, threading.BoundedSemaphore] | None = None  # (size, slots)
+_inline_lock = threading.Lock()
+
+
+def inline_wanted(*, stream: bool, passthrough: bool) -> bool:
+    """Whether a /v1 run executes on the request's thread (``V1_INLINE_RUNS``): only a plain
+    request, whose caller waits for the ending anyway; a stream follows the run's events."""
+    mode = settings.V1_INLINE_RUNS
+    return not stream and (mode == "all" or (mode == "passthrough" and passthrough))
+
+
+@contextmanager
+def inline_slot(wanted: bool) -> Iterator[bool]:
+    """One of this process's ``V1_INLINE_SLOTS`` for executing a run inline: yields whether one
+    was taken (waiting at most ``V1_INLINE_WAIT_S``; without one the run is queued as usual).
+    The wait comes before the run is accepted, so a busy process holds no accepted run idle."""
+    global _inline_slots
+    if not wanted:
+        yield False
+        return
+    size = max(1, int(settings.V1_INLINE_SLOTS))
+    with _inline_lock:
+        if _inline_slots is None or _inline_slots[0] != size:  # a changed setting takes effect
+            _inline_slots = (size, threading.BoundedSemaphore(size))
+        slots = _inline_slots[1]
+    taken = slots.acquire(timeout=max(0.0, settings.V1_INLINE_WAIT_S))
+    try:
+        yield taken
+    finally:
+        if taken:
+            slots.release()
+
+
+def execute_here(run: Run) -> Run | None:
+    """Execute, on the calling thread, a run that ``run_create(execute_here=True)`` stored already
+    claimed by this process (status ``running``, its lease, attempt 1: the claim is part of the
+    acceptance, so there is no outbox row to hand off and no claim to make). The lease protects it
+    as any other: this process renews it while the engine runs, and if the process dies the reaper
+    re-queues the run. Returns the run row (pool selected) as it ended or paused, or None when the
+    lease was lost."""
+    start_lease_keeper()
+    # In an empty context, as on a pool thread: what the run sets (its request id for its audit
+    # rows and log lines) stays out of the request's, and the request's (the client's address)
+    # stays out of the run's audit rows, so a run records the same whichever thread runs it.
+    return contextvars.Context().run(_execute_claimed, run.id, Run.objects.select_related("pool"), run)
+
+
+def give_back(run_id: UUID | str, reason: str) -> None:
+    """An inline run this process accepted but could not execute goes back to the queue now
+    (audited as a re-queue), rather than when its lease expires. Never raises: if even that fails
+    (the database is gone), the lease expires and the reaper re-queues it."""
+    try:
+        requeue_run(run_id=run_id, owner=executor_id(), reason=reason, expired_only=False)
+    except Exception:
+        logger.exception(
+            "run %s: could not give it back; the reaper re-queues it when its lease expires", run_id
+        )
+
+
+def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> Run | None:
+    """Drive the engine for a run this process has claimed; the run row as it ended (read with
+    the queryset ``final``: the lease and the verdict in one read), None if the lease was lost."""
     owner = executor_id()
-    cancel = DbCancelToken(run_id, owner=owner)
+    cancel = DbCancelToken(run_id, owner=owner, claimed=True)
+    finished: dict[str, Any] | None = None
     _track(str(run_id), True)
     try:
         try:
-            _drive_engine(run_id, cancel)
+            finished = _drive_engine(run_id, cancel, run=run)
         except Exception as exc:
             if not _still_owner(run_id, owner):
                 return None
@@ -259,14 +334,13 @@ def execute_run(run_id: UUID | str) -> str | None:
             run_finish_externally(
                 run_id=run_id, status=RunStatus.FAILED, reason="internal_error", error=message
             )
-        # The lease and the verdict in one read (issue #15).
-        run = Run.objects.only("status", "lease_owner").filter(pk=run_id).first()
-        if cancel.lease_lost or run is None or run.lease_owner != owner:
+        ended = final.filter(pk=run_id).first()
+        if cancel.lease_lost or ended is None or ended.lease_owner != owner:
             logger.warning("run %s: lease lost to another executor; this attempt's outcome dropped", run_id)
             return None
-        if run.status == RunStatus.AWAITING_APPROVAL:
-            return str(run.status)  # paused for an approver (apps.runs.approvals), not ended
-        if not run.is_terminal:
+        if ended.status == RunStatus.AWAITING_APPROVAL:
+            return ended  # paused for an approver (apps.runs.approvals), not ended
+        if not ended.is_terminal:
             # The engine returned but run.finished was not persisted (sink failure): end it anyway.
             run_finish_externally(
                 run_id=run_id,
@@ -274,8 +348,10 @@ def execute_run(run_id: UUID | str) -> str | None:
                 reason="internal_error",
                 error="The run's final state could not be recorded; see the server log.",
             )
-            run = Run.objects.only("status").get(pk=run_id)
-        return str(run.status)
+            ended = final.get(pk=run_id)
+        elif finished is not None:
+            ended.finished_data = finished  # the ending as stored with it (no read back)
+        return ended
     finally:
         _track(str(run_id), False)
 
@@ -284,15 +360,21 @@ def _still_owner(run_id: UUID | str, owner: str) -> bool:
     return Run.objects.filter(pk=run_id, lease_owner=owner).exists()
 
 
-def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> None:
+def _drive_engine(
+    run_id: UUID | str, cancel: DbCancelToken | None = None, run: Run | None = None
+) -> dict[str, Any] | None:
+    """Run the engine with the run's pool, policy and sink; the ``run.finished`` data the sink
+    stored, if it stored it."""
     # The access version comes with the run: pool rows and policy from this process's cache
-    # while it is current (apps.governance.access_version).
-    run = (
-        Run.objects.select_related("team", "pool", "worker")
-        .annotate(access_stamp=stamp_expression())
-        .get(pk=run_id)
-    )
-    stamp = run.access_stamp
+    # while it is current (apps.governance.access_version). An inline run arrives as run_create
+    # stored it, with the stamp its request read.
+    if run is None:
+        run = (
+            Run.objects.select_related("team", "pool", "worker")
+            .annotate(access_stamp=stamp_expression())
+            .get(pk=run_id)
+        )
+    stamp = getattr(run, "access_stamp", None)
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
     journal = CallJournal(run.id, attempt=run.attempts or 1)
     if journal.loaded:
@@ -313,7 +395,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
     )
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
-    hooks = integration.governance_hooks(run.team, policy, str(run.id))
+    hooks = integration.governance_hooks(run.team, policy, str(run.id), run.classification or "")
     if (run.attempts or 1) > 1 and hasattr(hooks, "approved_digests"):
         # Only a later attempt can carry an approval (approving re-queues the run).
         hooks.approved_digests = approved_digests(run.id)  # plans an approver let through
@@ -336,6 +418,7 @@ def _drive_engine(run_id: UUID | str, cancel: DbCancelToken | None = None) -> No
         generation=generation_for(run),
     )
     sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try
+    return sink.finished_data
 
 
 def _replay_question(run: Run) -> str:

@@ -93,8 +93,11 @@ def check_budget(team: Team, policy: PolicyInForce) -> None:
         raise BudgetRefusal(exc.budget_name, message, exc.retry_after_s) from None
 
 
-def governance_hooks(team: Team, policy: PolicyInForce, run_id: str) -> GovernanceHooks:
-    return PolicyHooks(effective=policy.effective, team=team, run_id=run_id)
+def governance_hooks(
+    team: Team, policy: PolicyInForce, run_id: str, classification: str | None = None
+) -> GovernanceHooks:
+    """``classification``: the run's own, when the caller holds the row (None: read it)."""
+    return PolicyHooks(effective=policy.effective, team=team, run_id=run_id, classification=classification)
 
 
 def engine_limits(policy: PolicyInForce, *, run_timeout_s: float) -> Limits:

@@ -80,6 +80,7 @@ class CallJournal:
             self._answers[digest].append(result)
         self.loaded = sum(len(q) for q in self._answers.values())
         self._pending: list[RunCall] = []
+        self.stored = 0  # rows this attempt wrote
         # Called before each real provider call (the run's sink stores what was emitted so far).
         self.before_call: Callable[[], None] | None = None
         # Wall time with at least one provider call in flight (parallel calls count once): the
@@ -136,6 +137,16 @@ class CallJournal:
             rows, self._pending = self._pending, []
         if rows:
             RunCall.objects.bulk_create(rows)
+            self.stored += len(rows)
+
+    def forget(self) -> None:
+        """The run ended (in the caller's transaction): what is queued is never written, and the
+        rows are deleted only if there are any (a one-call run's answer is journaled and deleted
+        in the same transaction otherwise: two statements for nothing)."""
+        with self._lock:
+            self._pending = []
+        if self.loaded or self.stored:
+            forget(self.run_id)
 
 
 class JournaledWorker:

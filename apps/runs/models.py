@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -123,6 +124,12 @@ class Run(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
 
     objects = RunQuerySet.as_manager()
+
+    # Not a column: the access version the run's creator or executor read with it
+    # (apps.governance.access_version), which keys execution's per-process caches.
+    access_stamp: int | None = None
+    # Not a column: the data of the run's ``run.finished`` event, when the caller holds it.
+    finished_data: dict[str, Any] | None = None
 
     class Meta:
         ordering = ["-created_at"]

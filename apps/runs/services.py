@@ -17,7 +17,7 @@ from apps.audit.services import audit_record
 from apps.governance import selectors as gov
 from apps.runs import integration
 from apps.runs.endings import terminal_event
-from apps.runs.execution import dispatch_pending
+from apps.runs.execution import dispatch_pending, executor_id
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Strategy
 from apps.runs.sink import publish
@@ -80,6 +80,7 @@ def run_create(
     pool_allowed: bool = False,
     team_allowed: bool = False,
     access_stamp: int | None = None,
+    execute_here: bool = False,
 ) -> Run:
     """Accept a request: store it `queued` with its audit event and dispatch it on commit.
 
@@ -90,6 +91,12 @@ def run_create(
     (``/v1`` asks it with the pool, cached by access version). ``access_stamp``: the access
     version the caller read (apps.governance.access_version); pool rows and the policy in force
     are then answered from this process's cache while it is current.
+
+    ``execute_here``: the caller executes the run on its own thread right after this returns
+    (``apps.runs.execution.execute_here``, a plain ``/v1`` request): the run is stored already
+    claimed by this process, ``running`` under its lease, in the transaction that accepts it, and
+    nothing is dispatched. A crash before or during execution leaves a lease that the reaper
+    re-queues, as for any run.
 
     Raises RunRefused before anything is stored or any model is called.
     """
@@ -158,6 +165,15 @@ def run_create(
         ) from None
 
     now = timezone.now()
+    claim: dict[str, Any] = {"status": RunStatus.QUEUED}
+    if execute_here:
+        claim = {
+            "status": RunStatus.RUNNING,
+            "started_at": now,
+            "lease_owner": executor_id(),
+            "lease_expires_at": now + timedelta(seconds=float(settings.RUN_LEASE_S)),
+            "attempts": 1,
+        }
     with transaction.atomic():
         run = Run.objects.create(
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
@@ -174,8 +190,8 @@ def run_create(
             replay_messages=replay_messages,
             request_id=request_id[:64],
             api_request=api_request,
-            status=RunStatus.QUEUED,
             deadline_at=now + timedelta(seconds=settings.RUN_TIMEOUT_S),
+            **claim,
         )
         audit_record(
             event_type=AuditEventType.RUN_CREATED,
@@ -196,10 +212,12 @@ def run_create(
                 "replay": replay_messages is not None,
             },
         )
-        # The outbox row makes the hand-off survive a broker outage or a crash before dispatch.
-        RunDispatch.objects.create(run=run)
-        run_id = run.id
-        transaction.on_commit(lambda: _dispatch(run_id))
+        if not execute_here:
+            # The outbox row makes the hand-off survive a broker outage or a crash before dispatch.
+            RunDispatch.objects.create(run=run)
+            run_id = run.id
+            transaction.on_commit(lambda: _dispatch(run_id))
+    run.access_stamp = access_stamp  # what execution's caches are keyed by
     return run
 
 

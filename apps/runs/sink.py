@@ -10,6 +10,7 @@ mode serialises writers across threads.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -27,7 +28,13 @@ from django.db.models.functions import Coalesce, Greatest
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
-from apps.audit.services import audit_batch, audit_record, maybe_sample_for_review, review_request
+from apps.audit.services import (
+    audit_batch,
+    audit_record,
+    maybe_sample_for_review,
+    review_request,
+    review_sample_rate,
+)
 from apps.engine.events import Event
 from apps.governance.models import Team
 from apps.runs import observers
@@ -224,6 +231,7 @@ class RunSink:
         # instruction and access list.
         self._planned: dict[int, dict[str, Any]] = {}
         self.finished = False
+        self.finished_data: dict[str, Any] | None = None
         self.owner = owner
         # An attempt re-queued and claimed again by this same process has the same owner id: the
         # attempt number tells the stale one (still running after its lease expired) apart.
@@ -337,8 +345,10 @@ class RunSink:
                     self.dropped += len(batch)
                     self._buffer = []
                     return
-                if self.journal is not None:
-                    self.journal.flush()  # the answers these events report are journaled with them
+                if self.journal is not None and batch[-1]["type"] != "run.finished":
+                    # The answers these events report are journaled with them; a batch that ends
+                    # the run forgets the journal instead (_on_run_finished).
+                    self.journal.flush()
                 RunEvent.objects.bulk_create(
                     [
                         RunEvent(run_id=self.run_id, seq=e["seq"], type=e["type"], data=e["data"])
@@ -387,6 +397,9 @@ class RunSink:
         transaction.on_commit(lambda: _after_commit(run_id, batch, views))
         if batch[-1]["type"] == "run.finished":
             self.finished = True
+            # As it was stored (a JSON round trip): what a caller on this thread answers with,
+            # without reading it back (apps.runs.execution.execute_here).
+            self.finished_data = json.loads(json.dumps(batch[-1]["data"]))
 
     def _prepare(self, event: dict[str, Any]) -> None:
         """What the sink adds to an engine event when it is buffered (once per stored event)."""
@@ -659,7 +672,11 @@ class RunSink:
             },
         )
         if ended:
-            forget_calls(self.run_id)  # the resume journal is done with (and holds output)
+            # The resume journal is done with (and holds output).
+            if self.journal is not None:
+                self.journal.forget()
+            else:
+                forget_calls(self.run_id)
             self._queue_for_review()
 
     def _on_run_awaiting_approval(self, event: dict[str, Any], data: dict[str, Any]) -> None:
@@ -675,12 +692,13 @@ class RunSink:
 
     def _queue_for_review(self) -> None:
         """warn / require_review guardrails put the run in the review queue; others may be sampled."""
-        run = Run.objects.get(pk=self.run_id)
         review_flags = [flag for flag in self.flags if flag in REVIEW_FLAGS]
         if review_flags:
-            review_request(run=run, reason="guardrail", details={"flags": review_flags})
-        else:
-            maybe_sample_for_review(run)
+            review_request(
+                run=Run.objects.get(pk=self.run_id), reason="guardrail", details={"flags": review_flags}
+            )
+        elif review_sample_rate() > 0:  # most deployments sample nothing: no read then
+            maybe_sample_for_review(Run.objects.get(pk=self.run_id))
 
 
 # Guardrail actions that ask a person to look at the run.

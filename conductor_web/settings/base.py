@@ -194,6 +194,20 @@ else:
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
 EXECUTION_BACKEND = "celery" if CELERY_BROKER_URL else "thread"
 RUN_THREAD_WORKERS = env.int("RUN_THREAD_WORKERS", default=4)
+# Which plain (non-streaming) /v1 runs execute on the request's own thread right after they are
+# accepted, instead of being handed to the thread pool or Celery and waited for (issue #15: no
+# dispatch, no wake-up, no status polls). "passthrough": one-worker pool models (a gateway's work);
+# "all": every plain /v1 run; "off". Distributed mode defaults to "off": its runs execute on the
+# Celery workers, which may be the only hosts allowed to reach the providers.
+V1_INLINE_RUNS = env.str("V1_INLINE_RUNS", default="") or (
+    "off" if EXECUTION_BACKEND == "celery" else "passthrough"
+)
+if V1_INLINE_RUNS not in ("off", "passthrough", "all"):
+    raise ImproperlyConfigured(f"V1_INLINE_RUNS must be off, passthrough or all, got {V1_INLINE_RUNS!r}")
+# At most this many runs execute inline at once per process; a request that finds none free within
+# V1_INLINE_WAIT_S is queued as usual.
+V1_INLINE_SLOTS = env.int("V1_INLINE_SLOTS", default=RUN_THREAD_WORKERS)
+V1_INLINE_WAIT_S = env.float("V1_INLINE_WAIT_S", default=5.0)
 RUN_TIMEOUT_S = env.int("RUN_TIMEOUT_S", default=600)
 # A run still `running` this long after its deadline is swept to `timed_out` (dead worker).
 RUN_SWEEP_GRACE_S = env.int("RUN_SWEEP_GRACE_S", default=60)

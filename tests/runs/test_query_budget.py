@@ -39,7 +39,7 @@ BUDGET = 130
 def test_queries_per_v1_run(conductor_fake: Any, api_key: tuple[Any, str], queries: Queries) -> None:
     client = Client()
     _ask(client, api_key[1])  # the first run of the process fills the caches
-    queries.sql.clear()
+    queries.clear()
     answer = _ask(client, api_key[1])
     assert answer["choices"][0]["message"]["content"]
     common = queries.common()
@@ -71,7 +71,7 @@ def test_a_published_policy_is_in_force_at_once(alpha: Any, queries: Queries) ->
     v1 = publish_policy(alpha, {"constraints": {"max_steps": {"value": 4}}})
     assert policy_in_force(alpha).effective.spec.constraints.max_steps.value == 4
     assert policy_in_force(alpha).version_id == v1.pk
-    queries.sql.clear()
+    queries.clear()
     assert effective_policy_cached(alpha) is effective_policy_cached(alpha)  # cached: same object
     assert len(queries) == 2  # the current version ids, nothing else
     v2 = publish_policy(alpha, {"constraints": {"max_steps": {"value": 3}}})
@@ -94,7 +94,7 @@ def test_pool_rows_follow_every_edit(fake_pool: Any, alpha: Any, queries: Querie
         return Pool.objects.get(pk=fake_pool.pool.pk)
 
     first = pool_rows(fresh())
-    queries.sql.clear()
+    queries.clear()
     assert pool_rows(fresh()) is first
     assert queries.count(r'FROM "workers_poolworker"') == 0
     check_pool_available(fresh())

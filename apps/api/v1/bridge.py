@@ -44,6 +44,7 @@ from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.requests import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
+from apps.runs import execution
 from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
@@ -71,6 +72,8 @@ class Started:
     req: RunRequest
     target: Target
     run: Any
+    # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS).
+    ended: Any = None
 
 
 def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
@@ -135,9 +138,25 @@ def _start_run(
             headers={"Retry-After": str(tokens.retry_after_s)},
         )
     record = api_request_record(req, target)
+    inline = execution.inline_wanted(stream=req.stream, passthrough=target.passthrough)
+    with execution.inline_slot(inline) as here:
+        run = _create(request, key, req, target, record, execute_here=here)
+        ended = _execute_here(run) if here else None
+    return Started(key=key, req=req, target=target, run=run, ended=ended)
+
+
+def _create(
+    request: HttpRequest,
+    key: ApiKey,
+    req: RunRequest,
+    target: Target,
+    record: dict[str, Any],
+    *,
+    execute_here: bool,
+) -> Any:
     try:
         # Through the module, looked up per call: the seam tests replace to fail the store.
-        run = run_services.run_create(
+        return run_services.run_create(
             actor=key.created_by,
             team=key.team,
             pool=target.pool,
@@ -153,10 +172,22 @@ def _start_run(
             pool_allowed=True,  # resolve_model checked the key's pools (narrower than the actor's)
             team_allowed=target.team_allowed,  # asked for this actor and team (key.created_by, key.team)
             access_stamp=getattr(key, "access_stamp", None),
+            execute_here=execute_here,
         )
     except RunRefused as refused:
         raise refusal_error(refused) from None
-    return Started(key=key, req=req, target=target, run=run)
+
+
+def _execute_here(run: Any) -> Any:
+    """Execute the accepted run on this thread; the run as it ended, or None to follow it as any
+    other. Never raises: the run is accepted, so a failure here must not become "no run was
+    started"."""
+    try:
+        return execution.execute_here(run)
+    except Exception as exc:
+        logger.exception("run %s: inline execution failed; it is re-queued and followed", run.id)
+        execution.give_back(run.id, f"inline execution failed ({type(exc).__name__})")
+        return None
 
 
 def refusal_error(refused: Any) -> OpenAIError:
@@ -319,13 +350,28 @@ def _is_running(run_id: Any) -> bool:
 
 
 def _load_ended(run_id: Any) -> tuple[Any, float | None]:
-    run = load_run(run_id)
+    return _with_finished_data(load_run(run_id))
+
+
+def _with_finished_data(run: Any) -> tuple[Any, float | None]:
     if not run.is_terminal:
         return run, None
     # Read once: the final answer's extras (finish reason, tool calls) come from the same row.
-    data = finished_data(run_id)
+    # A run executed on this thread carries it already (as its sink stored it).
+    data = getattr(run, "finished_data", None)
+    if not isinstance(data, dict):
+        data = finished_data(run.id)
     run.finished_data = data
     return run, provider_wait_ms(data)
+
+
+def _answer_ended(ended: Any) -> Any:
+    """An inline run's ending as the waiter would have read it (its provider time recorded)."""
+    run, waited_ms = _with_finished_data(ended)
+    state = current_state()
+    if state is not None and waited_ms is not None:
+        state.provider_ms = waited_ms
+    return run
 
 
 def approval_wait_left(run_id: Any) -> float:
@@ -342,12 +388,15 @@ def approval_wait_left(run_id: Any) -> float:
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
-async def wait_for_run(run: Any) -> Any:
+async def wait_for_run(run: Any, ended: Any = None) -> Any:
     """The run once it is terminal (or paused for an approver past the policy's wait), or as it
-    is at the client's deadline."""
+    is at the client's deadline. ``ended``: the run row as it came back from executing on the
+    request's thread (``Started.ended``); when terminal it is answered at once."""
+    if ended is not None and ended.is_terminal:
+        return await sync_to_async(_answer_ended)(ended)
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
-        if await sync_to_async(_is_running)(run.id):
+        if ended is None and await sync_to_async(_is_running)(run.id):
             await _wake_or_poll(follower, deadline)
         while True:
             current, waited_ms = await sync_to_async(_load_ended)(run.id)

@@ -564,7 +564,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         # A plain response cannot send its headers early: its status depends on the outcome.
         # Whatever breaks while waiting, the answer still names the run (header and body).
         try:
-            final = await bridge.wait_for_run(run)
+            final = await bridge.wait_for_run(run, started.ended)
             conductor = shaping.conductor_info(request, final, target)
             error, answer = await sync_to_async(_outcome)(started.key, final, conductor)
             if error is not None:

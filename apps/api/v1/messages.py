@@ -336,7 +336,7 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
         response["X-Accel-Buffering"] = "no"
     else:
         try:
-            final = await bridge.wait_for_run(run)
+            final = await bridge.wait_for_run(run, started.ended)
             conductor, text, reason, seq, error = await outcome(request, started, final)
             if error is not None:
                 response = error_response(error, shape=SHAPE)

@@ -611,7 +611,7 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
         response["X-Accel-Buffering"] = "no"
     else:
         try:
-            final = await bridge.wait_for_run(run)
+            final = await bridge.wait_for_run(run, started.ended)
             await auth.count_tokens(started.key, final)
             body, error = await finished_response(request, final, target)
             response = error_response(error) if error is not None else JsonResponse(body)

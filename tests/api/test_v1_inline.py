@@ -1,0 +1,178 @@
+"""Plain ``/v1`` runs executed on the request's own thread (``V1_INLINE_RUNS``, issue #15).
+
+A plain request waits for its run's ending anyway, so handing the run to the thread pool (or
+Celery) and then polling for the ending only adds statements, thread hops and a wake-up. Inline, the
+run is accepted already claimed (``running`` under this process's lease, no outbox row) and
+executed before the response is written. These tests pin that, and that nothing accepted is lost
+on the way: a full process, a failed inline attempt, or a process that died after accepting.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import Client
+
+from apps.audit.models import AuditEvent
+from apps.runs import execution
+from apps.runs.execution import executor_id, inline_slot, reap_runs
+from apps.runs.models import Run, RunDispatch, RunStatus
+from apps.runs.services import run_create, run_wait
+from tests.fakes.base import FakeReply
+from tests.fixtures.queries import Queries
+from tests.fixtures.workers import solo_pool_of
+from tests.runtime import MODE
+
+pytestmark = [
+    pytest.mark.runtime,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(MODE != "embedded", reason="the embedded runtime executes runs in this process"),
+]
+
+OUTBOX = r'^INSERT INTO "runs_rundispatch"'
+STEP = r'^INSERT INTO "runs_step"'
+
+
+@pytest.fixture
+def solo(fake_pool: Any, alpha: Any) -> Any:
+    fake_pool.server.responder = lambda req: FakeReply("42")
+    return solo_pool_of(fake_pool, alpha)
+
+
+@pytest.fixture
+def inline(settings: Any) -> Iterator[Any]:
+    settings.V1_INLINE_RUNS = "passthrough"
+    settings.V1_INLINE_SLOTS = 4
+    settings.V1_INLINE_WAIT_S = 5.0
+    yield settings
+
+
+def _ask(key: str, *, model: str = "solo", stream: bool = False) -> Any:
+    body = {"model": model, "messages": [{"role": "user", "content": "What is 6*7?"}], "stream": stream}
+    resp = Client().post(
+        "/v1/chat/completions",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert resp.status_code == 200, resp.content
+    return resp
+
+
+async def _drain(resp: Any) -> str:
+    return b"".join([piece async for piece in resp.streaming_content]).decode()
+
+
+def _answer(resp: Any) -> tuple[str, Run]:
+    body = resp.json()
+    return body["choices"][0]["message"]["content"], Run.objects.get(pk=body["conductor"]["run_id"])
+
+
+def test_a_plain_pass_through_runs_on_the_request_thread_with_no_hand_off(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    text, run = _answer(_ask(api_key[1]))
+    assert text == "42"
+    assert (run.status, run.attempts, run.step_count) == (RunStatus.SUCCEEDED, 1, 1)
+    # Accepted already claimed: no outbox row, no dispatch, no claim, no status poll.
+    assert queries.count(OUTBOX) == 0, queries.common()
+    assert queries.count(r'^UPDATE "runs_rundispatch"') == 0, queries.common()
+    assert queries.count(r'^SELECT "runs_run"."status" FROM "runs_run"') == 0, queries.common()
+    # The step was written by the thread that served the request, not by the run pool ("run_N").
+    senders = queries.senders(STEP)
+    assert senders and not any(name.startswith("run_") for name in senders), senders
+    # The claim is recorded as any other: this process's lease, and the creation audited.
+    assert run.lease_owner == executor_id()
+    assert AuditEvent.objects.filter(run_id=run.id, event_type="run.created").count() == 1
+    # The run's audit rows name the request, as on a pool thread, and not the client's address
+    # (the run executes in an empty context, as there).
+    finished = AuditEvent.objects.get(run_id=run.id, event_type="run.finished")
+    assert finished.payload.get("request_id") == run.request_id != ""
+    assert finished.ip is None
+
+
+def test_with_inline_runs_off_the_run_is_queued_and_handed_to_the_pool(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    inline.V1_INLINE_RUNS = "off"
+    text, run = _answer(_ask(api_key[1]))
+    assert (text, run.status) == ("42", RunStatus.SUCCEEDED)
+    assert queries.count(OUTBOX) == 1, queries.common()
+    assert all(name.startswith("run_") for name in queries.senders(STEP)), queries.senders(STEP)
+
+
+def test_a_streamed_request_is_never_run_inline(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    inline.V1_INLINE_RUNS = "all"
+    resp = _ask(api_key[1], stream=True)
+    text = async_to_sync(_drain)(resp)
+    assert '"42"' in text and text.rstrip().endswith("data: [DONE]")
+    # The stream follows the run's events while it runs: the run went through the outbox.
+    assert queries.count(OUTBOX) == 1, queries.common()
+
+
+def test_conductor_runs_are_inline_only_when_all_are(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    _, queued = _answer(_ask(api_key[1], model="conductor-mini"))
+    assert queries.count(OUTBOX) == 1, "passthrough mode queues a conductor run"
+    queries.clear()
+    inline.V1_INLINE_RUNS = "all"
+    _, run = _answer(_ask(api_key[1], model="conductor-mini"))
+    assert run.status == queued.status == RunStatus.SUCCEEDED
+    assert queries.count(OUTBOX) == 0, queries.common()
+
+
+def test_a_full_process_queues_the_run_instead_and_still_answers(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    inline.V1_INLINE_SLOTS = 1
+    inline.V1_INLINE_WAIT_S = 0.0
+    with inline_slot(True) as taken:  # another request holds the process's only slot
+        assert taken
+        text, run = _answer(_ask(api_key[1]))
+    assert (text, run.status) == ("42", RunStatus.SUCCEEDED)
+    assert queries.count(OUTBOX) == 1, queries.common()
+    with inline_slot(True) as taken:  # and the slot is free again afterwards
+        assert taken
+
+
+def test_a_failed_inline_attempt_is_requeued_and_the_client_still_gets_its_answer(
+    solo: Any, api_key: tuple[Any, str], inline: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def broken(run: Any) -> Any:
+        calls.append(threading.current_thread().name)
+        raise RuntimeError("database went away mid-run")
+
+    monkeypatch.setattr(execution, "execute_here", broken)
+    text, run = _answer(_ask(api_key[1]))
+    assert calls, "the inline path was taken"
+    # The accepted run was given back to the queue at once (not left to its lease) and answered.
+    assert (text, run.status, run.attempts) == ("42", RunStatus.SUCCEEDED, 2)
+    requeued = AuditEvent.objects.get(run_id=run.id, event_type="run.requeued")
+    assert "inline" in requeued.payload["reason"]
+
+
+def test_an_accepted_inline_run_outlives_the_process_that_accepted_it(
+    solo: Any, team_admin: Any, alpha: Any, inline: Any
+) -> None:
+    # Accepted (committed, claimed by this process) and then the process died before executing.
+    run = run_create(
+        actor=team_admin, team=alpha, pool=solo, question="What is 6*7?", strategy="single", execute_here=True
+    )
+    assert not RunDispatch.objects.filter(run_id=run.id).exists()
+    assert Run.objects.get(pk=run.id).status == RunStatus.RUNNING
+    dead = f"{executor_id().rsplit(':', 2)[0]}:999999999:deadbeef"  # this host, no such pid
+    Run.objects.filter(pk=run.id).update(lease_owner=dead)
+    reap_runs()  # the reaper of any live server finds the dead owner's run
+    ended = run_wait(run.id, timeout_s=20)
+    assert (ended.status, ended.attempts) == (RunStatus.SUCCEEDED, 2)
+    assert ended.answer.strip() == "42"
