@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +15,7 @@ from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
+from conductor_web.lru import Lru
 
 
 def platform_policy() -> Policy | None:
@@ -95,8 +94,7 @@ def pool_infos(pool: Any) -> list[WorkerInfo]:
 
 _EFFECTIVE_MAX = 512
 Stamp = tuple[int, Any] | None  # (version id, created_at): ids alone repeat after a database reset
-_effective: OrderedDict[tuple[Any, Stamp, Stamp], EffectivePolicy] = OrderedDict()
-_effective_lock = threading.Lock()
+_effective: Lru[tuple[Any, Stamp, Stamp], EffectivePolicy] = Lru(_EFFECTIVE_MAX)
 
 
 def _current_versions(team: Any) -> tuple[Stamp, Stamp]:
@@ -136,18 +134,13 @@ def effective_policy_cached(team: Any, stamp: int | None = None) -> EffectivePol
 
 def _effective_policy_read(team: Any) -> EffectivePolicy:
     key = (getattr(team, "pk", None), *_current_versions(team))
-    with _effective_lock:
-        hit = _effective.get(key)
-        if hit is not None:
-            _effective.move_to_end(key)
-            return hit
+    hit = _effective.get(key)
+    if hit is not None:
+        return hit
     effective = effective_policy(team)
     built = (key[0], _stamp(effective.platform_version), _stamp(_team_version(effective)))
     if built == key:  # a publish between the two reads: serve it, keep it out of the cache
-        with _effective_lock:
-            _effective[key] = effective
-            while len(_effective) > _EFFECTIVE_MAX:
-                _effective.popitem(last=False)
+        _effective.put(key, effective)
     return effective
 
 
@@ -162,5 +155,4 @@ def _team_version(effective: EffectivePolicy) -> Any:
 
 def clear_effective_policy_cache() -> None:
     _effective_by_stamp.clear()
-    with _effective_lock:
-        _effective.clear()
+    _effective.clear()

@@ -7,8 +7,6 @@ when it is in a visible pool or belongs to a provider the user configures.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +18,7 @@ from apps.governance.models import Team
 from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers.engine_adapter import worker_unavailable_reason
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, HealthStatus, Pool, PoolWorker, Provider, Worker
+from conductor_web.lru import Lru
 
 can_configure_team = gov.can_configure_team
 
@@ -216,8 +215,7 @@ class PoolRows:
 
 
 _POOL_ROWS_MAX = 256
-_pool_rows: OrderedDict[tuple[Any, ...], PoolRows] = OrderedDict()
-_pool_rows_lock = threading.Lock()
+_pool_rows: Lru[tuple[Any, ...], PoolRows] = Lru(_POOL_ROWS_MAX)
 
 
 def _conductor_ids(pool: Pool) -> list[int]:
@@ -269,16 +267,11 @@ def pool_rows(pool: Pool, stamp: int | None = None) -> PoolRows:
 
 def _pool_rows_by_token(pool: Pool) -> PoolRows:
     key = _pool_rows_token(pool)
-    with _pool_rows_lock:
-        hit = _pool_rows.get(key)
-        if hit is not None:
-            _pool_rows.move_to_end(key)
-            return hit
+    hit = _pool_rows.get(key)
+    if hit is not None:
+        return hit
     rows = _pool_rows_read(pool)
-    with _pool_rows_lock:
-        _pool_rows[key] = rows
-        while len(_pool_rows) > _POOL_ROWS_MAX:
-            _pool_rows.popitem(last=False)
+    _pool_rows.put(key, rows)
     return rows
 
 
@@ -313,5 +306,4 @@ def worker_labels(rows: PoolRows) -> dict[str, tuple[int, str, str]]:
 
 def clear_pool_rows_cache() -> None:
     _pool_rows_by_stamp.clear()
-    with _pool_rows_lock:
-        _pool_rows.clear()
+    _pool_rows.clear()
