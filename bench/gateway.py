@@ -54,6 +54,12 @@ parser.add_argument(
 )
 parser.add_argument("--run-threads", type=int, default=16, help="RUN_THREAD_WORKERS / Celery threads")
 parser.add_argument("--litellm", default=str(ROOT / ".venv-bench" / "bin" / "litellm"))
+parser.add_argument(
+    "--processes",
+    type=int,
+    default=1,
+    help="WEB_PROCESSES: daphne processes (conductor_web.serve; distributed only)",
+)
 ARGS = parser.parse_args()
 
 WORK = Path("/tmp/conductor_gateway_bench")
@@ -145,6 +151,9 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
         str(port),
         "conductor_web.asgi:application",
     ]
+    if ARGS.processes > 1:
+        os.environ["WEB_PROCESSES"] = str(ARGS.processes)
+        cmd = [sys.executable, "-m", "conductor_web.serve", "--host", "127.0.0.1", "--port", str(port)]
     procs = [
         subprocess.Popen(cmd, cwd=ROOT, stdout=(WORK / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
     ]
@@ -222,11 +231,38 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Target:
-    def __init__(self, name: str, base: str, key: str, model: str, header: str | None) -> None:
+    def __init__(
+        self, name: str, base: str, key: str, model: str, header: str | None, pids: tuple[int, ...] = ()
+    ) -> None:
         self.name, self.base, self.key, self.model, self.header = name, base, key, model, header
+        self.pids = pids  # the server's processes (their descendants too): its CPU per request
 
 
-Result = tuple[list[float], list[float], float, int]
+Result = tuple[list[float], list[float], float, int, float]
+
+
+def cpu_seconds(roots: tuple[int, ...]) -> float:
+    """User + system CPU of ``roots`` and every live descendant (from /proc; 0 without it)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    wanted, frontier = set(roots), list(roots)
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in wanted:
+                wanted.add(child)
+                frontier.append(child)
+    return sum(times.get(pid, 0.0) for pid in wanted)
 
 
 async def batch(target: Target, clients: int, total: int) -> Result:
@@ -258,12 +294,14 @@ async def batch(target: Target, clients: int, total: int) -> Result:
                 if target.header and response.headers.get(target.header):
                     reported.append(float(response.headers[target.header]))
 
+        cpu0 = cpu_seconds(target.pids)
         started = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
         wall = time.perf_counter() - started
+        cpu = cpu_seconds(target.pids) - cpu0
     if failures:
         print(f"  {target.name}: {len(failures)} failed, e.g. {failures[0]}", file=sys.stderr)
-    return latencies, reported, wall, len(failures)
+    return latencies, reported, wall, len(failures), cpu
 
 
 def main() -> None:
@@ -282,11 +320,19 @@ def main() -> None:
         if litellm is not None:
             procs.append(litellm[1])
             targets.append(
-                Target("litellm", litellm[0], LITELLM_KEY, "fake", "x-litellm-overhead-duration-ms")
+                Target(
+                    "litellm",
+                    litellm[0],
+                    LITELLM_KEY,
+                    "fake",
+                    "x-litellm-overhead-duration-ms",
+                    (litellm[1].pid,),
+                )
             )
+        ours = tuple(proc.pid for proc in procs)
         targets += [
-            Target("pool", base, key, "solo", "x-conductor-overhead-ms"),
-            Target("mini", base, key, "conductor-mini", "x-conductor-overhead-ms"),
+            Target("pool", base, key, "solo", "x-conductor-overhead-ms", ours),
+            Target("mini", base, key, "conductor-mini", "x-conductor-overhead-ms", ours),
         ]
         for target in targets:  # warm-up: imports, connections, first runs
             asyncio.run(batch(target, 2, 10))
@@ -312,24 +358,25 @@ def main() -> None:
 def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
     load = os.getloadavg()
     print(
-        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
     print(
         "| clients | target | requests | p50 ms | p99 ms | overhead p50 / p95 / p99 ms | "
-        "own header p50 ms | req/s | p50 overhead ÷ LiteLLM's |"
+        "own header p50 ms | req/s | server CPU ms/req | p50 overhead ÷ LiteLLM's |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for clients in sorted({c for _, c in results}):
         direct_p50 = statistics.median(results[("direct", clients)][0])
         lite = results.get(("litellm", clients))
         lite_over = statistics.median(lite[0]) - direct_p50 if lite else None
         for target in targets:
-            lat, reported, wall, failed = results[(target.name, clients)]
+            lat, reported, wall, failed, cpu = results[(target.name, clients)]
             if not lat:
-                print(f"| {clients} | {target.name} | 0 | - | - | - | - | - | - |")
+                print(f"| {clients} | {target.name} | 0 | - | - | - | - | - | - | - |")
                 continue
             over = [v - direct_p50 for v in lat]
             own = f"{statistics.median(reported):.1f}" if reported else "-"
+            cpu_ms = f"{1000 * cpu / (len(lat) + failed):.1f}" if target.pids else "-"
             ratio = (
                 f"{statistics.median(over) / lite_over:.2f}"
                 if lite_over and target.name not in ("direct", "litellm")
@@ -338,7 +385,7 @@ def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -
             print(
                 f"| {clients} | {target.name} | {len(lat)}{f' ({failed} failed)' if failed else ''} | {statistics.median(lat):.1f} | {pct(lat, 0.99):.1f} | "
                 f"{statistics.median(over):.1f} / {pct(over, 0.95):.1f} / {pct(over, 0.99):.1f} | {own} | "
-                f"{len(lat) / wall:.1f} | {ratio} |"
+                f"{len(lat) / wall:.1f} | {cpu_ms} | {ratio} |"
             )
 
 

@@ -12,14 +12,30 @@ pin a pool slot per thread for the process's life.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.db import connection
 
 T = TypeVar("T")
+
+
+def keep_connection_healthy() -> None:
+    """Keep this thread's connection for its next unit of work unless it failed. A long-lived
+    thread (a run's sink, the audit sequencer) calls this instead of close_old_connections(),
+    which with CONN_MAX_AGE=0 reconnects every time: on SQLite a reconnect runs the PRAGMAs and
+    the last close checkpoints the WAL (~30 ms measured), more than the work it wraps."""
+    if connection.connection is None or not connection.errors_occurred:
+        return
+    if connection.is_usable():
+        connection.errors_occurred = False
+    else:
+        connection.close()
 
 
 def pooled() -> bool:
@@ -68,11 +84,7 @@ def release_pooled_connection() -> None:
 
 def _with_thread_connection(fn: Callable[..., T]) -> Callable[..., T]:
     def call(*args: Any, **kwargs: Any) -> T:
-        if connection.connection is not None and connection.errors_occurred:
-            if connection.is_usable():
-                connection.errors_occurred = False
-            else:
-                connection.close()
+        keep_connection_healthy()
         try:
             return fn(*args, **kwargs)
         finally:
@@ -84,3 +96,38 @@ def _with_thread_connection(fn: Callable[..., T]) -> Callable[..., T]:
 async def in_executor(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` on an executor thread with that thread's kept connection."""
     return await sync_to_async(_with_thread_connection(fn), thread_sensitive=False)(*args, **kwargs)
+
+
+_request_threads: tuple[int, ThreadPoolExecutor] | None = None
+_request_threads_lock = threading.Lock()
+
+
+def request_threads() -> ThreadPoolExecutor:
+    """This process's threads for the ``/v1`` views' synchronous work (issue 15).
+
+    Django runs a request's thread-sensitive calls on a thread made for that request. Each such
+    thread built its own connection wrapper and opened a connection (SQLite: its PRAGMAs), and
+    under daphne that cost a served pass-through run about 5 ms of CPU over the same run in
+    process. These threads live as long as the process and keep their connections (a pooled one
+    goes back after each call). They are not the loop's default executor: a plain run executes
+    inline here for as long as its provider takes, and must not hold up websocket handshakes.
+    There are enough of them for the inline slots and for the requests waiting for one
+    (``V1_INLINE_WAIT_S``); past that, calls queue in arrival order."""
+    global _request_threads
+    with _request_threads_lock:
+        if _request_threads is None or _request_threads[0] != os.getpid():
+            size = max(32, 4 * int(settings.V1_INLINE_SLOTS))
+            _request_threads = (os.getpid(), ThreadPoolExecutor(size, thread_name_prefix="v1-request"))
+        return _request_threads[1]
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` on one of ``request_threads()``, with that thread's kept connection,
+    when an ASGI server serves the request (its handler opens a thread-sensitive context per
+    request). Called from synchronous code instead (Django's test client, a management command
+    through async_to_sync), it runs on that code's own thread, as Django would: that thread
+    already has its connection and may hold the transaction the work must see."""
+    if SyncToAsync.thread_sensitive_context.get(None) is None:
+        return await sync_to_async(fn)(*args, **kwargs)
+    call = sync_to_async(_with_thread_connection(fn), thread_sensitive=False, executor=request_threads())
+    return await call(*args, **kwargs)

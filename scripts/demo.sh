@@ -24,5 +24,11 @@ if [[ "$HOST" == *:* ]]; then
 else
   LISTEN=(-e "tcp:port=$PORT:interface=$HOST:backlog=${DAPHNE_BACKLOG:-1024}")
 fi
-$BIN/daphne "${LISTEN[@]}" --websocket_connect_timeout "${WEBSOCKET_CONNECT_TIMEOUT:-30}" \
-  conductor_web.asgi:application
+DAPHNE_ARGS=(--websocket_connect_timeout "${WEBSOCKET_CONNECT_TIMEOUT:-30}")
+if [ "${WEB_PROCESSES:-1}" != "1" ]; then
+  # Several daphne processes on one address (SO_REUSEPORT), supervised; the settings refuse this
+  # on the embedded backends.
+  $BIN/python -m conductor_web.serve --host "$HOST" --port "$PORT" -- "${DAPHNE_ARGS[@]}"
+else
+  $BIN/daphne "${LISTEN[@]}" "${DAPHNE_ARGS[@]}" conductor_web.asgi:application
+fi

@@ -42,6 +42,7 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
+from conductor_web.executor_db import keep_connection_healthy
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ def _group_send_many(run_id: UUID | str, messages: list[dict[str, Any]], kind: A
             loop = _server_loop
             if loop is None or loop.is_closed():
                 return  # no websocket ever connected in this process: nobody to tell
+            if not layer.groups.get(group):
+                # Nobody in this process follows the run (a plain /v1 run's usual case): no hop to
+                # the loop and no wait for it. Safe: every follower joins the group before it
+                # reads the database, so whatever committed before its join is in that read.
+                return
             try:
                 running = asyncio.get_running_loop()
             except RuntimeError:
@@ -174,18 +180,6 @@ def _ts(event: dict[str, Any]) -> datetime:
 _FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished", "run.awaiting_approval"})
 # A buffer (e.g. a token stream) older than this is stored at the next event.
 DELTA_FLUSH_S = 0.05
-
-
-def keep_connection_healthy() -> None:
-    """Keep this thread's connection for a run's next batch unless it failed: close_old_connections()
-    with CONN_MAX_AGE=0 reconnects every time (on SQLite the last close also checkpoints the WAL,
-    ~30 ms measured), which per batch cost more than the batch."""
-    if connection.connection is None or not connection.errors_occurred:
-        return
-    if connection.is_usable():
-        connection.errors_occurred = False
-    else:
-        connection.close()
 
 
 def _after_commit(run_id: UUID, batch: list[dict[str, Any]], views: list[observers.RunEventView]) -> None:

@@ -144,6 +144,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+    # Django's SQLite backend with this process's writers queued on a lock, not SQLite's sleeps.
+    DATABASES["default"]["ENGINE"] = "conductor_web.backends.sqlite3"
 else:
     # A bounded pool per process: a burst of requests waits for a connection (up to
     # DB_POOL_TIMEOUT s, then a truthful 503) instead of each request thread opening its own and
@@ -208,6 +210,18 @@ if V1_INLINE_RUNS not in ("off", "passthrough", "all"):
 # V1_INLINE_WAIT_S is queued as usual.
 V1_INLINE_SLOTS = env.int("V1_INLINE_SLOTS", default=RUN_THREAD_WORKERS)
 V1_INLINE_WAIT_S = env.float("V1_INLINE_WAIT_S", default=5.0)
+# Daphne processes `python -m conductor_web.serve` starts on one address (SO_REUSEPORT): one
+# process runs Python on one core at a time, so served runs scale with processes (bench/API.md).
+# They share only the database and the channel layer: more than one needs PostgreSQL and Redis.
+WEB_PROCESSES = env.int("WEB_PROCESSES", default=1)
+if WEB_PROCESSES < 1:
+    raise ImproperlyConfigured(f"WEB_PROCESSES must be at least 1, got {WEB_PROCESSES}")
+if WEB_PROCESSES > 1 and (not REDIS_URL or DATABASES["default"]["ENGINE"].endswith("sqlite3")):
+    raise ImproperlyConfigured(
+        f"WEB_PROCESSES={WEB_PROCESSES} needs DATABASE_URL=postgres://… and REDIS_URL: the embedded "
+        "SQLite queues its writers within one process, and a viewer on the in-memory channel layer "
+        "sees only the runs of its own process"
+    )
 RUN_TIMEOUT_S = env.int("RUN_TIMEOUT_S", default=600)
 # A run still `running` this long after its deadline is swept to `timed_out` (dead worker).
 RUN_SWEEP_GRACE_S = env.int("RUN_SWEEP_GRACE_S", default=60)

@@ -9,10 +9,16 @@ that starts reading per event or checking a permission twice fails here.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections import Counter
 from typing import Any
 
 import pytest
+from channels.testing import HttpCommunicator
+from django.core.asgi import get_asgi_application
+from django.db.backends.signals import connection_created
 from django.test import Client
 
 from apps.runs.models import Run, Step
@@ -104,3 +110,45 @@ def test_a_warm_pass_through_run_stays_within_its_statement_budget(
     )
     assert run.input_tokens == step.input_tokens > 0
     assert run.last_seq == run.events.count()
+
+
+def test_warm_requests_reuse_the_request_threads_and_their_connections(
+    solo: Any, api_key: tuple[Any, str], queries: Queries
+) -> None:
+    """Served by an ASGI server, the view's synchronous work runs on the process's kept
+    ``v1-request`` threads (conductor_web.executor_db.off_loop), not on a thread made for each
+    request: a warm request opens no database connection, and every statement of the run is sent
+    from one of those threads."""
+    body = json.dumps({"model": "solo", "messages": [{"role": "user", "content": "What is 6*7?"}]})
+
+    app = get_asgi_application()  # Django's ASGI handler, as daphne calls it (one context per request)
+    headers = [
+        (b"host", b"testserver"),
+        (b"authorization", f"Bearer {api_key[1]}".encode()),
+        (b"content-type", b"application/json"),
+    ]
+
+    async def ask(times: int) -> None:
+        for _ in range(times):
+            request = HttpCommunicator(
+                app, "POST", "/v1/chat/completions", body=body.encode(), headers=headers
+            )
+            resp = await request.get_response(timeout=30)
+            assert resp["status"] == 200, resp["body"]
+            assert json.loads(resp["body"])["choices"][0]["message"]["content"] == "42"
+
+    asyncio.run(ask(1))  # the first request of the process opens its thread's connection
+    opened: list[str] = []
+
+    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+        opened.append(threading.current_thread().name)
+
+    queries.clear()
+    connection_created.connect(on_connection)
+    try:
+        asyncio.run(ask(3))
+    finally:
+        connection_created.disconnect(on_connection)
+    assert opened == [], opened  # each request used to open (and close) one of its own
+    assert queries.sql, "the runs sent no statement: nothing was measured"
+    assert {name.rsplit("_", 1)[0] for name in queries.threads} == {"v1-request"}, Counter(queries.threads)

@@ -96,5 +96,5 @@ def test_settings_follow_mode() -> None:
         assert settings.EXECUTION_BACKEND == "celery"
         assert settings.CELERY_TASK_SERIALIZER == "json" and settings.CELERY_ACCEPT_CONTENT == ["json"]
     else:
-        assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3"
+        assert settings.DATABASES["default"]["ENGINE"] == "conductor_web.backends.sqlite3"
         assert settings.EXECUTION_BACKEND == "thread"

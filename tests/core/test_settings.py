@@ -103,7 +103,7 @@ def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-1500:]
     assert out.stdout.split() == [
-        "django.db.backends.sqlite3",
+        "conductor_web.backends.sqlite3",
         "thread",
         "channels.layers.InMemoryChannelLayer",
     ]

@@ -16,7 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 
 from apps.api import keyguard, ratelimit
@@ -24,6 +23,7 @@ from apps.api.authentication import presented_key
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
 from apps.api.v1.errors import OpenAIError, no_retry
+from conductor_web.executor_db import off_loop
 
 logger = logging.getLogger(__name__)
 
@@ -144,4 +144,4 @@ def count_tokens_sync(key: ApiKey, run: Any) -> None:
 
 
 async def count_tokens(key: ApiKey, run: Any) -> None:
-    await sync_to_async(count_tokens_sync)(key, run)
+    await off_loop(count_tokens_sync, key, run)

@@ -2,7 +2,7 @@
 
 An adapter (Chat Completions, Responses, Messages) does three things:
 
-1. ``started = await sync_to_async(start_run)(request, parse)`` — ``parse(body) -> RunRequest``
+1. ``started = await off_loop(start_run, request, parse)`` — ``parse(body) -> RunRequest``
    (``apps.api.v1.requests``) turns the protocol's JSON into the neutral ``RunRequest``;
    ``start_run`` authenticates the key (``apps.api.v1.auth``: 401/429 before any parsing), parses,
    checks the key's scope, resolves the model to a pool (``apps.api.v1.targets.resolve_model``),
@@ -49,7 +49,7 @@ from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import register_server_loop
-from conductor_web.executor_db import release_while_waiting
+from conductor_web.executor_db import off_loop, release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ async def wait_for_run(run: Any, ended: Any = None) -> Any:
     is at the client's deadline. ``ended``: the run row as it came back from executing on the
     request's thread (``Started.ended``); when terminal it is answered at once."""
     if ended is not None and ended.is_terminal:
-        return await sync_to_async(_answer_ended)(ended)
+        return await off_loop(_answer_ended, ended)
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
         if ended is None and await sync_to_async(_is_running)(run.id):

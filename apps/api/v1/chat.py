@@ -17,7 +17,6 @@ from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -31,6 +30,7 @@ from apps.api.v1.errors import (
     method_not_allowed,
 )
 from apps.engine.generation import GenerationOptions, ResponseFormat
+from conductor_web.executor_db import off_loop
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -456,15 +456,15 @@ async def stream_run(
             final = update.run
     await auth.count_tokens(started.key, final)
     conductor = shaping.conductor_info(request, final, started.target)
-    error = await sync_to_async(shaping.run_outcome_error)(final, conductor)
+    error = await off_loop(shaping.run_outcome_error, final, conductor)
     if error is not None:
         yield shaping.sse(error.body())
         yield DONE
         return
     usage = _usage(final)
-    answer = await sync_to_async(shaping.final_answer)(final)
+    answer = await off_loop(shaping.final_answer, final)
     if answer.held:
-        held = await sync_to_async(shaping.held_info)(final.id)
+        held = await off_loop(shaping.held_info, final.id)
         yield shaping.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
     else:
         if answer.text:
@@ -495,8 +495,8 @@ async def models_view(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        key = await sync_to_async(auth.authenticate)(request)
-        payload = await sync_to_async(targets.models_payload)(key)
+        key = await off_loop(auth.authenticate, request)
+        payload = await off_loop(targets.models_payload, key)
     except OpenAIError as err:
         return error_response(err)
     return JsonResponse(payload)
@@ -507,8 +507,8 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        key = await sync_to_async(auth.authenticate)(request)
-        payload = await sync_to_async(targets.models_payload)(key)
+        key = await off_loop(auth.authenticate, request)
+        payload = await off_loop(targets.models_payload, key)
     except OpenAIError as err:
         return error_response(err)
     for entry in payload["data"]:
@@ -535,7 +535,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        started = await sync_to_async(bridge.start_run)(request, parse_chat_request)
+        started = await off_loop(bridge.start_run, request, parse_chat_request)
     except OpenAIError as err:
         return error_response(err)
     run, target = started.run, started.target
@@ -566,7 +566,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         try:
             final = await bridge.wait_for_run(run, started.ended)
             conductor = shaping.conductor_info(request, final, target)
-            error, answer = await sync_to_async(_outcome)(started.key, final, conductor)
+            error, answer = await off_loop(_outcome, started.key, final, conductor)
             if error is not None:
                 response = error_response(error)
             else:

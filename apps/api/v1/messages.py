@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -32,6 +31,7 @@ from apps.api.v1.errors import (
     method_not_allowed,
 )
 from apps.engine.generation import GenerationOptions, ResponseFormat
+from conductor_web.executor_db import off_loop
 
 SHAPE = "anthropic"
 KNOWN_PARAMS = {
@@ -256,14 +256,14 @@ async def outcome(
     """(conductor, text, stop_reason, stop_sequence, error) for the run as it ended."""
     await auth.count_tokens(started.key, final)
     conductor = shaping.conductor_info(request, final, started.target)
-    error = await sync_to_async(shaping.run_outcome_error)(final, conductor)
+    error = await off_loop(shaping.run_outcome_error, final, conductor)
     if final.answer_held:
-        conductor["held"] = await sync_to_async(shaping.held_info)(final.id)
+        conductor["held"] = await off_loop(shaping.held_info, final.id)
     if error is not None:
         if error.param == "response_format":
             error.param = "output_config.format"  # this protocol's name for it
         return conductor, "", None, None, error
-    answer = await sync_to_async(shaping.final_answer)(final)
+    answer = await off_loop(shaping.final_answer, final)
     text, reason, seq = shape_answer(answer, started.req.extra.get("stop_sequences") or ())
     return conductor, text, reason, seq, None
 
@@ -316,7 +316,7 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST", shape=SHAPE)
     try:
-        started = await sync_to_async(bridge.start_run)(request, parse_messages_request)
+        started = await off_loop(bridge.start_run, request, parse_messages_request)
     except OpenAIError as err:
         return error_response(err, shape=SHAPE)
     run, target = started.run, started.target

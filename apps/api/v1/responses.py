@@ -18,7 +18,6 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -36,6 +35,7 @@ from apps.api.v1.errors import (
     method_not_allowed,
 )
 from apps.engine.generation import GenerationOptions
+from conductor_web.executor_db import off_loop
 
 KNOWN_PARAMS = {
     "model",
@@ -469,16 +469,16 @@ async def finished_response(
     """The response object of a run that ended (or stopped being waited for), and the error that
     a plain request answers instead (None: the body is the answer)."""
     conductor = shaping.conductor_info(request, run, target)
-    error = await sync_to_async(shaping.run_outcome_error)(run, conductor)
+    error = await off_loop(shaping.run_outcome_error, run, conductor)
     if run.answer_held:
-        conductor["held"] = await sync_to_async(shaping.held_info)(run.id)
+        conductor["held"] = await off_loop(shaping.held_info, run.id)
     record = run.api_request if isinstance(run.api_request, dict) else {}
     if error is not None:
         if error.param == "response_format":
             error.param = "text.format"  # this protocol's name for it
         body = response_body(run, record, conductor, status="failed", error=_failed_error(error))
         return body, error
-    answer = await sync_to_async(shaping.final_answer)(run)
+    answer = await off_loop(shaping.final_answer, run)
     return response_body(run, record, conductor, status="completed", answer=answer), None
 
 
@@ -586,7 +586,7 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        started = await sync_to_async(bridge.start_run)(request, parse_responses_request, with_history)
+        started = await off_loop(bridge.start_run, request, parse_responses_request, with_history)
     except OpenAIError as err:
         return error_response(err)
     run, target = started.run, started.target
@@ -639,7 +639,7 @@ async def response_detail_view(request: HttpRequest, response_id: str) -> HttpRe
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        run, target = await sync_to_async(_retrieve)(request, response_id)
+        run, target = await off_loop(_retrieve, request, response_id)
     except OpenAIError as err:
         return error_response(err)
     if run.is_terminal:

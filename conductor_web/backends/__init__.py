@@ -1,0 +1,1 @@
+"""Database backends: Django's, adjusted where this project measured a need."""

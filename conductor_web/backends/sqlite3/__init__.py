@@ -1,0 +1,1 @@
+"""SQLite with its writers queued in the process (see ``base``)."""
