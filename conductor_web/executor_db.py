@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 def keep_connection_healthy() -> None:
     """Keep this thread's connection for its next unit of work unless it failed. A long-lived
-    thread (a run's sink, the audit sequencer) calls this instead of close_old_connections(),
+    thread (a run's sink, a kept v1-request thread) calls this instead of close_old_connections(),
     which with CONN_MAX_AGE=0 reconnects every time: on SQLite a reconnect runs the PRAGMAs and
     the last close checkpoints the WAL (~30 ms measured), more than the work it wraps."""
     if connection.connection is None or not connection.errors_occurred:
