@@ -82,7 +82,10 @@ def release_pooled_connection() -> None:
         connection.close()
 
 
-def _with_thread_connection(fn: Callable[..., T]) -> Callable[..., T]:
+def _on_kept_thread(fn: Callable[..., T], executor: ThreadPoolExecutor | None) -> Callable[..., Any]:
+    """``fn`` as an awaitable run on a thread of ``executor`` (the loop's default if None) with
+    that thread's kept connection, checked before and, when pooled, given back after."""
+
     def call(*args: Any, **kwargs: Any) -> T:
         keep_connection_healthy()
         try:
@@ -90,12 +93,12 @@ def _with_thread_connection(fn: Callable[..., T]) -> Callable[..., T]:
         finally:
             release_pooled_connection()
 
-    return call
+    return sync_to_async(call, thread_sensitive=False, executor=executor)
 
 
 async def in_executor(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` on an executor thread with that thread's kept connection."""
-    return await sync_to_async(_with_thread_connection(fn), thread_sensitive=False)(*args, **kwargs)
+    return await _on_kept_thread(fn, None)(*args, **kwargs)  # type: ignore[no-any-return]
 
 
 _request_threads: tuple[int, ThreadPoolExecutor] | None = None
@@ -129,5 +132,4 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     already has its connection and may hold the transaction the work must see."""
     if SyncToAsync.thread_sensitive_context.get(None) is None:
         return await sync_to_async(fn)(*args, **kwargs)
-    call = sync_to_async(_with_thread_connection(fn), thread_sensitive=False, executor=request_threads())
-    return await call(*args, **kwargs)
+    return await _on_kept_thread(fn, request_threads())(*args, **kwargs)  # type: ignore[no-any-return]

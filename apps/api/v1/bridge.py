@@ -49,7 +49,7 @@ from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import register_server_loop
-from conductor_web.executor_db import off_loop, release_while_waiting
+from conductor_web.executor_db import release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ class Started:
     req: RunRequest
     target: Target
     run: Any
-    # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS).
+    # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS);
+    # when ended, with its finished data and the provider time recorded (_answer_ended).
     ended: Any = None
 
 
@@ -142,6 +143,8 @@ def _start_run(
     with execution.inline_slot(inline) as here:
         run = _create(request, key, req, target, record, execute_here=here)
         ended = _execute_here(run) if here else None
+    if ended is not None and ended.is_terminal:
+        ended = _answer_ended(ended)  # on this thread: no second trip to one for the answer
     return Started(key=key, req=req, target=target, run=run, ended=ended)
 
 
@@ -393,7 +396,7 @@ async def wait_for_run(run: Any, ended: Any = None) -> Any:
     is at the client's deadline. ``ended``: the run row as it came back from executing on the
     request's thread (``Started.ended``); when terminal it is answered at once."""
     if ended is not None and ended.is_terminal:
-        return await off_loop(_answer_ended, ended)
+        return ended  # start_run already read its ending (_answer_ended)
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
         if ended is None and await sync_to_async(_is_running)(run.id):
