@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from conductor_web.background import start_server_background  # noqa: E402
+from conductor_web.handlers import ApiASGIHandler, http_application  # noqa: E402
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
 from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
 
@@ -19,7 +20,8 @@ start_server_background()
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # /v1 through its own all-async chain (conductor_web.handlers); the pages through Django's.
+        "http": http_application(django_asgi_app, ApiASGIHandler()),
         "websocket": AllowedHostsOriginValidator(
             ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

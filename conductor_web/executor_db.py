@@ -12,10 +12,12 @@ pin a pool slot per thread for the process's life.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from asgiref.sync import SyncToAsync, sync_to_async
@@ -44,9 +46,10 @@ def pooled() -> bool:
 
 
 async def release_while_waiting() -> None:
-    """``release_pooled_connection`` on the caller's thread-sensitive thread (the one holding
-    the request's connection); no thread hop when there is no pool."""
-    if pooled():
+    """``release_pooled_connection`` on the thread `off_loop` runs the caller's work on when
+    that is the caller's own (the kept threads give theirs back after each call); no thread hop
+    when there is no pool."""
+    if pooled() and _on_callers_thread():
         await sync_to_async(release_pooled_connection)()
 
 
@@ -124,12 +127,32 @@ def request_threads() -> ThreadPoolExecutor:
         return _request_threads[1]
 
 
+# Set by conductor_web.handlers.ApiASGIHandler for the requests it serves (they have no
+# thread-sensitive context of their own).
+_served: contextvars.ContextVar[bool] = contextvars.ContextVar("conductor_served_on_loop", default=False)
+
+
+@contextmanager
+def served_on_loop() -> Iterator[None]:
+    """Marks the request being served on the event loop: `off_loop` uses the kept threads."""
+    token = _served.set(True)
+    try:
+        yield
+    finally:
+        _served.reset(token)
+
+
+def _on_callers_thread() -> bool:
+    return SyncToAsync.thread_sensitive_context.get(None) is None and not _served.get()
+
+
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` on one of ``request_threads()``, with that thread's kept connection,
-    when an ASGI server serves the request (its handler opens a thread-sensitive context per
-    request). Called from synchronous code instead (Django's test client, a management command
-    through async_to_sync), it runs on that code's own thread, as Django would: that thread
-    already has its connection and may hold the transaction the work must see."""
-    if SyncToAsync.thread_sensitive_context.get(None) is None:
+    when an ASGI server serves the request (Django's handler opens a thread-sensitive context per
+    request; ``ApiASGIHandler`` marks it `served_on_loop`). Called from synchronous code instead
+    (Django's test client, a management command through async_to_sync), it runs on that code's
+    own thread, as Django would: that thread already has its connection and may hold the
+    transaction the work must see."""
+    if _on_callers_thread():
         return await sync_to_async(fn)(*args, **kwargs)
     return await _on_kept_thread(fn, request_threads())(*args, **kwargs)  # type: ignore[no-any-return]

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
+
+from conductor_web.middleware import InlineHooks
 
 DEFAULT_MAX_DEPTH = 64
 DEFAULT_MAX_BYTES = 2_621_440  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE default (2.5 MiB)
@@ -275,13 +277,11 @@ def _check_api_body(request: HttpRequest, content_type: str) -> None:
         return  # a syntax error: the view answers it in its own words
 
 
-class InputLimitsMiddleware:
-    """See the module docstring. Placed before sessions and CSRF so nothing is loaded or stored."""
+class InputLimitsMiddleware(InlineHooks, MiddlewareMixin):
+    """See the module docstring. Placed before sessions and CSRF so nothing is loaded or stored.
+    Inline in an async chain: it reads the body ASGI has already received, and the database not."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
         content_type = request.META.get("CONTENT_TYPE", "") or ""
         try:
             if request.path.startswith(("/v1/", "/api/")):
@@ -296,7 +296,7 @@ class InputLimitsMiddleware:
             return refusal_response(request.path, _too_many_fields())
         except InputRefused as err:
             return refusal_response(request.path, err)
-        return self.get_response(request)
+        return None
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         # Raised while a view (or DRF) reads the body: answer in the API's format, not HTML.

@@ -22,6 +22,8 @@ from django.db.backends.signals import connection_created
 from django.test import Client
 
 from apps.runs.models import Run, Step
+from conductor_web import executor_db
+from conductor_web.handlers import ApiASGIHandler, http_application
 from tests.fakes.base import FakeReply
 from tests.fixtures.queries import Queries
 from tests.fixtures.workers import solo_pool_of
@@ -113,7 +115,7 @@ def test_a_warm_pass_through_run_stays_within_its_statement_budget(
 
 
 def test_warm_requests_reuse_the_request_threads_and_their_connections(
-    solo: Any, api_key: tuple[Any, str], queries: Queries
+    solo: Any, api_key: tuple[Any, str], queries: Queries, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Served by an ASGI server, the view's synchronous work runs on the process's kept
     ``v1-request`` threads (conductor_web.executor_db.off_loop), not on a thread made for each
@@ -122,7 +124,10 @@ def test_warm_requests_reuse_the_request_threads_and_their_connections(
     body = json.dumps({"model": "solo", "messages": [{"role": "user", "content": "What is 6*7?"}]})
 
     warm_requests = 6
-    app = get_asgi_application()  # Django's ASGI handler, as daphne calls it (one context per request)
+    # Kept threads of its own: earlier tests' ones already hold their connections.
+    monkeypatch.setattr(executor_db, "_request_threads", None)
+    # As conductor_web.asgi serves it: /v1 through the API handler (conductor_web.handlers).
+    app = http_application(get_asgi_application(), ApiASGIHandler())
     headers = [
         (b"host", b"testserver"),
         (b"authorization", f"Bearer {api_key[1]}".encode()),

@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest
 
@@ -49,7 +48,7 @@ from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import register_server_loop
-from conductor_web.executor_db import release_while_waiting
+from conductor_web.executor_db import off_loop, release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -399,13 +398,13 @@ async def wait_for_run(run: Any, ended: Any = None) -> Any:
         return ended  # start_run already read its ending (_answer_ended)
     deadline = run_deadline(run)
     async with RunFollower(run.id) as follower:
-        if ended is None and await sync_to_async(_is_running)(run.id):
+        if ended is None and await off_loop(_is_running, run.id):
             await _wake_or_poll(follower, deadline)
         while True:
-            current, waited_ms = await sync_to_async(_load_ended)(run.id)
+            current, waited_ms = await off_loop(_load_ended, run.id)
             ended, may_wait = current.is_terminal, float("inf")
             if current.status == "awaiting_approval":  # answered once the policy's wait is over
-                may_wait = await sync_to_async(approval_wait_left)(run.id)
+                may_wait = await off_loop(approval_wait_left, run.id)
                 ended = may_wait <= 0
             # An approved run is given a fresh time limit: so is its caller.
             deadline = max(deadline, run_deadline(current))
@@ -449,7 +448,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
     async with RunFollower(run.id) as follower:
         finished = False
         while not finished and time.monotonic() < deadline:
-            for event in await sync_to_async(events_after)(run.id, last_seq):
+            for event in await off_loop(events_after, run.id, last_seq):
                 last_seq = event["seq"]
                 yield RunUpdate("event", event=event)
                 last_sent = time.monotonic()
@@ -457,9 +456,9 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                     finished = True
                     break
                 if event["type"] == "run.awaiting_approval":
-                    held_until = time.monotonic() + await sync_to_async(approval_wait_left)(run.id)
+                    held_until = time.monotonic() + await off_loop(approval_wait_left, run.id)
             if not finished and held_until is not None and time.monotonic() >= held_until:
-                current = await sync_to_async(load_run)(run.id)
+                current = await off_loop(load_run, run.id)
                 if current.status == "awaiting_approval":
                     break  # the policy's wait for an approver is over: the caller is answered now
                 held_until = None
@@ -468,7 +467,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 # The events are the truth, but a run that vanished (deleted: DoesNotExist) or
                 # ended without its run.finished row showing up must end the stream too.
                 next_check = time.monotonic() + STATUS_CHECK_S
-                if (await sync_to_async(load_run)(run.id)).is_terminal:
+                if (await off_loop(load_run, run.id)).is_terminal:
                     finished, terminal_seen = terminal_seen, True
                     continue  # read the events once more before giving up on run.finished
             if not finished:
@@ -479,5 +478,5 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 await release_while_waiting()
                 await follower.wait(wake - time.monotonic())
         # The Run row is updated in the same transaction as run.finished; read the verdict.
-        final = await sync_to_async(load_run)(run.id)
+        final = await off_loop(load_run, run.id)
     yield RunUpdate("final", run=final)

@@ -19,16 +19,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.utils.deprecation import MiddlewareMixin
 
 from apps.api.v1.auth import RequestState, bind_state, new_request_id, rate_limit_headers
 from apps.api.v1.errors import OpenAIError, error_response
+from conductor_web.middleware import InlineHooks
 from conductor_web.request_context import current_request_meta, set_request_meta
 
 PREFIX = "/v1/"
@@ -50,33 +49,17 @@ def allowed_origin(origin: str | None) -> bool:
     return "*" in allowed or origin.rstrip("/") in {o.rstrip("/") for o in allowed}
 
 
-class V1Middleware:
-    """Request id, timing, rate-limit and CORS headers for ``/v1`` (sync and async)."""
+class V1Middleware(InlineHooks, MiddlewareMixin):
+    """Request id, timing, rate-limit and CORS headers for ``/v1`` (inline in an async chain)."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self._async = iscoroutinefunction(get_response)
-        if self._async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if self._async:
-            return self.__acall__(request)
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
         if not request.path.startswith(PREFIX):
-            return self.get_response(request)
-        early = self._before(request)
-        response = early if early is not None else self.get_response(request)
-        return self._after(request, response)
+            return None
+        return self._before(request)
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]] = self.get_response
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         if not request.path.startswith(PREFIX):
-            return await get_response(request)
-        early = self._before(request)
-        response = early if early is not None else await get_response(request)
+            return response
         return self._after(request, response)
 
     def _before(self, request: HttpRequest) -> HttpResponse | None:
