@@ -82,6 +82,11 @@ class TcpProxy:
                     # SO_LINGER 0: the peer gets a RST, like a crashed host, not a polite FIN.
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 with contextlib.suppress(OSError):
+                    # close() alone does not end a recv() blocked in a pump thread: that call keeps
+                    # the socket open, and a client waiting for a reply on it (a BZPOPMIN) waited
+                    # forever, never seeing the outage. shutdown() wakes it.
+                    s.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
                     s.close()
 
     def close(self) -> None:

@@ -249,6 +249,10 @@ class RunFollower:
         self.group = f"run.{run_id}"
         self.layer: Any = None
         self.channel: str | None = None
+        # One receive outlives the poll intervals. It was wrapped in wait_for(FOLLOW_POLL_S), and
+        # redis-py drops a connection whose read is cancelled: a waiting client reconnected to
+        # Redis four times a second.
+        self._receiving: asyncio.Future[dict[str, Any]] | None = None
 
     async def __aenter__(self) -> RunFollower:
         try:
@@ -266,6 +270,7 @@ class RunFollower:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._stop_receiving()
         if self.layer is not None and self.channel is not None:
             try:
                 await asyncio.wait_for(self.layer.group_discard(self.group, self.channel), LAYER_OP_TIMEOUT_S)
@@ -279,18 +284,29 @@ class RunFollower:
         if self.channel is None:
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
             return None
-        try:
-            message: dict[str, Any] = await asyncio.wait_for(
-                self.layer.receive(self.channel), timeout=min(timeout, FOLLOW_POLL_S)
-            )
-            return message
-        except TimeoutError:
+        if self._receiving is None:
+            self._receiving = asyncio.ensure_future(self.layer.receive(self.channel))
+        done, _ = await asyncio.wait({self._receiving}, timeout=min(timeout, FOLLOW_POLL_S))
+        if not done:
             return None  # no wake-up this interval: the caller reads the database anyway
+        received, self._receiving = self._receiving, None
+        try:
+            message: dict[str, Any] = received.result()
+            return message
         except Exception as exc:  # e.g. redis TimeoutError/ConnectionError: poll from now on
             _layer_state.failed("receive", exc)
             self.channel = None
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
             return None
+
+    async def _stop_receiving(self) -> None:
+        receiving, self._receiving = self._receiving, None
+        if receiving is None:
+            return
+        receiving.cancel()
+        await asyncio.wait({receiving})  # an outer cancellation still reaches the caller
+        if not receiving.cancelled():
+            receiving.exception()  # retrieved: the layer's failure (if any) ends with the follower
 
 
 def _may_end_run(message: dict[str, Any] | None) -> bool:
