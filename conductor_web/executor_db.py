@@ -85,16 +85,24 @@ def release_pooled_connection() -> None:
         connection.close()
 
 
+@contextmanager
+def kept_connection() -> Iterator[None]:
+    """A unit of work on a long-lived thread with that thread's kept connection: checked before
+    (`keep_connection_healthy`) and, when pooled, given back after (`release_pooled_connection`)."""
+    keep_connection_healthy()
+    try:
+        yield
+    finally:
+        release_pooled_connection()
+
+
 def _on_kept_thread(fn: Callable[..., T], executor: ThreadPoolExecutor | None) -> Callable[..., Any]:
     """``fn`` as an awaitable run on a thread of ``executor`` (the loop's default if None) with
-    that thread's kept connection, checked before and, when pooled, given back after."""
+    that thread's `kept_connection`."""
 
     def call(*args: Any, **kwargs: Any) -> T:
-        keep_connection_healthy()
-        try:
+        with kept_connection():
             return fn(*args, **kwargs)
-        finally:
-            release_pooled_connection()
 
     return sync_to_async(call, thread_sensitive=False, executor=executor)
 

@@ -25,11 +25,12 @@ from typing import Any
 from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 
+from apps.api.v1.middleware import PREFIX as V1_PREFIX
 from conductor_web.executor_db import served_on_loop
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
-API_PREFIXES = ("/v1/",)
+API_PREFIXES = (V1_PREFIX,)
 
 # Middleware for browser sessions: the /v1 chain leaves these out.
 BROWSER_ONLY = frozenset(
