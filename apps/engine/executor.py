@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from apps.engine import threads
 from apps.engine.events import EventType, RunStatus, StepStatus
 from apps.engine.generation import StepEnding, final_index, step_call_kwargs
 from apps.engine.plan import Plan, PlanStep
@@ -188,7 +188,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
                 error = ProviderError(f"The worker failed unexpectedly ({type(err).__name__}).")
             inbox.put(_Outcome(att.id, result, error, (time.perf_counter() - t0) * 1000))
 
-        threading.Thread(target=target, daemon=True, name=f"engine-step-{step.index}").start()
+        threads.spawn(target, name=f"engine-step-{step.index}")
 
     def try_start(step: PlanStep) -> None:
         worker = session.pool.workers[step.worker]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from apps.engine import threads
 from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
 from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
 from apps.engine.plan import CONDUCTOR_SELF, Plan, PlanError, PlanStep, plan_to_dict, validate_plan
@@ -131,7 +132,7 @@ def call_in_thread(
         except BaseException as exc:  # handed to the waiting thread, which re-raises it
             box.put((False, exc))
 
-    threading.Thread(target=target, daemon=True, name="engine-call").start()
+    threads.spawn(target, name="engine-call")
     end = time.monotonic() + timeout
     while True:
         left = end - time.monotonic()

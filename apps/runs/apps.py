@@ -6,8 +6,10 @@ class RunsConfig(AppConfig):
     label = "runs"
 
     def ready(self) -> None:
+        from django.db import connections
         from django.db.models.signals import post_save
 
+        from apps.engine.threads import set_task_cleanup
         from apps.runs.approvals import install_approval_hooks
         from apps.runs.models import Run
         from apps.runs.policy_ports import install_policy_ports
@@ -17,6 +19,9 @@ class RunsConfig(AppConfig):
         install_audit_port()
         install_policy_ports()  # run history and workers for policies (below runs)
         install_approval_hooks()  # held plans: the sink pauses them, the sweep expires them
+        # The engine keeps its provider-call threads: one must not keep a connection it opened
+        # (a journal flush or a delta's batch from that thread), as a thread that ended would not.
+        set_task_cleanup(connections.close_all)
 
         # Held answers (issue 13): a review decision reaches the run's live viewers.
         post_save.connect(on_run_saved, sender=Run, dispatch_uid="runs.review_notice")

@@ -56,7 +56,6 @@ class FnWorker:
         self.held = held
         self.released = threading.Event()
         self.started = threading.Event()  # set as the first call begins
-        self.threads: list[threading.Thread] = []  # the threads the calls ran on
         self.fail = fail
         self.usage = usage
         self.cost = cost
@@ -67,6 +66,7 @@ class FnWorker:
         self.starts: list[float] = []
         self.ends: list[float] = []
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
 
     def complete(
         self,
@@ -82,7 +82,6 @@ class FnWorker:
             self.calls.append([dict(m) for m in messages])
             self.schemas.append(json_schema)
             self.starts.append(time.monotonic())
-            self.threads.append(threading.current_thread())
         self.started.set()
         # Held: until release(). Delay: the simulated latency the scheduling tests measure (a
         # release() cuts it short). A worker that honours its timeout gives up at it, like a provider.
@@ -103,6 +102,7 @@ class FnWorker:
         finally:
             with self._lock:
                 self.ends.append(time.monotonic())
+                self._ended.notify_all()
         return WorkerResult(
             text=text,
             usage=Usage(*self.usage),
@@ -113,14 +113,12 @@ class FnWorker:
         )
 
     def release(self, join_timeout: float = 10) -> None:
-        """Let held calls finish, and wait for the threads they ran on to end (nothing the
-        calls do can happen after this)."""
+        """Let held calls finish, and wait until every call begun so far has ended, its deltas
+        included (nothing the calls do can happen after this). The engine keeps the threads the
+        calls ran on (apps.engine.threads), so waiting for those threads to end would not do."""
         self.released.set()
-        with self._lock:
-            threads = list(self.threads)
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(join_timeout)
+        with self._ended:
+            self._ended.wait_for(lambda: len(self.ends) >= len(self.starts), timeout=join_timeout)
 
 
 class ScriptedConductor(FnWorker):
