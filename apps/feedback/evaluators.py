@@ -18,6 +18,7 @@ from typing import Any
 
 from apps.feedback.models import Evaluator, EvaluatorKind, FeedbackSource, MetricKind
 from apps.feedback.services import feedback_record
+from apps.governance.access_version import AccessCache
 from apps.policies.guardrails.json_schema import scan
 from apps.policies.guardrails.regex import UnsafePattern, compile_pattern
 from apps.runs.models import Run, RunStatus
@@ -130,17 +131,27 @@ def evaluate(evaluator: Evaluator, run: Any) -> Outcome:
     return Outcome(None, f"unknown evaluator kind '{evaluator.kind}'")
 
 
-def _enabled_evaluators(team_id: int) -> list[Evaluator]:
-    return list(Evaluator.objects.filter(team_id=team_id, enabled=True).select_related("metric"))
+# team id -> its enabled evaluators (metric loaded), while the access version holds: the stamp
+# changes with every write to feedback_evaluator or feedback_metric (migration 0003).
+_enabled: AccessCache[tuple[Evaluator, ...]] = AccessCache()
 
 
-def run_evaluators(run_id: Any, team_id: int | None = None) -> list[Any]:
+def _enabled_evaluators(team_id: int, stamp: int | None = None) -> tuple[Evaluator, ...]:
+    found = _enabled.get(stamp, team_id)
+    if found is None:
+        found = tuple(Evaluator.objects.filter(team_id=team_id, enabled=True).select_related("metric"))
+        _enabled.put(stamp, team_id, found)
+    return found
+
+
+def run_evaluators(run_id: Any, team_id: int | None = None, stamp: int | None = None) -> list[Any]:
     """Evaluate a finished run with its team's enabled evaluators; returns the feedback recorded.
-    ``team_id`` (the run's, when the caller knows it): a team without evaluators costs one read."""
+    ``team_id`` (the run's, when the caller knows it): a team without evaluators costs one read,
+    or none with ``stamp`` (the access version read with the run) while it is current."""
 
-    evaluators: list[Evaluator] | None = None
+    evaluators: tuple[Evaluator, ...] | None = None
     if team_id is not None:
-        evaluators = _enabled_evaluators(team_id)
+        evaluators = _enabled_evaluators(team_id, stamp)
         if not evaluators:
             return []
     run = Run.objects.select_related("team", "pool").filter(pk=run_id).first()
@@ -180,7 +191,7 @@ def on_run_event(view: Any) -> None:
     """After-commit run observer: evaluate once the run finished successfully."""
     if view.type != "run.finished" or view.data.get("status") != "succeeded":
         return
-    run_evaluators(view.run_id, view.team_id)
+    run_evaluators(view.run_id, view.team_id, view.access_stamp)
 
 
 def dumps(value: Any) -> str:

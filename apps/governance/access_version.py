@@ -3,7 +3,8 @@
 A ``/v1`` request asks the same questions every time — may this key's principal use this pool, run
 on this team, which workers does the pool hold, which policy is in force — and the answers change
 only when an administrator changes a grant, a membership, a pool, a worker, a provider or a
-policy. Database triggers on those tables (installed by each owning app's migration through
+policy. (A team's evaluators, which every finished run reads and which change as rarely, ride
+on the same stamp.) Database triggers on those tables (installed by each owning app's migration through
 :func:`install`) set one row's ``stamp`` to a fresh random number in the same transaction as the
 change, so:
 
@@ -51,6 +52,9 @@ TRACKED_TABLES = (
     "api_apikey_allowed_pools",
     "policies_policy",
     "policies_policyversion",
+    # Not access, but read by every finished run and changed as rarely: a team's evaluators.
+    "feedback_evaluator",
+    "feedback_metric",
 )
 
 

@@ -17,7 +17,7 @@ class InsightsConfig(AppConfig):
 
         # Rollups commit with the event (never disagree with the run); traces and metric
         # observations happen after commit and can never cost a run anything.
-        observers.register("insights.rollup", rollup.on_event, in_transaction=True)
+        observers.register_batch("insights.rollup", rollup.on_batch)
         observers.register("insights.telemetry", telemetry.on_run_event)
         observers.register("insights.metrics", metrics.on_run_event)
         observers.register("insights.budget_alerts", services.on_run_event)

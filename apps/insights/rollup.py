@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -71,7 +72,21 @@ def _note_first_token(view: RunEventView) -> float | None:
     return None
 
 
+def on_batch(views: Sequence[RunEventView]) -> None:
+    """The rollups of one committed batch of a run's events: what its events add to the same row
+    (the run row of step.finished and run.finished, two guardrail checks of one rule) is merged,
+    and each table gets one upsert per batch, not one per event (issue #15)."""
+    bumps = Bumps()
+    for view in views:
+        _add(bumps, view)
+    bumps.flush()
+
+
 def on_event(view: RunEventView) -> None:
+    on_batch((view,))
+
+
+def _add(bumps: Bumps, view: RunEventView) -> None:
     ttft_ms = _note_first_token(view) if view.type in ("run.started", "step.delta", "run.finished") else None
     handler = _HANDLERS.get(view.type)
     if handler is None:
@@ -82,7 +97,6 @@ def on_event(view: RunEventView) -> None:
         "strategy": view.strategy,
         "hour": hour_of(view.event["ts"]),
     }
-    bumps = Bumps()
     handler(bumps, base, view.data)
     if ttft_ms is not None:
         bumps.add(
@@ -108,7 +122,6 @@ def on_event(view: RunEventView) -> None:
         )
         if run is not None:
             reviews.at_run_end(bumps, base, run)
-    bumps.flush()
 
 
 def _plan_proposed(bumps: Bumps, base: dict[str, Any], data: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ of editing the sink. Two moments:
 
 - ``in_transaction``: called inside the event's transaction, after the RunEvent/Step/Run rows are
   written. Use it for derived rows that must never disagree with the run (rollups). An exception
-  rolls the event back, so keep these small and correct.
+  rolls the event back, so keep these small and correct. ``register_batch`` hears the whole
+  batch of a step boundary at once, so what its events add to the same row is one write.
 - ``after_commit``: called once the transaction committed. Use it for side effects that must
   never slow or break a run (span export, metric counters): exceptions are logged and swallowed.
 
@@ -20,7 +21,7 @@ Its handler (``apps.runs.approvals.approval_requested``, above the sink) is set 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -55,8 +56,10 @@ class RunEventView:
 
 
 RunObserver = Callable[[RunEventView], None]
+RunBatchObserver = Callable[[Sequence[RunEventView]], None]
 
 _in_transaction: dict[str, RunObserver] = {}
+_in_transaction_batch: dict[str, RunBatchObserver] = {}
 _after_commit: dict[str, RunObserver] = {}
 
 
@@ -65,14 +68,25 @@ def register(name: str, observer: RunObserver, *, in_transaction: bool = False) 
     (_in_transaction if in_transaction else _after_commit)[name] = observer
 
 
+def register_batch(name: str, observer: RunBatchObserver) -> None:
+    """An ``in_transaction`` observer that hears a stored batch's events at once, in seq order:
+    it can merge what several events add to the same rows into one write per batch."""
+    _in_transaction_batch[name] = observer
+
+
 def unregister(name: str) -> None:
     _in_transaction.pop(name, None)
+    _in_transaction_batch.pop(name, None)
     _after_commit.pop(name, None)
 
 
-def notify_in_transaction(view: RunEventView) -> None:
+def notify_in_transaction(views: Sequence[RunEventView]) -> None:
+    """A batch's events, after the sink wrote all of its rows, inside its transaction."""
     for observer in list(_in_transaction.values()):
-        observer(view)
+        for view in views:
+            observer(view)
+    for batch_observer in list(_in_transaction_batch.values()):
+        batch_observer(views)
 
 
 def notify_after_commit(view: RunEventView) -> None:

@@ -237,8 +237,8 @@ class RunSink:
         self._fresh = self._seq == 0
         # index -> worker key of the steps whose start this sink stored (the row exists)
         self._created_steps: dict[int, str] = {}
-        # The Run counters the batch's events add to, written in one UPDATE at the batch's end.
-        self._delta: dict[str, Any] = {}
+        # Whether the batch's run.finished wrote the run's verdict and totals.
+        self._verdict_written = False
         self._team = run.team if Run.team.is_cached(run) else None
         self._access_stamp: int | None = getattr(run, "access_stamp", None)
         # slug -> (pk, model, provider kind) of the pool's workers, from the cached pool rows.
@@ -329,16 +329,28 @@ class RunSink:
             # audit_batch: this boundary's audit rows go in as one multi-row INSERT (issue #15).
             with transaction.atomic(), audit_batch():
                 last_seq = batch[-1]["seq"]
-                self._delta = {}
+                ends = batch[-1]["type"] == "run.finished"
+                # What the batch adds to the run's counters. A batch that ends the run writes
+                # the engine's totals instead (_on_run_finished); any other writes them with its
+                # fence, in the same UPDATE (issue #15).
+                counters = _counters(batch)
+                updates: dict[str, Any] = {"last_seq": Greatest(F("last_seq"), last_seq)}
+                if not ends:
+                    updates.update(counters)
+                    counters = {}
+                self._verdict_written = False
                 # The row lock orders this batch against a re-queue (which takes the same row):
-                # the fence and the new last_seq are one conditional UPDATE (it takes the lock).
-                if self.owner is not None and not Run.objects.filter(
-                    pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
-                ).update(last_seq=Greatest(F("last_seq"), last_seq)):
-                    # Fencing: another executor took the run over and owns its log now.
-                    self.dropped += len(batch)
-                    self._buffer = []
-                    return
+                # the fence, the new last_seq and the counters are one conditional UPDATE (it
+                # takes the lock).
+                if self.owner is not None:
+                    if not Run.objects.filter(
+                        pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
+                    ).update(**updates):
+                        # Fencing: another executor took the run over and owns its log now.
+                        self.dropped += len(batch)
+                        self._buffer = []
+                        return
+                    updates = {}
                 if self.journal is not None and batch[-1]["type"] != "run.finished":
                     # The answers these events report are journaled with them; a batch that ends
                     # the run forgets the journal instead (_on_run_finished).
@@ -366,14 +378,13 @@ class RunSink:
                         metadata=self._metadata,
                         workers=self._workers,
                     )
-                    observers.notify_in_transaction(view)
                     views.append(view)
-                updates = dict(self._delta)
-                if self.owner is None:
-                    updates["last_seq"] = Greatest(F("last_seq"), last_seq)
+                observers.notify_in_transaction(views)
+                if not self._verdict_written:
+                    # A sweep ended the run first (its verdict stands): what the batch used still counts.
+                    updates.update(counters)
                 if updates:
                     Run.objects.filter(pk=self.run_id).update(**updates)
-                self._delta = {}
         except IntegrityError:
             # A second delivery of the same seq (should not happen: runs are claimed once).
             logger.warning(
@@ -483,22 +494,6 @@ class RunSink:
             },
         )
 
-    def _add_usage(self, usage: dict[str, Any] | None, cost: Any, priced: Any, steps: int = 0) -> None:
-        """Add to the run's counters; written with the batch's last UPDATE (``flush_locked``)."""
-        usage = usage or {}
-        delta = self._delta
-        for field in ("input_tokens", "output_tokens"):
-            tokens = int(usage.get(field) or 0)
-            if tokens:  # a fixed plan's plan.proposed used no tokens: no write for it
-                delta[field] = delta.get(field, F(field)) + tokens
-        amount = _decimal(cost)
-        if amount is not None:  # even 0: a priced run's cost is never left NULL
-            delta["cost_usd"] = delta.get("cost_usd", Coalesce(F("cost_usd"), Decimal(0))) + amount
-        if priced is False:
-            delta["priced"] = False
-        if steps:
-            delta["step_count"] = delta.get("step_count", F("step_count")) + steps
-
     @staticmethod
     def _plan_digest(plan: dict[str, Any] | None) -> list[dict[str, Any]] | None:
         if not plan:
@@ -514,7 +509,6 @@ class RunSink:
         ]
 
     def _on_plan_proposed(self, event: dict[str, Any], data: dict[str, Any]) -> None:
-        self._add_usage(data.get("usage"), data.get("cost_usd"), data.get("priced"))
         self._audit(
             AuditEventType.RUN_PLAN_PROPOSED,
             {
@@ -610,7 +604,6 @@ class RunSink:
             for name, value in ended.items():
                 setattr(step, name, value)
             step.save()
-        self._add_usage(usage, data.get("cost_usd"), data.get("priced"), steps=1)
         self._audit(
             AuditEventType.RUN_STEP_FINISHED,
             {
@@ -650,9 +643,8 @@ class RunSink:
         ended = Run.objects.filter(pk=self.run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
             **updates
         )
-        if ended:
-            # The engine's totals replace the counters this batch added to so far.
-            self._delta = {}
+        # The engine's totals replace what the batch's events add to the counters.
+        self._verdict_written = bool(ended)
         self._audit(
             AuditEventType.RUN_FINISHED,
             {
@@ -693,6 +685,30 @@ class RunSink:
             )
         elif review_sample_rate() > 0:  # most deployments sample nothing: no read then
             maybe_sample_for_review(Run.objects.get(pk=self.run_id))
+
+
+def _counters(batch: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a batch's events add to the Run's counters, as UPDATE expressions: the conductor's
+    usage (plan.proposed) and each ended step's (step.finished)."""
+    delta: dict[str, Any] = {}
+    for event in batch:
+        kind = event["type"]
+        if kind not in ("plan.proposed", "step.finished"):
+            continue
+        data = event["data"]
+        usage = data.get("usage") or {}
+        for field in ("input_tokens", "output_tokens"):
+            tokens = int(usage.get(field) or 0)
+            if tokens:  # a fixed plan's plan.proposed used no tokens: no write for it
+                delta[field] = delta.get(field, F(field)) + tokens
+        amount = _decimal(data.get("cost_usd"))
+        if amount is not None:  # even 0: a priced run's cost is never left NULL
+            delta["cost_usd"] = delta.get("cost_usd", Coalesce(F("cost_usd"), Decimal(0))) + amount
+        if data.get("priced") is False:
+            delta["priced"] = False
+        if kind == "step.finished":
+            delta["step_count"] = delta.get("step_count", F("step_count")) + 1
+    return delta
 
 
 # Guardrail actions that ask a person to look at the run.

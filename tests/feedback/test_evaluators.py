@@ -178,3 +178,40 @@ def test_a_judge_on_a_boolean_metric_passes_at_half(fake_pool: Any, owner: Any, 
     _finished(run)
     item = Feedback.objects.get(run=run)
     assert item.value == 0.0 and item.comment == "judge score 0.4"
+
+
+@pytest.mark.django_db
+def test_the_team_evaluators_are_read_once_per_access_version(
+    fake_pool: Any, owner: Any, alpha: Any, queries: Any
+) -> None:
+    """A finished run reads its team's evaluators from the process's cache while the access
+    version holds (issue #15), and the next run after any evaluator change sees the change."""
+    from apps.governance.access_version import read_stamp
+
+    correct = _evaluators(alpha)
+
+    def finished_run() -> Any:
+        run = RunFactory(team=alpha, pool=fake_pool.pool, created_by=owner, status="succeeded", answer="42")
+        event = {"type": "run.finished", "seq": 9, "data": {"status": "succeeded"}}
+        observers.notify_after_commit(
+            observers.RunEventView(
+                run.pk, run.team_id, None, event, run.pool_id, "conductor", access_stamp=read_stamp()
+            )
+        )
+        return run
+
+    finished_run()
+    queries.clear()
+    warm = finished_run()
+    assert queries.count(r'FROM "feedback_evaluator"') == 0, queries.common()
+    assert set(_values(warm)) == {"json"}  # no reference: regex and exact skip
+    Evaluator.objects.filter(name="off").update(
+        enabled=True, kind="json_schema", config={"schema": {"type": "number"}}
+    )
+    changed = finished_run()
+    assert _values(changed) == {"json": 0.0, "off": 1.0}
+    Evaluator.objects.filter(metric=correct).delete()
+    queries.clear()
+    gone = finished_run()
+    assert queries.count(r'FROM "feedback_evaluator"') == 1
+    assert _values(gone) == {}

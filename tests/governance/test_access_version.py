@@ -18,6 +18,7 @@ from django.test import Client
 from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.api.models import ApiKey
+from apps.feedback.models import Evaluator, Metric
 from apps.governance import services as gov_services
 from apps.governance.access_version import TRACKED_TABLES, AccessCache, read_stamp
 from apps.governance.models import Membership
@@ -78,6 +79,10 @@ def _touch_each_table(alpha: Any, solo: Any, key: ApiKey, user: Any) -> dict[str
         "policies_policyversion": lambda: PolicyVersion.objects.create(
             policy=Policy.objects.get(team=alpha), number=99, spec={}
         ),
+        "feedback_evaluator": lambda: Evaluator.objects.create(
+            team=alpha, name="e", metric=Metric.objects.filter(team=alpha).first(), kind="regex"
+        ),
+        "feedback_metric": lambda: Metric.objects.filter(team=alpha).update(description="d"),
     }
 
 
