@@ -283,19 +283,32 @@ def start_sequencer_thread(*, publish: bool) -> bool:
     return True
 
 
+def batch_pause(*, since_last_pass: float, window_s: float, gap_s: float) -> float:
+    """How long a woken sequencer waits before its pass: the window that lets concurrent commits
+    land in one batch, stretched so that passes start at least ``gap_s`` apart. An idle server
+    sequences a lone commit after the window; a busy one makes one pass per gap over everything
+    committed in it, instead of a pass (a transaction and its statements) per commit (issue #15)."""
+    return max(window_s, gap_s - since_last_pass)
+
+
 def _loop(publish: bool) -> None:
     poll_s = float(getattr(settings, "AUDIT_SEQUENCER_POLL_MS", 200)) / 1000
     window_s = float(getattr(settings, "AUDIT_SEQUENCER_WINDOW_MS", 5)) / 1000
+    gap_s = float(getattr(settings, "AUDIT_SEQUENCER_MIN_GAP_MS", 50)) / 1000
     sth_every = float(getattr(settings, "AUDIT_STH_INTERVAL_S", 60))
-    last_sth = time.monotonic()
+    last_sth = last_pass = time.monotonic()
     while True:
-        woke = _wake.wait(poll_s)
+        if _wake.wait(poll_s):
+            time.sleep(
+                batch_pause(since_last_pass=time.monotonic() - last_pass, window_s=window_s, gap_s=gap_s)
+            )
+        # Cleared after the pause: the commits that nudged during it are in this pass. One that
+        # nudges during the pass sets it again, so nothing waits for the poll.
         _wake.clear()
-        if woke:
-            time.sleep(window_s)  # let concurrent commits land in one batch
         publish_now = publish and time.monotonic() - last_sth >= sth_every
         if publish_now:
             last_sth = time.monotonic()
+        last_pass = time.monotonic()
         if not _tick(publish_sth=publish_now):
             time.sleep(1.0)
 

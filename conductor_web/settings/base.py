@@ -256,6 +256,8 @@ AUDIT_STH_PUBLISH_PATH = env.str("AUDIT_STH_PUBLISH_PATH", default=str(VAR_DIR /
 AUDIT_STH_INTERVAL_S = env.int("AUDIT_STH_INTERVAL_S", default=60)
 AUDIT_SEQUENCER_POLL_MS = env.int("AUDIT_SEQUENCER_POLL_MS", default=200)
 AUDIT_SEQUENCER_WINDOW_MS = env.int("AUDIT_SEQUENCER_WINDOW_MS", default=5)
+# Under load, passes start at least this far apart (each sequences everything committed since).
+AUDIT_SEQUENCER_MIN_GAP_MS = env.int("AUDIT_SEQUENCER_MIN_GAP_MS", default=50)
 CELERY_BEAT_SCHEDULE["audit-sth-publish"] = {
     "task": "apps.audit.tasks.audit_sth_publish",
     "schedule": float(AUDIT_STH_INTERVAL_S),

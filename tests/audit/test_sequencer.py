@@ -21,7 +21,7 @@ from apps.audit import merkle
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.proofs import load_tree
-from apps.audit.sequencer import _tick, audit_flush, sequencer_lag, sth_publish
+from apps.audit.sequencer import _tick, audit_flush, batch_pause, sequencer_lag, sth_publish
 from apps.audit.services import audit_checkpoint, audit_record, hmac_key
 from apps.audit.verify import verify_chain
 from conductor_web.executor_db import pooled
@@ -525,3 +525,15 @@ def test_the_sequencer_thread_keeps_its_connection_between_ticks() -> None:
         assert held_after_tick == [True] * 3  # kept between ticks
         assert mine == ["audit-sequencer-test"], opened  # one connection for all three ticks
     assert verify_chain(key=hmac_key()).ok
+
+
+def test_a_busy_sequencer_makes_one_pass_per_gap_and_an_idle_one_waits_only_the_window() -> None:
+    """Passes start at least AUDIT_SEQUENCER_MIN_GAP_MS apart under load (one transaction over
+    everything committed in the gap, not one per commit: issue #15); a lone commit on an idle
+    server waits only the window."""
+    window, gap = 0.005, 0.05
+    assert batch_pause(since_last_pass=10.0, window_s=window, gap_s=gap) == window  # idle
+    assert batch_pause(since_last_pass=0.0, window_s=window, gap_s=gap) == gap  # right after a pass
+    assert batch_pause(since_last_pass=0.02, window_s=window, gap_s=gap) == pytest.approx(0.03)
+    assert batch_pause(since_last_pass=0.049, window_s=window, gap_s=gap) == window
+    assert batch_pause(since_last_pass=0.0, window_s=window, gap_s=0) == window  # gap switched off
