@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 HOST ?= 127.0.0.1
 
-.PHONY: demo test lint format install install-dev install-local chromium migrate seed serve clean bench
+.PHONY: demo test lint format install install-dev install-local chromium migrate seed serve clean bench bench-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,11 @@ format: install-dev
 
 bench: install-dev
 	@echo "See bench/README.md: each benchmark is run by its own command."
+
+# The LiteLLM proxy that bench/gateway.py measures side by side, in a venv of its own: never a
+# runtime dependency of this project (the `bench` extra names the same requirement).
+bench-venv:
+	@[ -x .venv-bench/bin/litellm ] || { $(PYTHON) -m venv .venv-bench && .venv-bench/bin/pip install --quiet "$$(grep -o '"litellm\[proxy\][^"]*"' pyproject.toml | tr -d '"')"; }
 
 clean:
 	rm -rf $(VENV) var/*.sqlite3* var/staticfiles
