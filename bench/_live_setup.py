@@ -8,16 +8,43 @@ mode; in the distributed mode the PostgreSQL database DATABASE_URL names is drop
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
+_held: list[IO[str]] = []  # the work folder's lock, held for the life of this process
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` of a bench's child (daphne, Celery, LiteLLM): SIGTERM when the bench dies,
+    however it dies. A daphne left behind by a killed bench went on claiming queued runs from the
+    database the next bench recreated at the same path, and its CPU skewed that bench's figures
+    (bench/API.md, tenth pass)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _hold(work: Path) -> None:
+    """One live bench per work folder: a second one refuses to start instead of recreating the
+    database under the first."""
+    lock = (work / ".lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"another bench is running in {work}: wait for it (or stop it) first")
+    _held.append(lock)
+    # A plain SIGTERM (`timeout`, a CI stop) unwinds like Ctrl-C: the bench's own clean-up runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def prepare(*, mode: str, work: Path, name: str, sqlite_file: Path, extra_settings: str = "") -> None:
     work.mkdir(exist_ok=True)
+    _hold(work)
     (work / f"{name}_settings.py").write_text(
         "from conductor_web.settings.local import *  # noqa\n"
         "DEBUG = False\n"

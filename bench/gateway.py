@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _live_setup import prepare  # noqa: E402
+from _live_setup import die_with_parent, prepare  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -155,7 +155,13 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
         os.environ["WEB_PROCESSES"] = str(ARGS.processes)
         cmd = [sys.executable, "-m", "conductor_web.serve", "--host", "127.0.0.1", "--port", str(port)]
     procs = [
-        subprocess.Popen(cmd, cwd=ROOT, stdout=(WORK / "daphne.log").open("wb"), stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=(WORK / "daphne.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
     ]
     wait_port(port, procs[0], "daphne")
     if ARGS.mode == "distributed":
@@ -180,7 +186,11 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
             f"gwbench-{os.getpid()}@%h",
         ]
         log = (WORK / "celery.log").open("wb")
-        procs.append(subprocess.Popen(celery, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                celery, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            )
+        )
         time.sleep(4)  # the worker logs nothing at -l warning; give it time to connect
     return f"http://127.0.0.1:{port}", procs
 
@@ -220,6 +230,7 @@ def start_litellm(upstream: str) -> tuple[str, subprocess.Popen[bytes]] | None:
         stdout=(WORK / "litellm.log").open("wb"),
         stderr=subprocess.STDOUT,
         env=env,
+        preexec_fn=die_with_parent,
     )
     wait_port(port, proc, "litellm")
     return f"http://127.0.0.1:{port}", proc
