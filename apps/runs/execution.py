@@ -18,6 +18,7 @@ continue the run's `seq`, so websocket clients lose nothing and see nothing twic
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
 import os
 import socket
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -315,10 +317,11 @@ def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> 
     owner = executor_id()
     cancel = DbCancelToken(run_id, owner=owner, claimed=True)
     finished: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None
     _track(str(run_id), True)
     try:
         try:
-            finished = _drive_engine(run_id, cancel, run=run)
+            finished, verdict = _drive_engine(run_id, cancel, run=run)
         except Exception as exc:
             if not _still_owner(run_id, owner):
                 return None
@@ -334,6 +337,10 @@ def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> 
             run_finish_externally(
                 run_id=run_id, status=RunStatus.FAILED, reason="internal_error", error=message
             )
+        if run is not None and verdict is not None and finished is not None and not cancel.lease_lost:
+            # The sink stored the verdict under this attempt's lease (its fence): the run as it
+            # ended is the row it came as plus that verdict, with no read back (issue #15).
+            return ended_as_stored(run, verdict, finished)
         ended = final.filter(pk=run_id).first()
         if cancel.lease_lost or ended is None or ended.lease_owner != owner:
             logger.warning("run %s: lease lost to another executor; this attempt's outcome dropped", run_id)
@@ -356,15 +363,28 @@ def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> 
         _track(str(run_id), False)
 
 
+def ended_as_stored(run: Run, verdict: dict[str, Any], finished: dict[str, Any]) -> Run:
+    """A copy of ``run`` with the columns its sink's run.finished wrote, as the database gives
+    them back (a cost with the column's decimal places), and the ending's data."""
+    ended = copy.copy(run)
+    for name, value in verdict.items():
+        setattr(ended, name, value)
+    if isinstance(ended.cost_usd, Decimal):
+        places = Run._meta.get_field("cost_usd").decimal_places  # type: ignore[union-attr]
+        ended.cost_usd = ended.cost_usd.quantize(Decimal(1).scaleb(-int(places)))
+    ended.finished_data = finished
+    return ended
+
+
 def _still_owner(run_id: UUID | str, owner: str) -> bool:
     return Run.objects.filter(pk=run_id, lease_owner=owner).exists()
 
 
 def _drive_engine(
     run_id: UUID | str, cancel: DbCancelToken | None = None, run: Run | None = None
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Run the engine with the run's pool, policy and sink; the ``run.finished`` data the sink
-    stored, if it stored it."""
+    stored, if it stored it, and the verdict it wrote to the run row (``RunSink.verdict``)."""
     # The access version comes with the run: pool rows and policy from this process's cache
     # while it is current (apps.governance.access_version). An inline run arrives as run_create
     # stored it, with the stamp its request read.
@@ -418,7 +438,7 @@ def _drive_engine(
         generation=generation_for(run),
     )
     sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try
-    return sink.finished_data
+    return sink.finished_data, sink.verdict
 
 
 def _replay_question(run: Run) -> str:

@@ -226,6 +226,11 @@ class RunSink:
         self._planned: dict[int, dict[str, Any]] = {}
         self.finished = False
         self.finished_data: dict[str, Any] | None = None
+        # What this sink's run.finished wrote to the run row (its verdict and totals), once
+        # committed; None when it wrote none (a sweep ended the run first) or when the run end
+        # changed the row otherwise too (a review request): then the row must be read.
+        self.verdict: dict[str, Any] | None = None
+        self._staged_verdict: dict[str, Any] | None = None
         self.owner = owner
         # An attempt re-queued and claimed again by this same process has the same owner id: the
         # attempt number tells the stale one (still running after its lease expired) apart.
@@ -405,6 +410,8 @@ class RunSink:
             # As it was stored (a JSON round trip): what a caller on this thread answers with,
             # without reading it back (apps.runs.execution.execute_here).
             self.finished_data = json.loads(json.dumps(batch[-1]["data"]))
+            if self._staged_verdict is not None:
+                self.verdict = {**self._staged_verdict, "last_seq": batch[-1]["seq"]}
 
     def _prepare(self, event: dict[str, Any]) -> None:
         """What the sink adds to an engine event when it is buffered (once per stored event)."""
@@ -657,13 +664,15 @@ class RunSink:
                 "totals": totals,
             },
         )
+        self._staged_verdict = None
         if ended:
             # The resume journal is done with (and holds output).
             if self.journal is not None:
                 self.journal.forget()
             else:
                 forget_calls(self.run_id)
-            self._queue_for_review()
+            if not self._queue_for_review():
+                self._staged_verdict = updates
 
     def _on_run_awaiting_approval(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         """The plan waits for an approver: the run pauses (lease given back, journal kept)."""
@@ -676,15 +685,19 @@ class RunSink:
             data=data,
         )
 
-    def _queue_for_review(self) -> None:
-        """warn / require_review guardrails put the run in the review queue; others may be sampled."""
+    def _queue_for_review(self) -> bool:
+        """warn / require_review guardrails put the run in the review queue; others may be
+        sampled. True when the run row may have been changed for it."""
         review_flags = [flag for flag in self.flags if flag in REVIEW_FLAGS]
         if review_flags:
             review_request(
                 run=Run.objects.get(pk=self.run_id), reason="guardrail", details={"flags": review_flags}
             )
-        elif review_sample_rate() > 0:  # most deployments sample nothing: no read then
+            return True
+        if review_sample_rate() > 0:  # most deployments sample nothing: no read then
             maybe_sample_for_review(Run.objects.get(pk=self.run_id))
+            return True
+        return False
 
 
 def _counters(batch: list[dict[str, Any]]) -> dict[str, Any]:

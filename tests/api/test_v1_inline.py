@@ -176,3 +176,57 @@ def test_an_accepted_inline_run_outlives_the_process_that_accepted_it(
     ended = run_wait(run.id, timeout_s=20)
     assert (ended.status, ended.attempts) == (RunStatus.SUCCEEDED, 2)
     assert ended.answer.strip() == "42"
+
+
+# Columns an inline run's in-memory ending may differ in from its row: the lease keeper renews
+# the lease while the run executes, and nothing a /v1 answer says comes from it.
+NOT_ANSWERED_FROM = {"lease_expires_at"}
+
+
+def _as_read(run: Run) -> dict[str, Any]:
+    return {
+        f.attname: getattr(run, f.attname)
+        for f in Run._meta.concrete_fields
+        if f.attname not in NOT_ANSWERED_FROM
+    }
+
+
+def test_an_inline_runs_ending_is_its_row_as_stored_without_a_read_back(
+    solo: Any, team_admin: Any, alpha: Any, inline: Any, queries: Queries
+) -> None:
+    """The sink stored the verdict under the run's lease: the ending a /v1 caller is answered from
+    is built from it, with no read of the run afterwards (issue #15), and equals the row."""
+    run = run_create(
+        actor=team_admin, team=alpha, pool=solo, question="What is 6*7?", strategy="single", execute_here=True
+    )
+    queries.clear()
+    ended = execution.execute_here(run)
+    assert ended is not None and ended.status == RunStatus.SUCCEEDED
+    assert queries.count(r'^SELECT "runs_run"."id", ') == 0, queries.common()  # no full-row read back
+    assert _as_read(ended) == _as_read(Run.objects.get(pk=run.id))
+    assert str(ended.cost_usd) == str(Run.objects.get(pk=run.id).cost_usd)  # as the column gives it
+    assert ended.finished_data is not None and ended.finished_data["status"] == "succeeded"
+    assert ended is not run and run.status == RunStatus.RUNNING  # the accepted row is left as it was
+
+
+def test_a_run_end_that_asks_for_a_review_is_read_back(
+    solo: Any, team_admin: Any, alpha: Any, inline: Any, queries: Queries
+) -> None:
+    """A warn guardrail puts the run in the review queue at its end, which changes the row beyond
+    the verdict: the ending is read, so it shows the review state."""
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, {"guardrails": {"input": {"pii": {"enabled": True, "action": "warn"}}}})
+    run = run_create(
+        actor=team_admin,
+        team=alpha,
+        pool=solo,
+        question="Mail ada@example.com: what is 6*7?",
+        strategy="single",
+        execute_here=True,
+    )
+    ended = execution.execute_here(run)
+    assert ended is not None and ended.status == RunStatus.SUCCEEDED
+    stored = Run.objects.get(pk=run.id)
+    assert stored.review_status != ""
+    assert _as_read(ended) == _as_read(stored)
