@@ -82,10 +82,6 @@ def on_batch(views: Sequence[RunEventView]) -> None:
     bumps.flush()
 
 
-def on_event(view: RunEventView) -> None:
-    on_batch((view,))
-
-
 def _add(bumps: Bumps, view: RunEventView) -> None:
     ttft_ms = _note_first_token(view) if view.type in ("run.started", "step.delta", "run.finished") else None
     handler = _HANDLERS.get(view.type)

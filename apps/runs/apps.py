@@ -19,8 +19,10 @@ class RunsConfig(AppConfig):
         install_audit_port()
         install_policy_ports()  # run history and workers for policies (below runs)
         install_approval_hooks()  # held plans: the sink pauses them, the sweep expires them
-        # The engine keeps its provider-call threads: one must not keep a connection it opened
-        # (a journal flush or a delta's batch from that thread), as a thread that ended would not.
+        # The engine keeps its provider-call threads: one must not keep a connection it opened,
+        # as a thread that ended would not. The sink already closes after each batch it stores
+        # from such a thread (a pooled slot is not held through a provider wait); this covers
+        # any other database use there.
         set_task_cleanup(connections.close_all)
 
         # Held answers (issue 13): a review decision reaches the run's live viewers.

@@ -15,7 +15,7 @@ from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
-from apps.insights.rollup import hour_of, on_event
+from apps.insights.rollup import hour_of, on_batch
 from apps.insights.upsert import Bumps
 from apps.runs.observers import RunEventView
 from tests.factories.audit import make_pool
@@ -37,11 +37,11 @@ def test_one_event_is_one_statement_per_rollup_table(alpha: Any) -> None:
         "latency_ms": 120.0,
     }
     with CaptureQueriesContext(connection) as queries:
-        on_event(_view(alpha, pool, "step.finished", step))
+        on_batch([_view(alpha, pool, "step.finished", step)])
     # Worker row + its latency bucket, each per hour and per day: two statements, no reads.
     assert len(queries) == 2, [q["sql"] for q in queries]
     assert all(q["sql"].startswith("INSERT") and "ON CONFLICT" in q["sql"] for q in queries)
-    on_event(_view(alpha, pool, "step.finished", {**step, "status": "failed", "latency_ms": 80.0}))
+    on_batch([_view(alpha, pool, "step.finished", {**step, "status": "failed", "latency_ms": 80.0})])
     for grain in (HOUR, DAY):
         row = Rollup.objects.get(grain=grain, worker_key="solver")
         assert (row.steps, row.steps_failed, row.input_tokens, row.output_tokens) == (2, 1, 60, 14)
@@ -56,11 +56,34 @@ def test_guardrail_checks_of_one_rule_merge_into_one_row(alpha: Any) -> None:
     check = {"name": "pii", "stage": "input", "status": "intervened", "action": "redact"}
     # The same rule twice in one event: merged before the statement (PostgreSQL refuses an upsert
     # that touches one row twice).
-    on_event(_view(alpha, pool, "guardrail.checked", {"stage": "input", "checks": [check, check]}))
+    on_batch([_view(alpha, pool, "guardrail.checked", {"stage": "input", "checks": [check, check]})])
     assert list(GuardrailRollup.objects.order_by("grain").values_list("grain", "count")) == [
         (DAY, 2),
         (HOUR, 2),
     ]
+
+
+@pytest.mark.django_db
+def test_a_batch_of_events_is_one_statement_per_table_with_every_addition(alpha: Any) -> None:
+    """The events of one step boundary that add to the same rows (two steps of one worker, two
+    checks of one rule) go in together: one upsert per table, the sums of both (issue #15)."""
+    pool = make_pool(alpha)
+    step = {"status": "succeeded", "worker_key": "solver", "usage": {"input_tokens": 30}, "latency_ms": 120.0}
+    check = {"name": "pii", "stage": "output", "status": "passed", "action": ""}
+    batch = [
+        _view(alpha, pool, "step.finished", step),
+        _view(alpha, pool, "step.finished", {**step, "latency_ms": 80.0}),
+        _view(alpha, pool, "guardrail.checked", {"stage": "output", "checks": [check]}),
+        _view(alpha, pool, "guardrail.checked", {"stage": "output", "checks": [check]}),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        on_batch(batch)
+    tables = sorted(q["sql"].split('"')[1] for q in queries)
+    assert tables == ["insights_guardrailrollup", "insights_histogramrollup", "insights_rollup"], tables
+    for grain in (HOUR, DAY):
+        row = Rollup.objects.get(grain=grain, worker_key="solver")
+        assert (row.steps, row.input_tokens, row.latency_ms_sum, row.latency_count) == (2, 60, 200.0, 2)
+        assert GuardrailRollup.objects.get(grain=grain).count == 2
 
 
 WRITES = 60
