@@ -15,15 +15,18 @@ cannot grant. This module is the only place that narrowing happens.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from apps.api.models import ApiKey, ApiScope
 from apps.audit.models import AuditEvent
 from apps.governance import selectors as gov
 from apps.governance.access_version import stamp_expression
-from apps.governance.models import Membership, Role
+from apps.governance.models import Membership, Role, Team
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import Policy
 from apps.runs.models import Run
@@ -31,6 +34,7 @@ from apps.workers.models import Pool
 from apps.workers.querysets import PoolQuerySet
 from apps.workers.selectors import providers_visible_to, workers_visible_to
 from apps.workers.visibility import pools_granted_to
+from conductor_web.compiled import CompiledRead
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
 
@@ -214,6 +218,43 @@ def api_keys_for(user: Any, key: ApiKey | None) -> QuerySet[ApiKey]:
     return ApiKey.objects.filter(team__in=teams_managed_for(user, key)).select_related("team", "created_by")
 
 
+def _key_query(vendor: str, prefix: str) -> QuerySet[Any]:
+    member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
+    return (
+        ApiKey.objects.annotate(
+            in_team=Exists(member),
+            member_role=Subquery(member.values("role")[:1]),
+            # Read with the key, so cached access answers cost no query (access_version).
+            access_stamp=stamp_expression(),
+        )
+        .filter(prefix=prefix)
+        .order_by("pk")
+        .values_list(*_key_columns().lookups)[:1]
+    )
+
+
+class _KeyColumns:
+    """The columns of the key read: the key's, its team's and its principal's (as select_related
+    would join them), then the three annotations."""
+
+    def __init__(self) -> None:
+        self.models = (ApiKey, Team, get_user_model())
+        self.names = [[f.attname for f in model._meta.concrete_fields] for model in self.models]
+        key, team, user = self.names
+        self.lookups = [*key, *(f"team__{n}" for n in team), *(f"created_by__{n}" for n in user)]
+        self.lookups += ["in_team", "member_role", "access_stamp"]
+
+
+@cache
+def _key_columns() -> _KeyColumns:
+    return _KeyColumns()  # the user model is known only once the apps are loaded
+
+
+# Every /v1 request reads its key: compiled once per process, the read costs its statement and
+# the rows' conversion, not a queryset built and compiled each time (issue #15).
+_KEY_READ = CompiledRead(_key_query, placeholders=1)
+
+
 def key_for_prefix(prefix: str) -> ApiKey | None:
     """The key of ``prefix`` with its team and principal, and ``in_team``: whether the principal
     is still a member of the key's team, all in one query.
@@ -222,20 +263,29 @@ def key_for_prefix(prefix: str) -> ApiKey | None:
     deactivated principal or a left team must stop the key at once in every daphne process and
     Celery worker, and with no shared cache only the database knows that. One indexed query is
     what that costs (it was two)."""
-    member = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=OuterRef("created_by_id"))
-    key = (
-        ApiKey.objects.select_related("team", "created_by")
-        .annotate(
-            in_team=Exists(member),
-            member_role=Subquery(member.values("role")[:1]),
-            # Read with the key, so cached access answers cost no query (access_version).
-            access_stamp=stamp_expression(),
-        )
-        .filter(prefix=prefix)
-        .first()
+    rows = _KEY_READ.rows(prefix)
+    if not rows:
+        return None
+    row, columns = rows[0], _key_columns()
+    key_names, team_names, user_names = columns.names
+    at = len(key_names)
+    key = ApiKey.from_db(DEFAULT_DB_ALIAS, key_names, row[:at])
+    team = Team.from_db(DEFAULT_DB_ALIAS, team_names, row[at : at + len(team_names)])
+    at += len(team_names)
+    user_values = row[at : at + len(user_names)]
+    at += len(user_names)
+    # The principal is a LEFT JOIN: a key whose creator is gone has none.
+    creator = (
+        None
+        if user_values[0] is None
+        else columns.models[2].from_db(DEFAULT_DB_ALIAS, user_names, user_values)
     )
-    if key is not None and key.created_by is not None:
+    key.in_team, key.member_role, key.access_stamp = row[at:]  # type: ignore[attr-defined]
+    # As select_related leaves them: the team and principal come with the key, no query of their own.
+    ApiKey._meta.get_field("team").set_cached_value(key, team)  # type: ignore[union-attr]
+    ApiKey._meta.get_field("created_by").set_cached_value(key, creator)  # type: ignore[union-attr]
+    if creator is not None:
         # The principal's role in the key's team, read in the same query: creator_role (the cap
         # on the key's scopes) needs no read of its own this request (issue #15).
-        key.created_by._key_team_role = (key.team_id, key.member_role)  # type: ignore[attr-defined]
+        creator._key_team_role = (key.team_id, key.member_role)  # type: ignore[attr-defined]
     return key

@@ -16,6 +16,7 @@ import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DEFAULT_DB_ALIAS, models, transaction
+from django.db.models import Field
 from django.db.models.base import ModelState
 from django.utils import timezone
 
@@ -120,50 +121,60 @@ _INSERT_ONE_SQL = (
     + ", '', '', '') RETURNING id"
 )
 
+# The model fields of _INSERT_COLUMNS less the payload, whose JSON text the caller has made.
+_INSERT_FIELDS: list[Field[Any, Any]] = [
+    AuditEvent._meta.get_field(column)  # type: ignore[misc]
+    for column, _ in _INSERT_COLUMNS
+    if column != "payload"
+]
+_SQLITE_INSERT_HEAD = (
+    f'INSERT INTO "{AuditEvent._meta.db_table}" '  # noqa: S608 - constant identifiers only
+    f"({', '.join(c for c, _ in _INSERT_COLUMNS)}, prev_digest, leaf_hash, colmac) VALUES "
+)
+_SQLITE_ROW = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + ", '', '', '')"
+# Rows per statement: 15 values each stays far under SQLite's bound-variable limit.
+_SQLITE_ROWS = 500
+
 
 def _insert(events: list[tuple[AuditEvent, str]], using: str) -> None:
     """INSERT ``events`` (each with its payload's JSON text) in order; sets their ``pk``.
 
-    PostgreSQL: one statement whatever the count, column arrays bound in binary on a server-binding
-    cursor (the ORM's per-field compilation and client-side quoting cost more than the row's whole
-    server work). The SQL text is constant, so the server parses it once per connection.
+    One statement with a constant SQL text, not the ORM's per-field compilation (which cost more
+    than the row's whole work in the database). PostgreSQL: column arrays bound in binary on a
+    server-binding cursor, so the server parses the text once per connection. SQLite: one
+    multi-row VALUES, each value prepared by its field as ``bulk_create`` would.
     """
     conn = transaction.get_connection(using)
-    if conn.vendor != "postgresql":
-        if len(events) == 1:
-            events[0][0].save(force_insert=True, using=using)
-        else:
-            AuditEvent.objects.using(using).bulk_create([event for event, _ in events])
-        return
+    pg = conn.vendor == "postgresql"
     rows = []
     for event, payload_json in events:
-        rows.append(
-            (  # in _INSERT_COLUMNS order
-                event.created_at,
-                event.event_type,
-                event.kind,
-                event.actor_id,
-                event.actor_label,
-                event.api_key_id,
-                event.ip,
-                event.user_agent,
-                event.team_id,
-                event.object_type,
-                event.object_id,
-                event.object_repr,
-                event.run_id,
-                event.policy_version_id,
-                payload_json,
-            )
-        )
+        if pg:
+            rows.append((*(getattr(event, field.attname) for field in _INSERT_FIELDS), payload_json))
+        else:
+            values = [field.get_db_prep_save(getattr(event, field.attname), conn) for field in _INSERT_FIELDS]
+            values.append(payload_json)
+            rows.append(tuple(values))
     conn.ensure_connection()
     try:
-        with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cur:
-            if len(rows) == 1:
-                cur.execute(_INSERT_ONE_SQL, rows[0], prepare=True)
+        with conn.wrap_database_errors:
+            if pg:
+                with psycopg.Cursor(conn.connection) as cur:
+                    if len(rows) == 1:
+                        cur.execute(_INSERT_ONE_SQL, rows[0], prepare=True)
+                    else:
+                        cur.execute(
+                            _INSERT_SQL, [list(column) for column in zip(*rows, strict=True)], prepare=True
+                        )
+                    ids = sorted(row[0] for row in cur.fetchall())
             else:
-                cur.execute(_INSERT_SQL, [list(column) for column in zip(*rows, strict=True)], prepare=True)
-            ids = sorted(row[0] for row in cur.fetchall())
+                ids = []
+                for start in range(0, len(rows), _SQLITE_ROWS):
+                    chunk = rows[start : start + _SQLITE_ROWS]
+                    sql = _SQLITE_INSERT_HEAD + ", ".join([_SQLITE_ROW] * len(chunk)) + " RETURNING id"
+                    with conn.cursor() as cur:
+                        cur.execute(sql, [value for row in chunk for value in row])
+                        # SQLite hands out rowids in insert order; RETURNING's order is unspecified.
+                        ids.extend(sorted(row[0] for row in cur.fetchall()))
     except BaseException:
         # As atomic(savepoint=False) would: a change whose record failed must not commit, even
         # if the caller catches the error.
@@ -172,7 +183,7 @@ def _insert(events: list[tuple[AuditEvent, str]], using: str) -> None:
         raise
     if len(ids) != len(events):
         raise RuntimeError(f"audit insert: {len(ids)} of {len(events)} rows written")
-    # nextval follows the SELECT's order, so ascending ids are the events in call order.
+    # PostgreSQL: nextval follows the SELECT's order, so ascending ids are the events in call order.
     for (event, _), pk in zip(events, ids, strict=True):
         event.pk = pk
         event._state.adding = False

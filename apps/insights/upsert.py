@@ -31,6 +31,14 @@ def _shape(model: type[Model]) -> tuple[list[Field[Any, Any]], list[Field[Any, A
     return keys, counters  # type: ignore[return-value]
 
 
+@cache
+def _zeros(model: type[Model], vendor: str) -> list[Any]:
+    """Each counter's default as the database takes it: most counters of a row add nothing, and
+    preparing their zeros again for every row (a Decimal's quantize, say) cost more than the rest
+    of the upsert."""
+    return [field.get_db_prep_save(field.get_default(), connection) for field in _shape(model)[1]]
+
+
 def key_of(values: Mapping[str, Any]) -> Key:
     return tuple(sorted(values.items()))
 
@@ -47,6 +55,7 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     unknown = set(used) - {f.name for f in counters}
     if unknown:
         raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
+    zeros = _zeros(model, connection.vendor)
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     columns = [*keys, *counters]
@@ -57,9 +66,9 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
         for field in keys:
             value = named[field.attname] if field.attname in named else named[field.name]
             params.append(field.get_db_prep_save(value, connection))
-        for field in counters:
-            value = amounts.get(field.name, field.get_default())
-            params.append(field.get_db_prep_save(value, connection))
+        for field, zero in zip(counters, zeros, strict=True):
+            value = amounts.get(field.name)
+            params.append(zero if value is None else field.get_db_prep_save(value, connection))
     one = "(" + ", ".join(["%s"] * len(columns)) + ")"
     by_name = {f.name: str(f.column) for f in counters}
     adds = ", ".join(f"{qn(c)} = {table}.{qn(c)} + EXCLUDED.{qn(c)}" for c in (by_name[n] for n in used))

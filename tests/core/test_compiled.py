@@ -1,0 +1,116 @@
+"""Statements compiled once per process (conductor_web.compiled, issue #15): the same values as the
+queryset they stand for, on both backends, and the queryset built only once."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from apps.audit.events import AuditEventType
+from apps.audit.models import AuditChainHead
+from apps.audit.sequencer import _HEAD, _PENDING, _pending_query
+from apps.audit.services import audit_record
+from apps.runs.models import RunEvent, Step
+from conductor_web.compiled import CompiledInsert, CompiledRead, CompiledUpdate
+from tests.factories.audit import make_run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_compiled_read_returns_what_its_queryset_returns_and_is_built_once() -> None:
+    with transaction.atomic():
+        for i in range(3):
+            audit_record(
+                event_type=AuditEventType.TEAM_UPDATED,
+                payload={"i": i, "nested": {"list": [1, "two"]}, "text": "é ✓"},
+                run_id=uuid.uuid4(),
+            )
+    built: list[str] = []
+
+    def build(vendor: str) -> Any:
+        built.append(vendor)
+        return _pending_query(vendor)
+
+    read = CompiledRead(build)
+    with transaction.atomic():
+        expected = list(_pending_query(connection.vendor))
+        first = read.rows()
+        second = read.rows()
+    assert len(expected) >= 3
+    # Converted as the ORM converts: aware datetimes, parsed JSON, the same Python types.
+    assert first == second == [tuple(row) for row in expected]
+    assert isinstance(first[0][1], datetime) and first[0][1].tzinfo is not None
+    payloads = [row[-2 if _vendor() == "postgresql" else -1] for row in first]
+    assert any(
+        p.get("i") == 0 and p.get("nested") == {"list": [1, "two"]} and p.get("text") == "é ✓"
+        for p in payloads
+    )
+    assert built == [_vendor()], "the queryset was built again for a later call"
+
+
+def test_the_sequencers_head_read_and_update_match_the_orm() -> None:
+    AuditChainHead.objects.get_or_create(pk=1)
+    when = datetime(2026, 11, 26, 12, 30, 15, 123456, tzinfo=UTC)
+    frontier = [[4, "ab" * 32], [1, "cd" * 32]]
+    update = CompiledUpdate(AuditChainHead, ("seq", "digest", "created_at", "frontier", "sequenced_at"))
+    with transaction.atomic():
+        changed = update.execute(1, (41, "e" * 64, when, frontier, when))
+        read_back = _HEAD.rows()
+    assert changed == 1
+    head = AuditChainHead.objects.get(pk=1)
+    assert (head.seq, head.digest, head.created_at, head.frontier, head.sequenced_at) == (
+        41,
+        "e" * 64,
+        when,
+        frontier,
+        when,
+    )
+    assert read_back == [(41, "e" * 64, when, frontier)]
+    # The pending read is the one the pass uses: the sequencer's own compiled statement.
+    with transaction.atomic():
+        assert _PENDING.rows() == [tuple(r) for r in _pending_query(_vendor())]
+
+
+def test_an_update_of_a_missing_row_changes_nothing() -> None:
+    AuditChainHead.objects.filter(pk=2).delete()
+    update = CompiledUpdate(AuditChainHead, ("seq",))
+    with transaction.atomic():
+        assert update.execute(2, (5,)) == 0
+    assert not AuditChainHead.objects.filter(pk=2).exists()
+
+
+def _vendor() -> str:
+    return connection.vendor
+
+
+def test_a_compiled_insert_stores_what_bulk_create_would(alpha: Any) -> None:
+    run = make_run(alpha)
+    before = timezone.now()
+    data = [{"n": 1, "text": "é ✓", "nested": {"a": [1, 2]}}, {}, {"usage": {"cost_usd": "0.000120"}}]
+    events = [RunEvent(run_id=run.pk, seq=i + 1, type="step.delta", data=d) for i, d in enumerate(data)]
+    with transaction.atomic():
+        CompiledInsert(RunEvent).execute(events)
+    stored = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    assert [(e.seq, e.type, e.data) for e in stored] == [(i + 1, "step.delta", d) for i, d in enumerate(data)]
+    # auto_now_add was applied as the ORM applies it, to the row and to the instance.
+    assert all(before <= e.created_at <= timezone.now() for e in stored)
+    assert [e.created_at for e in stored] == [e.created_at for e in events]
+    # A step with its defaults and JSON columns, as Step.objects.create would store it.
+    step = Step(
+        run_id=run.pk, index=0, worker_key="w", access=["q"], messages=[{"role": "user", "content": "Q"}]
+    )
+    with transaction.atomic():
+        CompiledInsert(Step).execute([step])
+    row = Step.objects.get(run=run, index=0)
+    for field in Step._meta.concrete_fields:
+        if not field.primary_key:
+            assert getattr(row, field.attname) == getattr(step, field.attname), field.name
+    # A duplicate (run, seq) is the database's IntegrityError, as bulk_create raised it.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CompiledInsert(RunEvent).execute([RunEvent(run_id=run.pk, seq=1, type="x", data={})])
+    assert RunEvent.objects.filter(run=run).count() == 3
