@@ -6,17 +6,18 @@ same shape (the audit sequencer's pending rows and its head, every few milliseco
 the first time, and later calls send that SQL and convert the columns with the converters Django
 chose for them, so values come back exactly as the queryset would return them.
 
-A per-call value goes in through a placeholder: the queryset is built once with a unique marker
-string where the value goes, and each call puts its value where the marker landed among the
-compiled parameters. Only a string compared as it is (a ``CharField`` lookup) can be a
-placeholder: its prepared value is the string itself. Anything else stays an ordinary queryset.
+A per-call value goes in through a placeholder, named by the model field it is compared with: the
+queryset is built once with a unique marker value where the value goes, and each call puts its
+value, prepared by that field as a lookup would prepare it, where the marker landed among the
+compiled parameters. Only an exact comparison with a text, UUID or integer field can be a
+placeholder; anything else stays an ordinary queryset.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,17 +35,31 @@ class _Compiled:
     slots: tuple[int, ...] = ()
 
 
-class CompiledRead:
-    """A ``values_list`` queryset of fixed shape: ``rows(*values)`` returns what ``list(queryset)``
-    would with those values in the placeholders.
+def _marker(field: Field[Any, Any]) -> Any:
+    """A value no real row or other parameter has, of the field's type."""
+    kind = field.get_internal_type()
+    if kind == "UUIDField":
+        return uuid.uuid4()
+    if kind in ("CharField", "TextField", "SlugField"):
+        return f"\x00compiled-placeholder-{uuid.uuid4().hex}"
+    if "Integer" in kind or "AutoField" in kind:
+        return (uuid.uuid4().int >> 68) | (1 << 59)  # a large positive value, unique in practice
+    raise TypeError(f"a {kind} cannot be a placeholder")
 
-    ``build(vendor, *placeholders)`` returns the queryset; it is called once per database alias
-    and vendor, with ``placeholders`` marker strings (one per value ``rows`` will be given).
+
+class CompiledRead:
+    """A ``values_list`` (or ``values``) queryset of fixed shape: ``rows(*values)`` returns the
+    tuples ``list(queryset.values_list(...))`` would with those values in the placeholders.
+
+    ``build(vendor, *markers)`` returns the queryset; it is called once per database alias and
+    vendor, with one marker per field of ``placeholders`` (to use where ``rows`` puts its values).
     """
 
-    def __init__(self, build: Callable[..., QuerySet[Any]], placeholders: int = 0) -> None:
+    def __init__(
+        self, build: Callable[..., QuerySet[Any]], placeholders: Sequence[Field[Any, Any]] = ()
+    ) -> None:
         self._build = build
-        self._placeholders = placeholders
+        self._placeholders = list(placeholders)
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
 
@@ -56,35 +71,34 @@ class CompiledRead:
             with self._lock:
                 compiled = self._compiled.get(cache_key)
                 if compiled is None:
-                    markers = [
-                        f"\x00compiled-placeholder-{i}-{uuid.uuid4().hex}" for i in range(self._placeholders)
-                    ]
+                    markers = [_marker(field) for field in self._placeholders]
                     queryset = self._build(conn.vendor, *markers)
                     compiler = queryset.query.get_compiler(using=using)
                     sql, params = compiler.as_sql()
                     slots = []
-                    for marker in markers:
-                        found = [i for i, value in enumerate(params) if value == marker]
-                        if len(found) != 1:  # the value was transformed or used twice: not a placeholder
-                            raise ValueError(f"placeholder used {len(found)} times as a parameter")
+                    for field, marker in zip(self._placeholders, markers, strict=True):
+                        prepared = field.get_db_prep_value(marker, conn)
+                        found = [i for i, value in enumerate(params) if value == prepared]
+                        if len(found) != 1:  # transformed or used twice: not a plain comparison
+                            raise ValueError(
+                                f"placeholder for {field} found {len(found)} times among the parameters"
+                            )
                         slots.append(found[0])
                     columns = [col for col, _, _ in compiler.select[: compiler.col_count]]
                     compiled = _Compiled(sql, tuple(params), compiler.get_converters(columns), tuple(slots))
                     self._compiled[cache_key] = compiled
         return compiled
 
-    def rows(self, *values: str, using: str = DEFAULT_DB_ALIAS) -> list[tuple[Any, ...]]:
-        if len(values) != self._placeholders:
-            raise TypeError(f"{self._placeholders} values expected, {len(values)} given")
+    def rows(self, *values: Any, using: str = DEFAULT_DB_ALIAS) -> list[tuple[Any, ...]]:
+        if len(values) != len(self._placeholders):
+            raise TypeError(f"{len(self._placeholders)} values expected, {len(values)} given")
         compiled = self._compile(using)
+        conn = connections[using]
         params: Sequence[Any] = compiled.params
         if values:
             params = list(params)
-            for slot, value in zip(compiled.slots, values, strict=True):
-                if not isinstance(value, str):
-                    raise TypeError(f"a placeholder takes a string, not {type(value).__name__}")
-                params[slot] = value
-        conn = connections[using]
+            for slot, field, value in zip(compiled.slots, self._placeholders, values, strict=True):
+                params[slot] = field.get_db_prep_value(value, conn)
         with conn.cursor() as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
@@ -107,13 +121,30 @@ class CompiledRead:
 
 
 class CompiledUpdate:
-    """``UPDATE <table> SET <fields> WHERE <pk> = %s`` for one model, the values prepared by
-    each field as ``QuerySet.update`` would (``get_db_prep_save``). Returns the rows changed."""
+    """``UPDATE <table> SET <fields> WHERE <key> = %s [AND ...]`` for one model: the values prepared
+    by each field as ``QuerySet.update`` would (``get_db_prep_save``), the key's by its fields as
+    an exact lookup would. ``where`` names the key's fields (the primary key by default);
+    ``only_if`` adds fixed ``field IN (values)`` conditions.
+    ``execute`` returns the rows changed."""
 
-    def __init__(self, model: type[Model], field_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        model: type[Model],
+        field_names: Sequence[str],
+        where: Sequence[str] = ("pk",),
+        only_if: Mapping[str, Sequence[Any]] | None = None,
+    ) -> None:
         meta = model._meta
+        # Fixed conditions: field IN (constant values), e.g. a run still queued or running.
+        self._only_if: list[tuple[Field[Any, Any], list[Any]]] = [
+            (meta.get_field(name), list(values))  # type: ignore[misc]
+            for name, values in (only_if or {}).items()
+        ]
         self._fields: list[Field[Any, Any]] = [meta.get_field(name) for name in field_names]  # type: ignore[misc]
-        self._pk: Field[Any, Any] = meta.pk  # type: ignore[assignment]
+        self._where: list[Field[Any, Any]] = [
+            meta.pk if name == "pk" else meta.get_field(name)  # type: ignore[misc]
+            for name in where
+        ]
         self._model = model
         self._sql: dict[str, str] = {}
 
@@ -122,15 +153,22 @@ class CompiledUpdate:
         if sql is None:
             qn = connections[using].ops.quote_name
             sets = ", ".join(f"{qn(str(f.column))} = %s" for f in self._fields)
+            where = " AND ".join(
+                [f"{qn(str(f.column))} = %s" for f in self._where]
+                + [f"{qn(str(f.column))} IN ({', '.join(['%s'] * len(v))})" for f, v in self._only_if]
+            )
             # Identifiers from model metadata (quoted); every value is a parameter.
-            sql = f"UPDATE {qn(self._model._meta.db_table)} SET {sets} WHERE {qn(str(self._pk.column))} = %s"  # noqa: S608
+            sql = f"UPDATE {qn(self._model._meta.db_table)} SET {sets} WHERE {where}"  # noqa: S608
             self._sql[using] = sql
         return sql
 
-    def execute(self, pk: Any, values: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> int:
+    def execute(self, key: Any, values: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> int:
+        """``key``: the value of the one ``where`` field, or a tuple of one value per field."""
         conn = connections[using]
+        keys = key if isinstance(key, tuple) else (key,)
         params = [f.get_db_prep_save(v, conn) for f, v in zip(self._fields, values, strict=True)]
-        params.append(self._pk.get_db_prep_save(pk, conn))
+        params += [f.get_db_prep_value(v, conn) for f, v in zip(self._where, keys, strict=True)]
+        params += [f.get_db_prep_value(v, conn) for f, values in self._only_if for v in values]
         with conn.cursor() as cursor:
             cursor.execute(self._statement(using), params)
             return int(cursor.rowcount)

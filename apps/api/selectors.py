@@ -252,7 +252,7 @@ def _key_columns() -> _KeyColumns:
 
 # Every /v1 request reads its key: compiled once per process, the read costs its statement and
 # the rows' conversion, not a queryset built and compiled each time (issue #15).
-_KEY_READ = CompiledRead(_key_query, placeholders=1)
+_KEY_READ = CompiledRead(_key_query, placeholders=[ApiKey._meta.get_field("prefix")])
 
 
 def key_for_prefix(prefix: str) -> ApiKey | None:

@@ -21,6 +21,7 @@ from apps.insights.models import RUN_ROW, GuardrailRollup, HistogramRollup, Roll
 from apps.insights.upsert import Bumps
 from apps.runs.models import Run
 from apps.runs.observers import RunEventView
+from conductor_web.compiled import CompiledRead
 
 # Upper bounds in ms; the last bucket catches everything slower.
 LATENCY_BUCKETS_MS = (
@@ -82,6 +83,19 @@ def on_batch(views: Sequence[RunEventView]) -> None:
     bumps.flush()
 
 
+_RUN_END_COLUMNS = ("review_status", "answer_held", "created_at", "depth")
+# Read once per run end: compiled once per process (conductor_web.compiled, issue #15).
+_RUN_END_READ = CompiledRead(
+    lambda vendor, run_id: (
+        Run.objects.filter(pk=run_id)
+        .values(*_RUN_END_COLUMNS[:3])
+        .annotate(depth=Max("steps__round"))
+        .order_by()[:1]
+    ),
+    placeholders=[Run._meta.pk],
+)
+
+
 def _add(bumps: Bumps, view: RunEventView) -> None:
     ttft_ms = _note_first_token(view) if view.type in ("run.started", "step.delta", "run.finished") else None
     handler = _HANDLERS.get(view.type)
@@ -103,13 +117,8 @@ def _add(bumps: Bumps, view: RunEventView) -> None:
     if view.type == "run.finished":
         # One read for what the run row now says: the last planning round it reached (recursion
         # depth, 1 = no re-plan) and the review state the sink's run end gave it.
-        found = list(
-            Run.objects.filter(pk=view.run_id)
-            .values("review_status", "answer_held", "created_at")
-            .annotate(depth=Max("steps__round"))
-            .order_by()[:1]
-        )
-        run: dict[str, Any] | None = dict(found[0]) if found else None
+        found = _RUN_END_READ.rows(view.run_id)
+        run: dict[str, Any] | None = dict(zip(_RUN_END_COLUMNS, found[0], strict=True)) if found else None
         depth = (run or {}).get("depth") or 1
         bumps.add(
             HistogramRollup,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -42,7 +43,7 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
-from conductor_web.compiled import CompiledInsert
+from conductor_web.compiled import CompiledInsert, CompiledUpdate
 from conductor_web.executor_db import keep_connection_healthy
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,59 @@ logger = logging.getLogger(__name__)
 # compilation of bulk_create/create cost more than the statements (issue #15).
 _EVENT_INSERT = CompiledInsert(RunEvent)
 _STEP_INSERT = CompiledInsert(Step)
+_STEP_END_FIELDS = (
+    "status",
+    "output",
+    "error",
+    "fallback_from",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "priced",
+    "latency_ms",
+    "finished_at",
+    "worker_key",
+)
+_STEP_END = CompiledUpdate(Step, _STEP_END_FIELDS, where=("run", "index"))
+_RUN_END_FIELDS = (
+    "status",
+    "status_reason",
+    "error",
+    "answer",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "priced",
+    "latency_ms",
+    "step_count",
+    "finished_at",
+)
+# A sweep may already have ended the run (timed_out): the verdict is written only over a live run.
+_LIVE = {"status": (RunStatus.QUEUED, RunStatus.RUNNING)}
+_RUN_END = CompiledUpdate(Run, _RUN_END_FIELDS, only_if=_LIVE)
+_RUN_END_HELD = CompiledUpdate(Run, (*_RUN_END_FIELDS, "answer_held"), only_if=_LIVE)
+
+
+@cache
+def _fence_sql(vendor: str) -> str:
+    qn = connection.ops.quote_name
+    greatest = "GREATEST" if vendor == "postgresql" else "MAX"  # Django's Greatest on each
+    last_seq = qn("last_seq")
+    # Identifiers from model metadata (quoted); every value is a parameter.
+    return (
+        f"UPDATE {qn(Run._meta.db_table)} SET {last_seq} = {greatest}({last_seq}, %s) "  # noqa: S608
+        f"WHERE {qn('id')} = %s AND {qn('lease_owner')} = %s AND {qn('attempts')} = %s"
+    )
+
+
+def _fence(run_id: Any, owner: str, attempt: int, last_seq: int) -> int:
+    """The lease fence of a batch that adds nothing to the run's counters: last_seq moves only if
+    this executor still holds the run (same owner, same attempt). Returns the rows changed."""
+    pk = Run._meta.pk.get_db_prep_value(run_id, connection)  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(_fence_sql(connection.vendor), [last_seq, pk, owner, attempt])
+        return int(cursor.rowcount)
+
 
 # The in-memory channel layer keeps asyncio queues bound to the server's event loop; a sync
 # thread must hand group_send to that loop instead of running it on a private loop.
@@ -354,9 +408,13 @@ class RunSink:
                 # the fence, the new last_seq and the counters are one conditional UPDATE (it
                 # takes the lock).
                 if self.owner is not None:
-                    if not Run.objects.filter(
-                        pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
-                    ).update(**updates):
+                    if len(updates) == 1:  # last_seq alone (most boundaries): the compiled fence
+                        fenced = _fence(self.run_id, self.owner, self.attempt, last_seq)
+                    else:
+                        fenced = Run.objects.filter(
+                            pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
+                        ).update(**updates)
+                    if not fenced:
                         # Fencing: another executor took the run over and owns its log now.
                         self.dropped += len(batch)
                         self._buffer = []
@@ -598,11 +656,13 @@ class RunSink:
         if data.get("worker_key"):
             ended["worker_key"] = data["worker_key"]
         if data["index"] in self._created_steps:
-            # This sink stored the step's start: one UPDATE, no read (issue #15).
-            Step.objects.filter(run_id=self.run_id, index=data["index"]).update(**ended)
+            # This sink stored the step's start (with this worker, unless the end names another):
+            # one UPDATE, no read (issue #15).
+            ended.setdefault("worker_key", self._created_steps[data["index"]])
+            if len(ended) != len(_STEP_END_FIELDS):  # a column added to ended but not to the UPDATE
+                raise RuntimeError(f"step end writes {sorted(ended)}, its UPDATE {_STEP_END_FIELDS}")
+            _STEP_END.execute((self.run_id, data["index"]), [ended[name] for name in _STEP_END_FIELDS])
             step = Step(run_id=self.run_id, index=data["index"], **ended)
-            if "worker_key" not in ended:
-                step.worker_key = self._created_steps[data["index"]]
         else:
             step, _ = Step.objects.get_or_create(
                 run_id=self.run_id,
@@ -653,9 +713,11 @@ class RunSink:
         if held:
             updates["answer_held"] = True
         # A sweep may already have ended the run (timed_out): keep that verdict.
-        ended = Run.objects.filter(pk=self.run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).update(
-            **updates
-        )
+        statement = _RUN_END_HELD if held else _RUN_END
+        names = (*_RUN_END_FIELDS, "answer_held") if held else _RUN_END_FIELDS
+        if len(updates) != len(names):  # a column added to updates but not to the UPDATE
+            raise RuntimeError(f"run end writes {sorted(updates)}, its UPDATE {names}")
+        ended = statement.execute(self.run_id, [updates[name] for name in names])
         # The engine's totals replace what the batch's events add to the counters.
         self._verdict_written = bool(ended)
         self._audit(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead
 from apps.audit.sequencer import _HEAD, _PENDING, _pending_query
 from apps.audit.services import audit_record
-from apps.runs.models import RunEvent, Step
+from apps.runs.models import Run, RunEvent, Step
 from conductor_web.compiled import CompiledInsert, CompiledRead, CompiledUpdate
 from tests.factories.audit import make_run
 
@@ -114,3 +115,28 @@ def test_a_compiled_insert_stores_what_bulk_create_would(alpha: Any) -> None:
     with pytest.raises(IntegrityError), transaction.atomic():
         CompiledInsert(RunEvent).execute([RunEvent(run_id=run.pk, seq=1, type="x", data={})])
     assert RunEvent.objects.filter(run=run).count() == 3
+
+
+def test_a_keyed_update_and_a_uuid_placeholder_touch_only_their_row(alpha: Any) -> None:
+    run, other = make_run(alpha), make_run(alpha)
+    for r in (run, other):
+        CompiledInsert(Step).execute([Step(run_id=r.pk, index=0, worker_key="w"), Step(run_id=r.pk, index=1)])
+    update = CompiledUpdate(Step, ("status", "output", "cost_usd"), where=("run", "index"))
+    with transaction.atomic():
+        assert update.execute((run.pk, 1), ("succeeded", "done ✓", Decimal("0.00012345"))) == 1
+        assert update.execute((run.pk, 7), ("failed", "", None)) == 0
+    changed = {(s.run_id, s.index): (s.status, s.output, s.cost_usd) for s in Step.objects.all()}
+    assert changed[(run.pk, 1)] == ("succeeded", "done ✓", Decimal("0.00012345"))
+    assert changed[(run.pk, 0)][0] == changed[(other.pk, 1)][0] == Step().status
+    # A read with a UUID placeholder: each call reads the run it is given.
+    read = CompiledRead(
+        lambda vendor, run_id: (
+            Step.objects.filter(run_id=run_id).order_by("index").values_list("index", "status")
+        ),
+        placeholders=[Run._meta.pk],
+    )
+    assert read.rows(run.pk) == [(0, Step().status), (1, "succeeded")]
+    assert read.rows(str(other.pk)) == [(0, Step().status), (1, Step().status)]
+    assert read.rows(uuid.uuid4()) == []
+    with pytest.raises(TypeError):
+        read.rows()
