@@ -3,8 +3,10 @@ EXCLUDED.c`` (SQLite >= 3.24 and PostgreSQL speak the same syntax).
 
 Django's ``bulk_create(update_conflicts=True)`` can only overwrite a column with the proposed
 value (``SET c = EXCLUDED.c``), never add to it, so concurrent writers would lose increments; the
-database-side addition here is atomic per row on both backends. Rows go in key order so two
-writers that touch the same rows lock them in the same order (no deadlock on PostgreSQL).
+database-side addition here is atomic per row on both backends. Tables go in name order and rows
+in key order, so two writers that touch the same rows lock them in the same order (no deadlock on
+PostgreSQL): a batch whose first event was a guardrail check once locked its guardrail rows before
+its rollup rows while another run's batch locked them the other way round (issue #15).
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Bumps:
                 acc[name] = acc.get(name, 0) + value
 
     def flush(self) -> None:
-        for model, rows in self.rows.items():
-            upsert_add(model, rows)
+        # Table order, not the order the batch's events happened to touch them (see the module doc).
+        for model in sorted(self.rows, key=lambda m: m._meta.db_table):
+            upsert_add(model, self.rows[model])
         self.rows = {}

@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
+from apps.insights import upsert
 from apps.insights.models import DAY, HOUR, RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
 from apps.insights.rollup import hour_of, on_batch
 from apps.insights.upsert import Bumps
@@ -129,3 +130,54 @@ def test_concurrent_writers_lose_no_increment(alpha: Any) -> None:
         totals = rows.aggregate(s=Sum("steps"), c=Sum("cost_usd"))
         assert totals["s"] == 2 * 2 * WRITES
         assert totals["c"] == Decimal("0.5") * 2 * 2 * WRITES
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_that_touch_two_tables_in_opposite_orders_do_not_deadlock(
+    alpha: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One run's batch touched its guardrail rows first (a guardrail check opened it), another
+    run's its rollup rows first (a step end): each locked one table's row and waited for the
+    other's, and PostgreSQL killed one of them as a deadlock, failing its run (bench/API.md, issue
+    #15). Tables now go in name order whatever the events' order. A pause after each upsert
+    holds the first table's lock long enough for the two writers to cross."""
+    pool = make_pool(alpha)
+    base = {"team_id": alpha.pk, "pool_id": pool.pk, "strategy": "single", "hour": hour_of(time.time())}
+    guard = {**base, "rule": "pii", "stage": "output", "status": "passed", "action": ""}
+    real = upsert.upsert_add
+
+    def slow_upsert(model: Any, rows: Any) -> None:
+        real(model, rows)
+        time.sleep(0.2)
+
+    monkeypatch.setattr(upsert, "upsert_add", slow_upsert)
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def writer(guardrail_first: bool) -> None:
+        try:
+            for _ in range(3):
+                start.wait(timeout=30)
+                with transaction.atomic():
+                    bumps = Bumps()
+                    if guardrail_first:
+                        bumps.add(GuardrailRollup, guard, count=1)
+                    bumps.add(Rollup, {**base, "worker_key": RUN_ROW}, runs=1)
+                    if not guardrail_first:
+                        bumps.add(GuardrailRollup, guard, count=1)
+                    bumps.flush()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            start.abort()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(first,)) for first in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for grain in (HOUR, DAY):
+        assert Rollup.objects.get(grain=grain, worker_key=RUN_ROW).runs == 6
+        assert GuardrailRollup.objects.get(grain=grain).count == 6
