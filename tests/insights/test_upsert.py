@@ -90,6 +90,15 @@ def test_a_batch_of_events_is_one_statement_per_table_with_every_addition(alpha:
 WRITES = 60
 
 
+def _race(writer: Any, args: list[Any]) -> None:
+    """Run ``writer(arg)`` for each arg on threads of its own, at once, and wait for all."""
+    threads = [threading.Thread(target=writer, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_lose_no_increment(alpha: Any) -> None:
     """Two writers (threads, each its own connection and transactions) add to the same two rows,
@@ -115,14 +124,7 @@ def test_concurrent_writers_lose_no_increment(alpha: Any) -> None:
         finally:
             connection.close()
 
-    threads = [
-        threading.Thread(target=writer, args=(keys,)),
-        threading.Thread(target=writer, args=(list(reversed(keys)),)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    _race(writer, [keys, list(reversed(keys))])
     assert not errors, errors
     for grain in (HOUR, DAY):
         rows = Rollup.objects.filter(grain=grain).exclude(worker_key=RUN_ROW)
@@ -172,11 +174,7 @@ def test_batches_that_touch_two_tables_in_opposite_orders_do_not_deadlock(
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=writer, args=(first,)) for first in (True, False)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    _race(writer, [True, False])
     assert not errors, errors
     for grain in (HOUR, DAY):
         assert Rollup.objects.get(grain=grain, worker_key=RUN_ROW).runs == 6
