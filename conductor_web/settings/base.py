@@ -7,6 +7,7 @@ each part to its distributed backend independently.
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +26,11 @@ env = environ.Env()
 # A local .env is a convenience for development; real deployments set the environment.
 if (BASE_DIR / ".env").is_file():
     env.read_env(str(BASE_DIR / ".env"))
+# prometheus_client switches to its multiprocess files when this variable merely exists, even
+# empty (as in a copied .env.example): every process then wrote gauge_*.db files into its working
+# directory that nothing read (conductor_web.metrics treats empty as unset). Empty means unset.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == "":
+    del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 def strict_bool(name: str, default: bool) -> bool:

@@ -87,16 +87,25 @@ def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
             name, value = line.split("=", 1)
             values[name] = value
     assert {"DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY"} <= values.keys()
+    assert values["PROMETHEUS_MULTIPROC_DIR"] == ""
     values["CONDUCTOR_VAR_DIR"] = str(tmp_path)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
     out = subprocess.run(
         [
             sys.executable,
             "-c",
             "import django; django.setup(); from django.conf import settings as s;"
+            "from conductor_web import metrics; metrics.WEBSOCKET_VIEWERS.inc();"
             "print(s.DATABASES['default']['ENGINE'], s.EXECUTION_BACKEND, s.CHANNEL_LAYERS['default']['BACKEND'])",
         ],
-        cwd=ROOT,
-        env={**os.environ, **values, "DJANGO_SETTINGS_MODULE": "conductor_web.settings.local"},
+        cwd=workdir,
+        env={
+            **os.environ,
+            **values,
+            "DJANGO_SETTINGS_MODULE": "conductor_web.settings.local",
+            "PYTHONPATH": str(ROOT),
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -107,3 +116,6 @@ def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
         "thread",
         "channels.layers.InMemoryChannelLayer",
     ]
+    # The empty PROMETHEUS_MULTIPROC_DIR is unset too: prometheus_client's multiprocess mode (on
+    # whenever the variable exists) once left a gauge_livesum_<pid>.db in the working directory.
+    assert list(workdir.iterdir()) == []
