@@ -51,9 +51,8 @@ _PENDING_FIELDS = ("id", *(name for name in DIGEST_FIELDS if name != "seq"))
 
 def _pending_query(vendor: str, batch: int = BATCH) -> Any:
     qs = AuditEvent.objects.filter(seq__isnull=True).order_by("id")
-    if (
-        vendor == "postgresql"
-    ):  # the columns as the server renders them, from this same row version (column_mac)
+    if vendor == "postgresql":
+        # The columns as the server renders them, from this same row version (column_mac).
         qs = qs.annotate(display_row=RawSQL(PG_DISPLAY_ROW, (), output_field=BinaryField()))  # noqa: S611
         return qs.values_list(*_PENDING_FIELDS, "display_row")[:batch]
     return qs.values_list(*_PENDING_FIELDS)[:batch]
