@@ -116,9 +116,6 @@ class CompiledRead:
             out.append(tuple(columns))
         return out
 
-    def sql(self, using: str = DEFAULT_DB_ALIAS) -> str:
-        return self._compile(using).sql
-
 
 class CompiledUpdate:
     """``UPDATE <table> SET <fields> WHERE <key> = %s [AND ...]`` for one model: the values prepared
@@ -172,6 +169,27 @@ class CompiledUpdate:
         with conn.cursor() as cursor:
             cursor.execute(self._statement(using), params)
             return int(cursor.rowcount)
+
+
+_UPDATES: dict[tuple[Any, ...], CompiledUpdate] = {}
+
+
+def update_where(
+    model: type[Model],
+    key: Any,
+    values: Mapping[str, Any],
+    where: tuple[str, ...] = ("pk",),
+    only_if: Mapping[str, tuple[Any, ...]] | None = None,
+) -> int:
+    """``model.objects.filter(<where> = key, <only_if>).update(**values)`` through a
+    ``CompiledUpdate`` kept per shape (the names of ``values``, in order): a caller whose set of
+    columns varies gets one statement per set, compiled once. Returns the rows changed."""
+    fixed = tuple(sorted((name, tuple(v)) for name, v in (only_if or {}).items()))
+    shape = (model, tuple(values), where, fixed)
+    statement = _UPDATES.get(shape)
+    if statement is None:
+        statement = _UPDATES[shape] = CompiledUpdate(model, tuple(values), where=where, only_if=only_if)
+    return statement.execute(key, list(values.values()))
 
 
 class CompiledInsert:

@@ -43,7 +43,7 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
-from conductor_web.compiled import CompiledInsert, CompiledUpdate
+from conductor_web.compiled import CompiledInsert, update_where
 from conductor_web.executor_db import keep_connection_healthy
 
 logger = logging.getLogger(__name__)
@@ -52,37 +52,8 @@ logger = logging.getLogger(__name__)
 # compilation of bulk_create/create cost more than the statements (issue #15).
 _EVENT_INSERT = CompiledInsert(RunEvent)
 _STEP_INSERT = CompiledInsert(Step)
-_STEP_END_FIELDS = (
-    "status",
-    "output",
-    "error",
-    "fallback_from",
-    "input_tokens",
-    "output_tokens",
-    "cost_usd",
-    "priced",
-    "latency_ms",
-    "finished_at",
-    "worker_key",
-)
-_STEP_END = CompiledUpdate(Step, _STEP_END_FIELDS, where=("run", "index"))
-_RUN_END_FIELDS = (
-    "status",
-    "status_reason",
-    "error",
-    "answer",
-    "input_tokens",
-    "output_tokens",
-    "cost_usd",
-    "priced",
-    "latency_ms",
-    "step_count",
-    "finished_at",
-)
 # A sweep may already have ended the run (timed_out): the verdict is written only over a live run.
 _LIVE = {"status": (RunStatus.QUEUED, RunStatus.RUNNING)}
-_RUN_END = CompiledUpdate(Run, _RUN_END_FIELDS, only_if=_LIVE)
-_RUN_END_HELD = CompiledUpdate(Run, (*_RUN_END_FIELDS, "answer_held"), only_if=_LIVE)
 
 
 @cache
@@ -659,9 +630,7 @@ class RunSink:
             # This sink stored the step's start (with this worker, unless the end names another):
             # one UPDATE, no read (issue #15).
             ended.setdefault("worker_key", self._created_steps[data["index"]])
-            if len(ended) != len(_STEP_END_FIELDS):  # a column added to ended but not to the UPDATE
-                raise RuntimeError(f"step end writes {sorted(ended)}, its UPDATE {_STEP_END_FIELDS}")
-            _STEP_END.execute((self.run_id, data["index"]), [ended[name] for name in _STEP_END_FIELDS])
+            update_where(Step, (self.run_id, data["index"]), ended, where=("run", "index"))
             step = Step(run_id=self.run_id, index=data["index"], **ended)
         else:
             step, _ = Step.objects.get_or_create(
@@ -713,11 +682,7 @@ class RunSink:
         if held:
             updates["answer_held"] = True
         # A sweep may already have ended the run (timed_out): keep that verdict.
-        statement = _RUN_END_HELD if held else _RUN_END
-        names = (*_RUN_END_FIELDS, "answer_held") if held else _RUN_END_FIELDS
-        if len(updates) != len(names):  # a column added to updates but not to the UPDATE
-            raise RuntimeError(f"run end writes {sorted(updates)}, its UPDATE {names}")
-        ended = statement.execute(self.run_id, [updates[name] for name in names])
+        ended = update_where(Run, self.run_id, updates, only_if=_LIVE)
         # The engine's totals replace what the batch's events add to the counters.
         self._verdict_written = bool(ended)
         self._audit(

@@ -17,7 +17,8 @@ from apps.audit.models import AuditChainHead
 from apps.audit.sequencer import _HEAD, _PENDING, _pending_query
 from apps.audit.services import audit_record
 from apps.runs.models import Run, RunEvent, Step
-from conductor_web.compiled import CompiledInsert, CompiledRead, CompiledUpdate
+from conductor_web import compiled
+from conductor_web.compiled import CompiledInsert, CompiledRead, CompiledUpdate, update_where
 from tests.factories.audit import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -140,3 +141,27 @@ def test_a_keyed_update_and_a_uuid_placeholder_touch_only_their_row(alpha: Any) 
     assert read.rows(uuid.uuid4()) == []
     with pytest.raises(TypeError):
         read.rows()
+
+
+def test_update_where_keeps_one_statement_per_set_of_columns(alpha: Any) -> None:
+    run = make_run(alpha, status="running")
+    live = {"status": ("queued", "running")}
+    with transaction.atomic():
+        assert update_where(Run, run.pk, {"answer": "a", "step_count": 2}, only_if=live) == 1
+        assert (
+            update_where(Run, run.pk, {"answer": "b", "step_count": 3, "answer_held": True}, only_if=live)
+            == 1
+        )
+        assert update_where(Run, run.pk, {"answer": "c", "step_count": 4}, only_if=live) == 1
+    shapes = [shape for shape in compiled._UPDATES if shape[0] is Run and shape[3]]
+    assert {shape[1] for shape in shapes} >= {
+        ("answer", "step_count"),
+        ("answer", "step_count", "answer_held"),
+    }
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.answer, stored.step_count, stored.answer_held) == ("c", 4, True)
+    # The fixed condition holds: an ended run is not written over.
+    Run.objects.filter(pk=run.pk).update(status="timed_out")
+    with transaction.atomic():
+        assert update_where(Run, run.pk, {"answer": "d", "step_count": 5}, only_if=live) == 0
+    assert Run.objects.get(pk=run.pk).answer == "c"
