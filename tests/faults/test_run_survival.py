@@ -47,7 +47,10 @@ from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
-LEASE_ENV = {"RUN_LEASE_S": "6", "RUN_REAP_INTERVAL_S": "0.5"}
+# A lease long enough that only the "is gone" check re-queues a killed executor's run: with a
+# short one, another live server of the test session (the session daphne, on the same database)
+# could take it over by expiry first, and its reaper tells a dead pid only on its own node.
+LEASE_ENV = {"RUN_LEASE_S": "60", "RUN_REAP_INTERVAL_S": "0.5"}
 STEP_DELAY_S = 1.5  # each worker reply: long enough to kill the executor mid-step
 
 
@@ -60,10 +63,20 @@ class Procs:
     def __init__(self, tmp: Path, queue: str) -> None:
         self.tmp = tmp
         self.queue = queue
+        # A node of their own: the session's other live servers and workers (same host, same
+        # database) must not re-queue or re-dispatch these processes' runs the moment one is
+        # killed, before the test has looked (seen: the queued run claimed by the session daphne).
+        self.node = f"survival-{uuid.uuid4().hex[:8]}"
         self.started: list[subprocess.Popen[bytes]] = []
 
     def env(self, **extra: str) -> dict[str, str]:
-        return subprocess_env(**LEASE_ENV, CELERY_RUN_QUEUE=self.queue, RUN_THREAD_WORKERS="1", **extra)
+        return subprocess_env(
+            **LEASE_ENV,
+            CELERY_RUN_QUEUE=self.queue,
+            RUN_THREAD_WORKERS="1",
+            RUN_EXECUTOR_NODE=self.node,
+            **extra,
+        )
 
     def daphne(self, **extra: str) -> LiveServer:
         server = start_daphne(self.tmp / f"daphne-{len(self.started)}.log", self.env(**extra))
