@@ -12,7 +12,7 @@ its rollup rows while another run's batch locked them the other way round (issue
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from django.db import connection
@@ -52,37 +52,57 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     ``team_id``); amounts name counter fields. Keys must be distinct (merge before calling)."""
     if not rows:
         return
-    keys, counters = _shape(model)
-    used = sorted({name for amounts in rows.values() for name in amounts})
-    unknown = set(used) - {f.name for f in counters}
-    if unknown:
-        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
-    zeros = _zeros(model, connection.vendor)
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    columns = [*keys, *counters]
+    vendor = connection.vendor
+    counters = _shape(model)[1]
+    used = tuple(sorted({name for amounts in rows.values() for name in amounts}))
+    sql = _statement(model, vendor, used, len(rows))
+    zeros = _zeros(model, vendor)
     params: list[Any] = []
-    for key in sorted(rows, key=repr):
-        named = dict(key)
+    # Key order (see the module doc), by the order key prepared with the key's values.
+    for _, key_params, key in sorted((*_prepared_key(model, vendor, key), key) for key in rows):
+        params.extend(key_params)
         amounts = rows[key]
-        for field in keys:
-            value = named[field.attname] if field.attname in named else named[field.name]
-            params.append(field.get_db_prep_save(value, connection))
         for field, zero in zip(counters, zeros, strict=True):
             value = amounts.get(field.name)
             params.append(zero if value is None else field.get_db_prep_save(value, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+@lru_cache(maxsize=4096)
+def _prepared_key(model: type[Model], vendor: str, key: Key) -> tuple[str, tuple[Any, ...]]:
+    """A key's order (its repr: values of mixed types, None among them, always compare) and its
+    values as the database takes them. The same few keys (a team's pool, strategy and hour) come
+    back in every batch: preparing them again (a datetime's adaptation, say) was most of the
+    upsert's own time (issue #15)."""
+    named = dict(key)
+    values = []
+    for field in _shape(model)[0]:
+        value = named[field.attname] if field.attname in named else named[field.name]
+        values.append(field.get_db_prep_save(value, connection))
+    return repr(key), tuple(values)
+
+
+@lru_cache(maxsize=512)
+def _statement(model: type[Model], vendor: str, used: tuple[str, ...], count: int) -> str:
+    """The upsert of ``count`` rows adding to the counters ``used`` (one text per shape)."""
+    keys, counters = _shape(model)
+    unknown = set(used) - {f.name for f in counters}
+    if unknown:
+        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    columns = [*keys, *counters]
     one = "(" + ", ".join(["%s"] * len(columns)) + ")"
     by_name = {f.name: str(f.column) for f in counters}
     adds = ", ".join(f"{qn(c)} = {table}.{qn(c)} + EXCLUDED.{qn(c)}" for c in (by_name[n] for n in used))
-    sql = (
+    return (
         # Identifiers come from model metadata (quoted); every value is a parameter.
         f"INSERT INTO {table} ({', '.join(qn(str(f.column)) for f in columns)}) "  # noqa: S608
-        f"VALUES {', '.join([one] * len(rows))} "
+        f"VALUES {', '.join([one] * count)} "
         f"ON CONFLICT ({', '.join(qn(str(f.column)) for f in keys)}) "
         + (f"DO UPDATE SET {adds}" if adds else "DO NOTHING")
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 class Bumps:

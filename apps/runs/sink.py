@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from functools import cache
@@ -24,8 +25,6 @@ from uuid import UUID
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
-from django.db.models.functions import Coalesce, Greatest
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
@@ -56,24 +55,62 @@ _STEP_INSERT = CompiledInsert(Step)
 _LIVE = {"status": (RunStatus.QUEUED, RunStatus.RUNNING)}
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a batch's events add to the run's counters: the conductor's usage (plan.proposed) and
+    each ended step's (step.finished). ``cost_usd`` None: nothing priced (the cost stays as it
+    is, NULL included); ``unpriced``: some call could not be priced (``priced`` turns false)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: Decimal | None = None
+    unpriced: bool = False
+    steps: int = 0
+
+
+NO_USAGE = Usage()
+
+
 @cache
-def _fence_sql(vendor: str) -> str:
+def _counters_sql(vendor: str, fenced: bool) -> str:
     qn = connection.ops.quote_name
     greatest = "GREATEST" if vendor == "postgresql" else "MAX"  # Django's Greatest on each
-    last_seq = qn("last_seq")
-    # Identifiers from model metadata (quoted); every value is a parameter.
+    seq, cost = qn("last_seq"), qn("cost_usd")
+    adds = ", ".join(f"{qn(c)} = {qn(c)} + %s" for c in ("input_tokens", "output_tokens", "step_count"))
+    where = f"{qn('id')} = %s" + (
+        f" AND {qn('lease_owner')} = %s AND {qn('attempts')} = %s" if fenced else ""
+    )
+    # Identifiers from model metadata (quoted); every value is a parameter. One text for every
+    # batch: adding zeros costs the database nothing, compiling an ORM UPDATE with expressions
+    # for each batch cost more than the statement (issue #15).
     return (
-        f"UPDATE {qn(Run._meta.db_table)} SET {last_seq} = {greatest}({last_seq}, %s) "  # noqa: S608
-        f"WHERE {qn('id')} = %s AND {qn('lease_owner')} = %s AND {qn('attempts')} = %s"
+        f"UPDATE {qn(Run._meta.db_table)} SET {seq} = {greatest}({seq}, %s), {adds}, "  # noqa: S608
+        f"{cost} = CASE WHEN %s THEN COALESCE({cost}, 0) + CAST(%s AS NUMERIC) ELSE {cost} END, "
+        f"{qn('priced')} = ({qn('priced')} AND %s) WHERE {where}"
     )
 
 
-def _fence(run_id: Any, owner: str, attempt: int, last_seq: int) -> int:
-    """The lease fence of a batch that adds nothing to the run's counters: last_seq moves only if
-    this executor still holds the run (same owner, same attempt). Returns the rows changed."""
+def _store_counters(
+    run_id: Any, last_seq: int, usage: Usage, *, owner: str | None = None, attempt: int = 0
+) -> int:
+    """Move the run's last_seq to ``last_seq`` (never back) and add ``usage`` to its counters, in
+    one UPDATE. With ``owner``, the batch's lease fence: the row changes only if this executor
+    still holds the run (same owner, same attempt). Returns the rows changed."""
     pk = Run._meta.pk.get_db_prep_value(run_id, connection)  # type: ignore[union-attr]
+    params: list[Any] = [
+        last_seq,
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.steps,
+        usage.cost_usd is not None,
+        usage.cost_usd if usage.cost_usd is not None else Decimal(0),
+        not usage.unpriced,
+        pk,
+    ]
+    if owner is not None:
+        params += [owner, attempt]
     with connection.cursor() as cursor:
-        cursor.execute(_fence_sql(connection.vendor), [last_seq, pk, owner, attempt])
+        cursor.execute(_counters_sql(connection.vendor, owner is not None), params)
         return int(cursor.rowcount)
 
 
@@ -367,30 +404,26 @@ class RunSink:
                 last_seq = batch[-1]["seq"]
                 ends = batch[-1]["type"] == "run.finished"
                 # What the batch adds to the run's counters. A batch that ends the run writes
-                # the engine's totals instead (_on_run_finished); any other writes them with its
+                # the engine's totals instead (_on_run_finished); any other adds them with its
                 # fence, in the same UPDATE (issue #15).
-                counters = _counters(batch)
-                updates: dict[str, Any] = {"last_seq": Greatest(F("last_seq"), last_seq)}
-                if not ends:
-                    updates.update(counters)
-                    counters = {}
+                usage = _usage(batch)
                 self._verdict_written = False
                 # The row lock orders this batch against a re-queue (which takes the same row):
                 # the fence, the new last_seq and the counters are one conditional UPDATE (it
                 # takes the lock).
                 if self.owner is not None:
-                    if len(updates) == 1:  # last_seq alone (most boundaries): the compiled fence
-                        fenced = _fence(self.run_id, self.owner, self.attempt, last_seq)
-                    else:
-                        fenced = Run.objects.filter(
-                            pk=self.run_id, lease_owner=self.owner, attempts=self.attempt
-                        ).update(**updates)
+                    fenced = _store_counters(
+                        self.run_id,
+                        last_seq,
+                        NO_USAGE if ends else usage,
+                        owner=self.owner,
+                        attempt=self.attempt,
+                    )
                     if not fenced:
                         # Fencing: another executor took the run over and owns its log now.
                         self.dropped += len(batch)
                         self._buffer = []
                         return
-                    updates = {}
                 if self.journal is not None and batch[-1]["type"] != "run.finished":
                     # The answers these events report are journaled with them; a batch that ends
                     # the run forgets the journal instead (_on_run_finished).
@@ -420,11 +453,13 @@ class RunSink:
                     )
                     views.append(view)
                 observers.notify_in_transaction(views)
-                if not self._verdict_written:
-                    # A sweep ended the run first (its verdict stands): what the batch used still counts.
-                    updates.update(counters)
-                if updates:
-                    Run.objects.filter(pk=self.run_id).update(**updates)
+                # A run end's usage counts unless its verdict was written (a sweep ended the run
+                # first: its verdict stands, and what the batch used still counts).
+                late = usage if ends and not self._verdict_written else NO_USAGE
+                if self.owner is None:  # unfenced (no lease): last_seq and counters here
+                    _store_counters(self.run_id, last_seq, usage if not ends else late)
+                elif late is not NO_USAGE:
+                    _store_counters(self.run_id, last_seq, late)
         except IntegrityError:
             # A second delivery of the same seq (should not happen: runs are claimed once).
             logger.warning(
@@ -733,28 +768,30 @@ class RunSink:
         return False
 
 
-def _counters(batch: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a batch's events add to the Run's counters, as UPDATE expressions: the conductor's
-    usage (plan.proposed) and each ended step's (step.finished)."""
-    delta: dict[str, Any] = {}
+def _usage(batch: list[dict[str, Any]]) -> Usage:
+    """What a batch's events add to the run's counters."""
+    tokens = {"input_tokens": 0, "output_tokens": 0}
+    cost: Decimal | None = None
+    unpriced = False
+    steps = 0
     for event in batch:
         kind = event["type"]
         if kind not in ("plan.proposed", "step.finished"):
             continue
         data = event["data"]
         usage = data.get("usage") or {}
-        for field in ("input_tokens", "output_tokens"):
-            tokens = int(usage.get(field) or 0)
-            if tokens:  # a fixed plan's plan.proposed used no tokens: no write for it
-                delta[field] = delta.get(field, F(field)) + tokens
+        for field in tokens:
+            tokens[field] += int(usage.get(field) or 0)
         amount = _decimal(data.get("cost_usd"))
         if amount is not None:  # even 0: a priced run's cost is never left NULL
-            delta["cost_usd"] = delta.get("cost_usd", Coalesce(F("cost_usd"), Decimal(0))) + amount
+            cost = amount if cost is None else cost + amount
         if data.get("priced") is False:
-            delta["priced"] = False
+            unpriced = True
         if kind == "step.finished":
-            delta["step_count"] = delta.get("step_count", F("step_count")) + 1
-    return delta
+            steps += 1
+    if not (steps or unpriced or cost is not None or any(tokens.values())):
+        return NO_USAGE
+    return Usage(cost_usd=cost, unpriced=unpriced, steps=steps, **tokens)
 
 
 # Guardrail actions that ask a person to look at the run.

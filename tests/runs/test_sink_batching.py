@@ -8,6 +8,7 @@ the lease inside its own transaction.
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -206,3 +207,82 @@ def test_a_stale_attempt_of_this_same_process_is_fenced_out(running_run: Run) ->
     current = RunSink(Run.objects.get(pk=running_run.pk), owner="me")
     _emit_all(current, running_run, _two_step_events(str(running_run.id), deltas=0))
     assert RunEvent.objects.filter(run=running_run, type="run.finished").count() == 1
+
+
+@pytest.mark.parametrize("lease", ["me", None], ids=["fenced", "unfenced"])
+def test_each_batch_adds_its_usage_to_the_run_as_it_goes(running_run: Run, lease: str | None) -> None:
+    """The counters a viewer sees mid-run: tokens, steps and cost add up batch by batch (one
+    UPDATE with the fence), an unpriced call turns ``priced`` false, and a batch with nothing
+    priced leaves the cost as it is: NULL stays NULL."""
+    sink = RunSink(running_run, owner=lease)
+    started = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
+    plan = {"round": 1, "attempt": 1, "plan": {"steps": []}}
+
+    def row() -> tuple[Any, ...]:
+        return tuple(
+            Run.objects.filter(pk=running_run.pk)
+            .values_list("input_tokens", "output_tokens", "step_count", "cost_usd", "priced", "last_seq")
+            .get()
+        )
+
+    _emit_all(
+        sink, running_run, [(EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}})]
+    )
+    sink.flush()
+    assert row() == (0, 0, 0, None, True, 1)  # nothing used, nothing priced: the cost stays NULL
+
+    sink.emit(Event(EventType.PLAN_PROPOSED, "", 2, time.time(), {**plan, "usage": {"input_tokens": 5}}))
+    sink.emit(Event(EventType.STEP_STARTED, "", 3, time.time(), {"index": 0, **started}))
+    sink.emit(Event(EventType.STEP_STARTED, "", 4, time.time(), {"index": 1, **started}))
+    sink.flush()
+    assert row() == (5, 0, 0, None, True, 4)  # the plan's tokens; it was not priced
+
+    finished = {"status": "succeeded", "output": "a", "usage": {"input_tokens": 7, "output_tokens": 3}}
+    sink.emit(
+        Event(EventType.STEP_FINISHED, "", 5, time.time(), {"index": 0, **finished, "cost_usd": "0.25"})
+    )
+    assert row() == (12, 3, 1, Decimal("0.25"), True, 5)  # stored at once: step 1 still runs
+
+    sink.emit(Event(EventType.STEP_FINISHED, "", 6, time.time(), {"index": 1, **finished, "priced": False}))
+    sink.flush()
+    assert row() == (19, 6, 2, Decimal("0.25"), False, 6)
+    assert sink.dropped == 0
+
+
+def test_a_run_ended_by_the_sweep_still_counts_its_last_batch(running_run: Run) -> None:
+    """The sweep wrote the run's verdict first (timed out): the late run.finished does not
+    overwrite it, but what its batch used still adds to the counters."""
+    sink = RunSink(running_run, owner="me")
+    started = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
+    _emit_all(
+        sink,
+        running_run,
+        [
+            (EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}}),
+            (EventType.STEP_STARTED, {"index": 0, **started}),
+        ],
+    )
+    Run.objects.filter(pk=running_run.pk).update(status=RunStatus.TIMED_OUT, answer="")
+    usage = {"input_tokens": 4, "output_tokens": 2}
+    sink.emit(
+        Event(
+            EventType.STEP_FINISHED,
+            "",
+            3,
+            time.time(),
+            {"index": 0, "status": "succeeded", "usage": usage, "cost_usd": "0.5"},
+        )
+    )
+    sink.emit(
+        Event(
+            EventType.RUN_FINISHED,
+            "",
+            4,
+            time.time(),
+            {"status": "succeeded", "answer": "late", "reason": "completed", "totals": {"steps": 1}},
+        )
+    )
+    run = Run.objects.get(pk=running_run.pk)
+    assert (run.status, run.answer) == (RunStatus.TIMED_OUT, "")  # the sweep's verdict stands
+    assert (run.input_tokens, run.output_tokens, run.step_count, run.cost_usd) == (4, 2, 1, Decimal("0.5"))
+    assert run.last_seq == 4 and sink.finished
