@@ -60,6 +60,12 @@ parser.add_argument(
     default=1,
     help="WEB_PROCESSES: daphne processes (conductor_web.serve; distributed only)",
 )
+parser.add_argument(
+    "--answer-words",
+    type=int,
+    default=1,
+    help="words in each worker's answer (1: '42'); a streamed call gets one chunk per word",
+)
 ARGS = parser.parse_args()
 
 WORK = Path("/tmp/conductor_gateway_bench")
@@ -87,8 +93,11 @@ LITELLM_KEY = f"sk-litellm-bench-{uuid.uuid4().hex}"
 PROMPT = [{"role": "user", "content": "What is 6*7?"}]
 
 
+ANSWER = "42" if ARGS.answer_words <= 1 else " ".join(["42"] * ARGS.answer_words)
+
+
 def responder(request: dict[str, Any]) -> str:
-    return PLAN if request.get("model") == "conductor" else "42"
+    return PLAN if request.get("model") == "conductor" else ANSWER
 
 
 def setup_data(server: FakeOpenAIServer) -> str:
@@ -298,7 +307,10 @@ async def batch(target: Target, clients: int, total: int) -> Result:
                     failures.append(f"{type(exc).__name__}")
                     continue
                 elapsed = (time.perf_counter() - t0) * 1000
-                if response.status_code != 200 or response.json()["choices"][0]["message"]["content"] != "42":
+                if (
+                    response.status_code != 200
+                    or response.json()["choices"][0]["message"]["content"] != ANSWER
+                ):
                     failures.append(f"{response.status_code} {response.text[:200]}")
                     continue
                 latencies.append(elapsed)
@@ -369,7 +381,7 @@ def main() -> None:
 def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
     load = os.getloadavg()
     print(
-        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
     print(
         "| clients | target | requests | p50 ms | p99 ms | overhead p50 / p95 / p99 ms | "

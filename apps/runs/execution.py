@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -407,6 +408,8 @@ def _drive_engine(
         else float(settings.RUN_TIMEOUT_S)
     )
     limits = integration.engine_limits(policy, run_timeout_s=remaining)
+    if not streams_upstream(run):
+        limits = replace(limits, stream=False)
     strategy = build_run_strategy(run, engine_pool)
     # Each preset plans with its own conductor, known only now (a learned run picks its arm here).
     use_preset_conductor(engine_pool, getattr(strategy, "preset", None))
@@ -439,6 +442,14 @@ def _drive_engine(
     )
     sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try
     return sink.finished_data, sink.verdict
+
+
+def streams_upstream(run: Run) -> bool:
+    """Whether the run's model calls stream (and its steps emit step.delta): not for a plain
+    /v1 request under ``V1_UPSTREAM_STREAM=client``, whose client waits for the whole answer
+    anyway; parsing a provider's stream chunk by chunk cost more than the call (issue #15)."""
+    record = run.api_request if isinstance(run.api_request, dict) else {}
+    return settings.V1_UPSTREAM_STREAM == "always" or record.get("stream") is not False
 
 
 def _replay_question(run: Run) -> str:

@@ -216,6 +216,13 @@ if V1_INLINE_RUNS not in ("off", "passthrough", "all"):
 # V1_INLINE_WAIT_S is queued as usual.
 V1_INLINE_SLOTS = env.int("V1_INLINE_SLOTS", default=RUN_THREAD_WORKERS)
 V1_INLINE_WAIT_S = env.float("V1_INLINE_WAIT_S", default=5.0)
+# Whether a /v1 run's model calls stream from the provider: "client" (the default) streams only
+# when the client asked for a stream; a plain request's calls are plain, as a gateway makes them
+# (no per-token parsing, no step.delta events: its viewers see each step's output when it ends).
+# "always" streams every call, so a plain request's run graph also fills token by token.
+V1_UPSTREAM_STREAM = env.str("V1_UPSTREAM_STREAM", default="client")
+if V1_UPSTREAM_STREAM not in ("client", "always"):
+    raise ImproperlyConfigured(f"V1_UPSTREAM_STREAM must be client or always, got {V1_UPSTREAM_STREAM!r}")
 # Daphne processes `python -m conductor_web.serve` starts on one address (SO_REUSEPORT): one
 # process runs Python on one core at a time, so served runs scale with processes (bench/API.md).
 # They share only the database and the channel layer: more than one needs PostgreSQL and Redis.

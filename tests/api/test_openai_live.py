@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from apps.audit.models import AuditEvent
-from apps.runs.models import Run, Step
+from apps.runs.models import Run, RunEvent, Step
 from tests.factories.api import make_api_key
 from tests.fixtures.api import CONDUCTOR_ANSWER
 
@@ -94,6 +94,30 @@ def test_streaming_sends_progress_then_the_answer_and_done(
     assert Run.objects.get(pk=run_id).status == "succeeded"
     seqs = [p["seq"] for p in progress if "seq" in p]
     assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+def test_a_plain_request_calls_its_models_plainly_and_a_streamed_one_streams(
+    conductor_fake: Any, api_key: tuple[Any, str], client_for: Any
+) -> None:
+    """V1_UPSTREAM_STREAM=client (the default): a plain request's client waits for the whole
+    answer, so its run asks the providers for whole answers too (no per-chunk parsing, no delta
+    events); a streamed request's run streams from the providers token by token."""
+    client = client_for(api_key[1])
+    server = conductor_fake.server
+    raw = client.chat.completions.with_raw_response.create(model="conductor-mini", messages=PROMPT)
+    assert raw.parse().choices[0].message.content == CONDUCTOR_ANSWER
+    plain_calls = server.chat_requests()
+    assert len(plain_calls) >= 3  # the plan and two steps
+    assert not any((call.json or {}).get("stream") for call in plain_calls)
+    kinds = set(RunEvent.objects.filter(run_id=raw.headers["x-conductor-run"]).values_list("type", flat=True))
+    assert "step.finished" in kinds and not kinds & {"step.delta", "plan.delta"}
+
+    chunks = list(client.chat.completions.create(model="conductor-mini", messages=PROMPT, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == CONDUCTOR_ANSWER
+    streamed_calls = server.chat_requests()[len(plain_calls) :]
+    assert len(streamed_calls) >= 3 and all((call.json or {}).get("stream") for call in streamed_calls)
+    run_id = chunks[0].model_extra["conductor"]["run_id"]
+    assert RunEvent.objects.filter(run_id=run_id, type="step.delta").exists()
 
 
 def test_raw_stream_ends_with_done(

@@ -230,3 +230,18 @@ def test_a_run_end_that_asks_for_a_review_is_read_back(
     stored = Run.objects.get(pk=run.id)
     assert stored.review_status != ""
     assert _as_read(ended) == _as_read(stored)
+
+
+@pytest.mark.parametrize("mode", ["client", "always"])
+def test_a_plain_pass_through_streams_from_the_provider_only_when_told_to(
+    solo: Any, fake_pool: Any, api_key: tuple[Any, str], inline: Any, mode: str
+) -> None:
+    """V1_UPSTREAM_STREAM: ``client`` (the default) calls the provider plainly for a plain
+    request; ``always`` streams it, so the run's graph fills token by token for its viewers."""
+    inline.V1_UPSTREAM_STREAM = mode
+    text, run = _answer(_ask(api_key[1]))
+    assert (text, run.status) == ("42", RunStatus.SUCCEEDED)
+    (call,) = fake_pool.server.chat_requests()
+    streamed = mode == "always"
+    assert bool((call.json or {}).get("stream")) is streamed
+    assert run.events.filter(type="step.delta").exists() is streamed

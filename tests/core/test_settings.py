@@ -61,6 +61,12 @@ def test_booleans_are_strict() -> None:
     assert "DEBUG must be a boolean" in out.stderr
 
 
+def test_upstream_streaming_setting_names_its_choices() -> None:
+    out = _load("conductor_web.settings.local", {"V1_UPSTREAM_STREAM": "sometimes"})
+    assert out.returncode != 0
+    assert "V1_UPSTREAM_STREAM must be client or always" in out.stderr
+
+
 @pytest.mark.runtime
 @pytest.mark.django_db
 def test_sqlite_uses_wal() -> None:

@@ -80,7 +80,8 @@ def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
     """What the run row keeps of the request so execution can honour it (see
     ``apps.runs.execution``): generation options, and for a pool model with tools the
     conversation that goes to the worker as it is."""
-    record: dict[str, Any] = {"options": req.options.to_dict()}
+    # ``stream``: whether the client follows the run as a stream (V1_UPSTREAM_STREAM).
+    record: dict[str, Any] = {"options": req.options.to_dict(), "stream": bool(req.stream)}
     if req.metadata:
         record["metadata"] = dict(req.metadata)
     if target.direct and (req.options.tools or target.passthrough):
