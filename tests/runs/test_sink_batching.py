@@ -53,6 +53,11 @@ def _two_step_events(run_id: str, deltas: int) -> list[tuple[EventType, dict[str
     return events
 
 
+# A step's start and a run's start, as the engine emits them (the tests' own plans).
+STARTED = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
+RUN_STARTED = (EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}})
+
+
 def _emit_all(sink: RunSink, run: Run, events: list[tuple[EventType, dict[str, Any]]]) -> None:
     # The engine's own seq (1..n) is ignored by the sink, which numbers what it stores.
     for seq, (kind, data) in enumerate(events, start=1):
@@ -107,14 +112,13 @@ def test_a_step_that_finishes_while_another_runs_is_stored_at_once(
     monkeypatch.setattr(sink_module, "DELTA_FLUSH_S", 3600.0)
     sink = RunSink(running_run, owner="me")
     rid = str(running_run.id)
-    started = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
     _emit_all(
         sink,
         running_run,
         [
-            (EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}}),
-            (EventType.STEP_STARTED, {"index": 0, **started}),
-            (EventType.STEP_STARTED, {"index": 1, **started}),
+            RUN_STARTED,
+            (EventType.STEP_STARTED, {"index": 0, **STARTED}),
+            (EventType.STEP_STARTED, {"index": 1, **STARTED}),
             (EventType.STEP_FINISHED, {"index": 0, "status": "succeeded", "output": "a"}),
         ],
     )
@@ -215,7 +219,6 @@ def test_each_batch_adds_its_usage_to_the_run_as_it_goes(running_run: Run, lease
     UPDATE with the fence), an unpriced call turns ``priced`` false, and a batch with nothing
     priced leaves the cost as it is: NULL stays NULL."""
     sink = RunSink(running_run, owner=lease)
-    started = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
     plan = {"round": 1, "attempt": 1, "plan": {"steps": []}}
 
     def row() -> tuple[Any, ...]:
@@ -225,15 +228,13 @@ def test_each_batch_adds_its_usage_to_the_run_as_it_goes(running_run: Run, lease
             .get()
         )
 
-    _emit_all(
-        sink, running_run, [(EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}})]
-    )
+    _emit_all(sink, running_run, [RUN_STARTED])
     sink.flush()
     assert row() == (0, 0, 0, None, True, 1)  # nothing used, nothing priced: the cost stays NULL
 
     sink.emit(Event(EventType.PLAN_PROPOSED, "", 2, time.time(), {**plan, "usage": {"input_tokens": 5}}))
-    sink.emit(Event(EventType.STEP_STARTED, "", 3, time.time(), {"index": 0, **started}))
-    sink.emit(Event(EventType.STEP_STARTED, "", 4, time.time(), {"index": 1, **started}))
+    sink.emit(Event(EventType.STEP_STARTED, "", 3, time.time(), {"index": 0, **STARTED}))
+    sink.emit(Event(EventType.STEP_STARTED, "", 4, time.time(), {"index": 1, **STARTED}))
     sink.flush()
     assert row() == (5, 0, 0, None, True, 4)  # the plan's tokens; it was not priced
 
@@ -253,13 +254,12 @@ def test_a_run_ended_by_the_sweep_still_counts_its_last_batch(running_run: Run) 
     """The sweep wrote the run's verdict first (timed out): the late run.finished does not
     overwrite it, but what its batch used still adds to the counters."""
     sink = RunSink(running_run, owner="me")
-    started = {"round": 1, "worker_key": "fake-solver", "instruction": "Solve", "access": []}
     _emit_all(
         sink,
         running_run,
         [
-            (EventType.RUN_STARTED, {"strategy": "conductor", "workers": [], "limits": {}}),
-            (EventType.STEP_STARTED, {"index": 0, **started}),
+            RUN_STARTED,
+            (EventType.STEP_STARTED, {"index": 0, **STARTED}),
         ],
     )
     Run.objects.filter(pk=running_run.pk).update(status=RunStatus.TIMED_OUT, answer="")
