@@ -309,7 +309,16 @@ class FaultyOpenAIServer(FakeOpenAIServer):
             return
         handler.close_connection = True
         out = handler.wfile
-        if self.fault == "cut":
+        plain = not req.get("stream")  # as a real server: a plain request gets a JSON body
+        if self.fault == "cut" and plain:
+            head = b'{"id": "chatcmpl-x", "object": "chat.completion", "choices": ['
+            out.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n" + head
+            )
+        elif self.fault == "garbage" and plain:
+            body = b'{"id": "chatcmpl-x", "choices": [ oops ' + FAKE_PROVIDER_KEY.encode()
+            raw_response("200 OK", "application/json", body)(handler.connection)
+        elif self.fault == "cut":
             events = _openai_event("6 * 7 ")
             out.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
