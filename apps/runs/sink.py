@@ -56,7 +56,7 @@ _LIVE = {"status": (RunStatus.QUEUED, RunStatus.RUNNING)}
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class BatchUsage:
     """What a batch's events add to the run's counters: the conductor's usage (plan.proposed) and
     each ended step's (step.finished). ``cost_usd`` None: nothing priced (the cost stays as it
     is, NULL included); ``unpriced``: some call could not be priced (``priced`` turns false)."""
@@ -68,7 +68,7 @@ class Usage:
     steps: int = 0
 
 
-NO_USAGE = Usage()
+NO_USAGE = BatchUsage()
 
 
 @cache
@@ -91,7 +91,7 @@ def _counters_sql(vendor: str, fenced: bool) -> str:
 
 
 def _store_counters(
-    run_id: Any, last_seq: int, usage: Usage, *, owner: str | None = None, attempt: int = 0
+    run_id: Any, last_seq: int, usage: BatchUsage, *, owner: str | None = None, attempt: int = 0
 ) -> int:
     """Move the run's last_seq to ``last_seq`` (never back) and add ``usage`` to its counters, in
     one UPDATE. With ``owner``, the batch's lease fence: the row changes only if this executor
@@ -768,7 +768,7 @@ class RunSink:
         return False
 
 
-def _usage(batch: list[dict[str, Any]]) -> Usage:
+def _usage(batch: list[dict[str, Any]]) -> BatchUsage:
     """What a batch's events add to the run's counters."""
     tokens = {"input_tokens": 0, "output_tokens": 0}
     cost: Decimal | None = None
@@ -791,7 +791,7 @@ def _usage(batch: list[dict[str, Any]]) -> Usage:
             steps += 1
     if not (steps or unpriced or cost is not None or any(tokens.values())):
         return NO_USAGE
-    return Usage(cost_usd=cost, unpriced=unpriced, steps=steps, **tokens)
+    return BatchUsage(cost_usd=cost, unpriced=unpriced, steps=steps, **tokens)
 
 
 # Guardrail actions that ask a person to look at the run.
