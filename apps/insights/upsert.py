@@ -58,7 +58,7 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     sql = _statement(model, vendor, used, len(rows))
     zeros = _zeros(model, vendor)
     params: list[Any] = []
-    # Key order (see the module doc), by the order key prepared with the key's values.
+    # Rows in key order (see the module doc); each key's order and values are prepared once.
     for _, key_params, key in sorted((*_prepared_key(model, vendor, key), key) for key in rows):
         params.extend(key_params)
         amounts = rows[key]

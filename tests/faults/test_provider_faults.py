@@ -413,3 +413,47 @@ def test_each_fault_is_named_in_the_step_the_run_and_the_v1_error(
         assert "internal_error" not in text and "unexpectedly" not in text
     if fault == "garbage":
         assert "[redacted]" in run.error
+
+
+@pytest.mark.runtime
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("cut", r"Stream cut after \d+ bytes: the OpenAI-compatible provider at 127\.0\.13\.1"),
+        ("garbage", r"Invalid JSON from the OpenAI-compatible provider at 127\.0\.13\.1 \(first bytes: "),
+    ],
+)
+def test_a_fault_mid_stream_is_named_in_the_step_the_run_and_the_stream(
+    fault: str,
+    expected: str,
+    fake_pool: Any,
+    api_key: tuple[Any, str],
+    daphne_server: Any,
+    runtime_workers: Any,
+) -> None:
+    """A streamed request's run streams from its providers (V1_UPSTREAM_STREAM=client): a stream
+    cut or garbled mid-response is named as such, in the step, the run and the client's stream."""
+    from apps.runs.models import Run, Step
+
+    server: FaultyOpenAIServer = fake_pool.server
+    server.responder = _respond
+    server.fault = fault
+    with httpx.stream(
+        "POST",
+        f"{daphne_server.url}/v1/chat/completions",
+        json={"model": "conductor-mini", "messages": MSGS, "stream": True},
+        headers={"Authorization": f"Bearer {api_key[1]}"},
+        timeout=120,
+    ) as response:
+        assert response.status_code == 200
+        run_id = response.headers["x-conductor-run"]
+        text = response.read().decode()
+    solver_calls = [c for c in server.chat_requests() if (c.json or {}).get("model") == "fake-solver-1"]
+    assert solver_calls and all(c.json.get("stream") for c in solver_calls)
+    run = Run.objects.get(pk=run_id)
+    step = Step.objects.get(run=run, index=0)
+    assert (run.status, step.status) == ("failed", "failed"), (run.error, step.error)
+    for said in (step.error or "", run.error, text):
+        assert re.search(expected, said), said
+        assert FAKE_PROVIDER_KEY not in said
