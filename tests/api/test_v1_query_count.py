@@ -127,6 +127,11 @@ def test_a_warm_pass_through_run_stays_within_its_statement_budget(
     assert run.last_seq == run.events.count()
 
 
+# Daemon threads of the process that touch the database on a timer (apps.runs.execution's
+# lease keeper, apps.runs.sweeper, apps.audit.sequencer).
+HOUSEKEEPING = frozenset({"run-heartbeat", "run-reaper", "run-sweeper", "audit-sequencer"})
+
+
 def test_warm_requests_reuse_the_request_threads_and_their_connections(
     solo: Any, api_key: tuple[Any, str], queries: Queries, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,9 +177,13 @@ def test_warm_requests_reuse_the_request_threads_and_their_connections(
     # is opened only by a kept thread that had none: never twice by one thread, and never more
     # than the pool's threads. (The executor may start another thread when a request comes before
     # the last one's thread is back waiting, so the count is not pinned to one.)
+    # The process's own timers (the lease heartbeat every RUN_LEASE_S / 3, the reaper) may tick
+    # inside the window on a slow machine: their connections and statements are not a request's.
+    opened = [name for name in opened if name not in HOUSEKEEPING]
+    threads = [name for name in queries.threads if name not in HOUSEKEEPING]
     assert opened, "no connection was opened at all: nothing was measured"
     assert all(name.startswith("v1-request_") for name in opened), opened
     assert len(opened) == len(set(opened)), opened  # kept: no thread reconnected
     assert len(opened) < 1 + warm_requests, opened  # fewer connections than requests
-    assert queries.sql, "the runs sent no statement: nothing was measured"
-    assert {name.rsplit("_", 1)[0] for name in queries.threads} == {"v1-request"}, Counter(queries.threads)
+    assert threads, "the runs sent no statement: nothing was measured"
+    assert {name.rsplit("_", 1)[0] for name in threads} == {"v1-request"}, Counter(queries.threads)
