@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,8 +69,10 @@ class SecretError(Exception):
     """A stored key could not be decrypted (wrong or rotated-away SECRETS_ENCRYPTION_KEY)."""
 
 
-def _fernet() -> MultiFernet:
-    keys = [k.strip() for k in str(settings.SECRETS_ENCRYPTION_KEY).split(",") if k.strip()]
+def _fernet(encryption_keys: str | None = None) -> MultiFernet:
+    if encryption_keys is None:
+        encryption_keys = str(settings.SECRETS_ENCRYPTION_KEY)
+    keys = [k.strip() for k in encryption_keys.split(",") if k.strip()]
     if not keys:
         raise SecretError("SECRETS_ENCRYPTION_KEY is not set.")
     return MultiFernet([Fernet(k.encode()) for k in keys])
@@ -80,8 +83,17 @@ def encrypt(plaintext: str) -> str:
 
 
 def decrypt(token: str) -> str:
+    return _decrypt(token, str(settings.SECRETS_ENCRYPTION_KEY))
+
+
+# Every run checks and resolves each worker's key (two Fernet decryptions, an HMAC each, per
+# worker); the plaintext is held by that worker's SDK client anyway. Keyed by the token and the
+# encryption keys, so a re-entered key or a changed SECRETS_ENCRYPTION_KEY is decrypted afresh; a
+# failure is never cached.
+@lru_cache(maxsize=256)
+def _decrypt(token: str, encryption_keys: str) -> str:
     try:
-        return _fernet().decrypt(token.encode()).decode()
+        return _fernet(encryption_keys).decrypt(token.encode()).decode()
     except InvalidToken:
         raise SecretError(
             "The stored API key cannot be decrypted with the current SECRETS_ENCRYPTION_KEY; enter the key again."

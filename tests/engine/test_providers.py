@@ -129,6 +129,20 @@ def test_anthropic_wrong_key_against_keyed_server() -> None:
             an_worker(server).complete(MSGS)
 
 
+def test_anthropic_clients_are_shared_per_key() -> None:
+    # Built per run, shared per configuration: a worker built with another key sends that key.
+    with FakeAnthropicServer(api_key="sk-ant-right") as server:
+        first, second = an_worker(server), an_worker(server)
+        assert first._client is second._client
+        info = WorkerInfo(key="an", name="AN", model="claude-haiku-4-5", provider="anthropic", timeout_s=5.0)
+        right = build_worker(info, base_url=server.base_url, api_key="sk-ant-right")
+        assert right._client is not first._client
+        server.responder = lambda req: FakeReply("ok")
+        assert right.complete(MSGS).text == "ok"
+        with pytest.raises(ProviderAuthError):
+            second.complete(MSGS)
+
+
 def test_openai_wrong_key_against_keyed_server() -> None:
     with FakeOpenAIServer(api_key="sk-the-right-one") as server:
         assert isinstance(server, FakeOpenAIServer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from apps.audit.models import AuditEvent
@@ -162,6 +163,30 @@ def test_build_engine_pool(fake_pool: Any) -> None:
     request = fake_pool.server.chat_requests()[-1]
     assert request.headers["authorization"] == f"Bearer {FAKE_PROVIDER_KEY}"
     assert request.json["model"] == "fake-solver-1"
+
+
+def test_each_run_builds_with_the_key_stored_now(fake_pool: Any, settings: Any) -> None:
+    # SDK clients and decrypted keys are shared between runs; a re-entered key, or an encryption
+    # key that no longer opens the stored one, must still be what the next build sees.
+    first = build_engine_pool(fake_pool.pool)
+    again = build_engine_pool(fake_pool.pool)
+    assert first.default._client is again.default._client  # one SDK client per configuration
+    fake_pool.server.script("old")
+    assert again.default.complete([{"role": "user", "content": "q"}], max_tokens=5).text == "old"
+
+    new_key = "sk-fake-REENTERED-key-8Zq1"
+    provider_update(actor=None, provider=fake_pool.provider, api_key=new_key)
+    fake_pool.server.api_key = new_key  # the upstream now refuses the old key
+    fake_pool.pool.refresh_from_db()
+    rotated = build_engine_pool(fake_pool.pool)
+    assert rotated.default._client is not first.default._client
+    fake_pool.server.script("new")
+    assert rotated.default.complete([{"role": "user", "content": "q"}], max_tokens=5).text == "new"
+    assert fake_pool.server.chat_requests()[-1].headers["authorization"] == f"Bearer {new_key}"
+
+    settings.SECRETS_ENCRYPTION_KEY = Fernet.generate_key().decode()  # not the key it was stored with
+    with pytest.raises(PoolUnavailable, match="cannot be decrypted with the current SECRETS_ENCRYPTION_KEY"):
+        build_engine_pool(fake_pool.pool)
 
 
 def test_build_engine_pool_refuses_in_plain_words(alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:

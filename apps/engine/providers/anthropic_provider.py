@@ -23,7 +23,7 @@ from apps.engine.providers._http import (
     SdkWorker,
     connection_error,
     map_status_error,
-    shared_http_client,
+    shared_sdk_client,
 )
 from apps.engine.providers.base import (
     ProviderAuthError,
@@ -84,13 +84,21 @@ class AnthropicWorker(SdkWorker):
             self._client: anthropic.Anthropic | None = client
         else:
             try:
-                self._client = anthropic.Anthropic(
+                self._client = shared_sdk_client(
+                    "anthropic",
                     api_key=api_key,
                     base_url=base_url,
-                    max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
-                    http_client=shared_http_client(egress),
+                    egress_policy=egress,
+                    build=lambda http_client: anthropic.Anthropic(
+                        api_key=api_key,
+                        base_url=base_url,
+                        max_retries=0,
+                        timeout=info.timeout_s,
+                        default_headers=default_headers,
+                        http_client=http_client,
+                    ),
                 )
             except anthropic.AnthropicError:
                 self._client = None

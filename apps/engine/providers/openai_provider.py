@@ -24,7 +24,7 @@ from apps.engine.providers._http import (
     SdkWorker,
     connection_error,
     map_status_error,
-    shared_http_client,
+    shared_sdk_client,
 )
 from apps.engine.providers.base import (
     ProviderAuthError,
@@ -72,14 +72,23 @@ class OpenAIWorker(SdkWorker):
             self._client_error: str | None = None
         else:
             try:
-                self._client = openai.OpenAI(
-                    # Local compatible servers (Ollama, vLLM) need no key, but the SDK insists on one.
-                    api_key=api_key or ("not-needed" if info.provider == "openai_compatible" else None),
+                # Local compatible servers (Ollama, vLLM) need no key, but the SDK insists on one.
+                sdk_key = api_key or ("not-needed" if info.provider == "openai_compatible" else None)
+                self._client = shared_sdk_client(
+                    "openai",
+                    api_key=sdk_key,
                     base_url=base_url,
-                    max_retries=0,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
-                    http_client=shared_http_client(egress),
+                    egress_policy=egress,
+                    build=lambda http_client: openai.OpenAI(
+                        api_key=sdk_key,
+                        base_url=base_url,
+                        max_retries=0,
+                        timeout=info.timeout_s,
+                        default_headers=default_headers,
+                        http_client=http_client,
+                    ),
                 )
                 self._client_error = None
             except openai.OpenAIError:
