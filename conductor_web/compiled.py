@@ -19,10 +19,42 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import Field, Model, QuerySet
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db.models import Field, Model, QuerySet, signals
+from django.db.models.query import ModelIterable, get_related_populators
+
+# Fields whose preparation of a value of exactly this type returns it unchanged (``to_python`` /
+# ``get_prep_value`` of a str or bool; of an int too, except on PostgreSQL, whose adapter wraps
+# it in psycopg's sized integer type). The ORM's call chain for them was a tenth of a hot
+# statement's Python; subclasses are not listed, since they may prepare differently.
+_AS_IS: dict[type[Field[Any, Any]], type] = {
+    models.CharField: str,
+    models.TextField: str,
+    models.SlugField: str,
+    models.BooleanField: bool,
+}
+_INTEGERS = (
+    models.IntegerField,
+    models.SmallIntegerField,
+    models.BigIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveSmallIntegerField,
+    models.PositiveBigIntegerField,
+)
+_AS_IS_NOT_PG: dict[type[Field[Any, Any]], type] = {**_AS_IS, **dict.fromkeys(_INTEGERS, int)}
+
+
+def db_value(field: Field[Any, Any], value: Any, connection: Any) -> Any:
+    """``field.get_db_prep_save(value, connection)``, without the call chain where it is identity."""
+    as_is = _AS_IS if connection.vendor == "postgresql" else _AS_IS_NOT_PG
+    if as_is.get(type(field)) is type(value):
+        return value
+    return field.get_db_prep_save(value, connection)
+
+
+M = TypeVar("M", bound=Model)
 
 
 @dataclass(frozen=True)
@@ -33,6 +65,10 @@ class _Compiled:
     converters: dict[int, tuple[list[Callable[..., Any]], Any]]
     # Where each placeholder's value goes among the parameters.
     slots: tuple[int, ...] = ()
+    # A model queryset's instances, built as Django's ModelIterable builds them: (model, the
+    # attnames of its columns, where they start and end in a row, the select_related populators,
+    # annotation name -> column).
+    model: tuple[type[Model], list[str], int, int, list[Any], dict[str, int]] | None = None
 
 
 def _marker(field: Field[Any, Any]) -> Any:
@@ -85,7 +121,13 @@ class CompiledRead:
                             )
                         slots.append(found[0])
                     columns = [col for col, _, _ in compiler.select[: compiler.col_count]]
-                    compiled = _Compiled(sql, tuple(params), compiler.get_converters(columns), tuple(slots))
+                    compiled = _Compiled(
+                        sql,
+                        tuple(params),
+                        compiler.get_converters(columns),
+                        tuple(slots),
+                        _model_shape(compiler, using) if queryset._iterable_class is ModelIterable else None,
+                    )
                     self._compiled[cache_key] = compiled
         return compiled
 
@@ -115,6 +157,43 @@ class CompiledRead:
                 columns[position] = value
             out.append(tuple(columns))
         return out
+
+
+def _model_shape(compiler: Any, using: str) -> Any:
+    """How ModelIterable turns this compiler's rows into instances."""
+    klass_info = compiler.klass_info
+    select = compiler.select
+    fields = klass_info["select_fields"]
+    start, end = fields[0], fields[-1] + 1
+    init_list = [column[0].target.attname for column in select[start:end]]
+    populators = get_related_populators(klass_info, select, using)  # type: ignore[call-arg]  # 5.2: no fetch_mode
+    return (klass_info["model"], init_list, start, end, populators, dict(compiler.annotation_col_map or {}))
+
+
+class CompiledGet(CompiledRead):
+    """A model queryset of fixed shape (``select_related``, ``only``, annotations): ``objects``
+    returns the instances iterating the queryset would give, related objects and annotations
+    set, without building and compiling it again. For a row read on every run (issue #15)."""
+
+    def objects(self, *values: Any, using: str = DEFAULT_DB_ALIAS) -> list[Any]:
+        rows = self.rows(*values, using=using)
+        shape = self._compile(using).model
+        if shape is None:
+            raise TypeError("CompiledGet needs a queryset of model instances")
+        model, init_list, start, end, populators, annotations = shape
+        out = []
+        for row in rows:
+            obj = model.from_db(using, init_list, row[start:end])
+            for populator in populators:
+                populator.populate(row, obj)
+            for name, position in annotations.items():
+                setattr(obj, name, row[position])
+            out.append(obj)
+        return out
+
+    def first(self, *values: Any, using: str = DEFAULT_DB_ALIAS) -> Any:
+        found = self.objects(*values, using=using)
+        return found[0] if found else None
 
 
 class CompiledUpdate:
@@ -163,7 +242,7 @@ class CompiledUpdate:
         """``key``: the value of the one ``where`` field, or a tuple of one value per field."""
         conn = connections[using]
         keys = key if isinstance(key, tuple) else (key,)
-        params = [f.get_db_prep_save(v, conn) for f, v in zip(self._fields, values, strict=True)]
+        params = [db_value(f, v, conn) for f, v in zip(self._fields, values, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, v in zip(self._where, keys, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, values in self._only_if for v in values]
         with conn.cursor() as cursor:
@@ -231,5 +310,35 @@ class CompiledInsert:
         with conn.cursor() as cursor:
             for at in range(0, len(objs), self.ROWS):
                 chunk = objs[at : at + self.ROWS]
-                params = [f.get_db_prep_save(f.pre_save(obj, True), conn) for obj in chunk for f in fields]
+                params = [db_value(f, f.pre_save(obj, True), conn) for obj in chunk for f in fields]
                 cursor.execute(start + ", ".join([row] * len(chunk)), params)
+
+
+_INSERTS: dict[type[Model], CompiledInsert] = {}
+
+
+def create(model: type[M], using: str = DEFAULT_DB_ALIAS, **values: Any) -> M:
+    """``model.objects.create(**values)`` for a model whose primary key is set before the INSERT
+    (a UUID default, or a one-to-one key given in ``values``), through a ``CompiledInsert`` kept
+    per model: ``pre_save`` and ``post_save`` are sent as ``save()`` sends them, and the instance
+    is left saved. Not for a model that overrides ``save()`` or has a parent model."""
+    meta = model._meta
+    if meta.auto_field is not None or meta.parents:
+        raise TypeError(f"{model.__name__}: create() needs a primary key set before the INSERT")
+    if "save" in vars(model):
+        raise TypeError(f"{model.__name__} overrides save(): use the ORM")
+    obj = model(**values)
+    if obj.pk is None:
+        raise TypeError(f"{model.__name__}: the primary key is not set")
+    statement = _INSERTS.get(model)
+    if statement is None:
+        statement = _INSERTS[model] = CompiledInsert(model)
+    signals.pre_save.send(sender=model, instance=obj, raw=False, using=using, update_fields=None)
+    with transaction.mark_for_rollback_on_error(using):  # as save_base: a failed INSERT poisons
+        statement.execute([obj], using=using)  # the enclosing atomic block, even if caught
+    obj._state.adding = False
+    obj._state.db = using
+    signals.post_save.send(
+        sender=model, instance=obj, created=True, update_fields=None, raw=False, using=using
+    )
+    return obj

@@ -28,6 +28,7 @@ from apps.audit.models import AuditEvent, ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge, sth_create
+from conductor_web.compiled import db_value
 from conductor_web.request_context import current_request_meta
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
@@ -151,7 +152,7 @@ def _insert(events: list[tuple[AuditEvent, str]], using: str) -> None:
         if pg:
             rows.append((*(getattr(event, field.attname) for field in _INSERT_FIELDS), payload_json))
         else:
-            values = [field.get_db_prep_save(getattr(event, field.attname), conn) for field in _INSERT_FIELDS]
+            values = [db_value(field, getattr(event, field.attname), conn) for field in _INSERT_FIELDS]
             values.append(payload_json)
             rows.append(tuple(values))
     conn.ensure_connection()

@@ -19,6 +19,7 @@ from django.db import connection
 from django.db.models import Field, Model, UniqueConstraint
 
 from apps.insights.models import DAY, HOUR
+from conductor_web.compiled import db_value
 
 Key = tuple[tuple[str, Any], ...]
 
@@ -64,7 +65,7 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
         amounts = rows[key]
         for field, zero in zip(counters, zeros, strict=True):
             value = amounts.get(field.name)
-            params.append(zero if value is None else field.get_db_prep_save(value, connection))
+            params.append(zero if value is None else db_value(field, value, connection))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 

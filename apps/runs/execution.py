@@ -55,6 +55,7 @@ from apps.runs.selectors import approved_digests
 from apps.runs.sink import RunSink
 from apps.runs.sweeper import run_job, start_sweeper
 from apps.workers.engine_adapter import use_preset_conductor
+from conductor_web.compiled import CompiledGet
 from conductor_web.request_context import set_request_id
 
 logger = logging.getLogger(__name__)
@@ -312,6 +313,26 @@ def give_back(run_id: UUID | str, reason: str) -> None:
         )
 
 
+# The claimed run with what execution needs, read once per run by whoever executes it (a Celery
+# worker, a pool thread): compiled once per process (conductor_web.compiled, issue #15).
+_RUN_TO_EXECUTE = CompiledGet(
+    lambda vendor, run_id: (
+        Run.objects.select_related("team", "pool", "worker")
+        .annotate(access_stamp=stamp_expression())
+        .filter(pk=run_id)
+    ),
+    placeholders=[Run._meta.pk],
+)
+
+
+def run_to_execute(run_id: UUID | str) -> Run:
+    """The run with its team, pool and worker and the access version (raises Run.DoesNotExist)."""
+    run = _RUN_TO_EXECUTE.first(_as_uuid(run_id))
+    if run is None:
+        raise Run.DoesNotExist(f"run {run_id} does not exist")
+    return run
+
+
 def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> Run | None:
     """Drive the engine for a run this process has claimed; the run row as it ended (read with
     the queryset ``final``: the lease and the verdict in one read), None if the lease was lost."""
@@ -322,6 +343,10 @@ def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> 
     _track(str(run_id), True)
     try:
         try:
+            if run is None:
+                # Read here rather than in _drive_engine: the ending is then this row plus the
+                # sink's verdict, with no read back (below).
+                run = run_to_execute(run_id)
             finished, verdict = _drive_engine(run_id, cancel, run=run)
         except Exception as exc:
             if not _still_owner(run_id, owner):
@@ -390,11 +415,7 @@ def _drive_engine(
     # while it is current (apps.governance.access_version). An inline run arrives as run_create
     # stored it, with the stamp its request read.
     if run is None:
-        run = (
-            Run.objects.select_related("team", "pool", "worker")
-            .annotate(access_stamp=stamp_expression())
-            .get(pk=run_id)
-        )
+        run = run_to_execute(run_id)
     stamp = getattr(run, "access_stamp", None)
     cancel = cancel if cancel is not None else DbCancelToken(run.id)
     journal = CallJournal(run.id, attempt=run.attempts or 1)

@@ -22,6 +22,7 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Strategy
 from apps.runs.sink import publish
 from apps.workers.models import Pool
+from conductor_web import compiled
 
 MAX_QUESTION_CHARS = 32_000
 
@@ -175,7 +176,9 @@ def run_create(
             "attempts": 1,
         }
     with transaction.atomic():
-        run = Run.objects.create(
+        # The ORM's create() compiled its INSERT for every run (issue #15); the signals still go.
+        run = compiled.create(
+            Run,
             created_by=actor if getattr(actor, "is_authenticated", False) else None,
             api_key=api_key,
             team=team,
@@ -214,7 +217,7 @@ def run_create(
         )
         if not execute_here:
             # The outbox row makes the hand-off survive a broker outage or a crash before dispatch.
-            RunDispatch.objects.create(run=run)
+            compiled.create(RunDispatch, run=run)
             run_id = run.id
             transaction.on_commit(lambda: _dispatch(run_id))
     run.access_stamp = access_stamp  # what execution's caches are keyed by

@@ -165,3 +165,136 @@ def test_update_where_keeps_one_statement_per_set_of_columns(alpha: Any) -> None
     with transaction.atomic():
         assert update_where(Run, run.pk, {"answer": "d", "step_count": 5}, only_if=live) == 0
     assert Run.objects.get(pk=run.pk).answer == "c"
+
+
+def test_db_value_is_the_fields_own_preparation() -> None:
+    # The shortcut applies only where the field's preparation is identity; everything else (a
+    # number given as text, a bool to an integer field, subclasses, decimals, times) goes through it.
+    from django.db import models
+
+    class Flag(models.BooleanField):
+        def get_db_prep_save(self, value: Any, connection: Any) -> Any:
+            return "flagged"
+
+    cases: list[tuple[Any, Any]] = [
+        (models.CharField(max_length=5), "abc"),
+        (models.TextField(), "é ✓"),
+        (models.SlugField(), "a-b"),
+        (models.PositiveIntegerField(), 7),
+        (models.PositiveBigIntegerField(), 2**40),
+        (models.IntegerField(), "12"),
+        (models.IntegerField(), True),
+        (models.BooleanField(), True),
+        (models.DecimalField(max_digits=18, decimal_places=8), Decimal("0.1")),
+        (models.DateTimeField(), datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)),
+        (models.UUIDField(), uuid.UUID(int=5)),
+        (models.JSONField(), {"a": [1]}),
+        (Flag(), True),
+    ]
+    for field, value in cases:
+        expected = field.get_db_prep_save(value, connection)
+        got = compiled.db_value(field, value, connection)
+        # By repr: psycopg's wrappers (Jsonb, Int4) have no equality of their own.
+        assert repr(got) == repr(expected) and type(got) is type(expected), (field, value, got, expected)
+    assert compiled.db_value(Flag(), True, connection) == "flagged"
+    assert compiled.db_value(models.IntegerField(), "12", connection) == 12
+
+
+def _same_row(got: Any, expected: Any) -> None:
+    assert type(got) is type(expected) and got.pk == expected.pk
+    assert got.get_deferred_fields() == expected.get_deferred_fields()
+    for field in type(expected)._meta.concrete_fields:
+        if field.attname not in expected.get_deferred_fields():
+            assert getattr(got, field.attname) == getattr(expected, field.attname), field.name
+    assert not got._state.adding and got._state.db == expected._state.db
+
+
+def test_a_compiled_get_builds_the_instances_its_queryset_builds(
+    alpha: Any, django_assert_num_queries: Any
+) -> None:
+    from apps.governance.access_version import read_stamp, stamp_expression
+    from apps.runs.models import Run
+
+    run, other = make_run(alpha, cost_usd=Decimal("0.00012")), make_run(alpha, question="Other?")
+    get = compiled.CompiledGet(
+        lambda vendor, pk: (
+            Run.objects.select_related("team", "pool", "worker")
+            .annotate(access_stamp=stamp_expression())
+            .filter(pk=pk)
+        ),
+        placeholders=[Run._meta.pk],
+    )
+    for wanted in (run, other):
+        expected = (
+            Run.objects.select_related("team", "pool", "worker")
+            .annotate(access_stamp=stamp_expression())
+            .get(pk=wanted.pk)
+        )
+        with django_assert_num_queries(1):  # the related rows come with it, as select_related's do
+            got = get.first(wanted.pk)
+            assert got.team.slug == alpha.slug and got.pool.pk == wanted.pool_id and got.worker is None
+        _same_row(got, expected)
+        _same_row(got.team, expected.team)
+        _same_row(got.pool, expected.pool)
+        assert got.access_stamp == expected.access_stamp == read_stamp()
+    assert get.first(uuid.uuid4()) is None and get.objects(uuid.uuid4()) == []
+
+    # Deferred columns stay deferred, as only() leaves them.
+    narrow = compiled.CompiledGet(
+        lambda vendor, pk: Run.objects.only("status", "lease_owner").filter(pk=pk),
+        placeholders=[Run._meta.pk],
+    )
+    got = narrow.first(run.pk)
+    _same_row(got, Run.objects.only("status", "lease_owner").get(pk=run.pk))
+    assert "question" in got.get_deferred_fields()
+    with pytest.raises(TypeError, match="model instances"):
+        compiled.CompiledGet(
+            lambda vendor, pk: Run.objects.filter(pk=pk).values_list("status"), placeholders=[Run._meta.pk]
+        ).objects(run.pk)
+
+
+def test_create_stores_and_signals_what_the_orms_create_does(alpha: Any) -> None:
+    from django.db.models import signals
+
+    from apps.runs.models import RunDispatch
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def pre(sender: Any, **kw: Any) -> None:
+        seen.append(("pre", {k: v for k, v in kw.items() if k != "signal"}))
+
+    def post(sender: Any, **kw: Any) -> None:
+        seen.append(("post", {k: v for k, v in kw.items() if k != "signal"}))
+
+    signals.pre_save.connect(pre, sender=RunDispatch)
+    signals.post_save.connect(post, sender=RunDispatch)
+    try:
+        runs = [make_run(alpha), make_run(alpha)]
+        with transaction.atomic():
+            by_orm = RunDispatch.objects.create(run=runs[0], dispatched_by="x")
+        orm_seen, seen[:] = list(seen), []
+        with transaction.atomic():
+            mine = compiled.create(RunDispatch, run=runs[1], dispatched_by="x")
+    finally:
+        signals.pre_save.disconnect(pre, sender=RunDispatch)
+        signals.post_save.disconnect(post, sender=RunDispatch)
+    # The same signals with the same arguments, each with its own instance.
+    assert [(k, {n: v for n, v in kw.items() if n != "instance"}) for k, kw in seen] == [
+        (k, {n: v for n, v in kw.items() if n != "instance"}) for k, kw in orm_seen
+    ]
+    assert [kw["instance"] for _, kw in seen] == [mine, mine]
+    assert not mine._state.adding and mine._state.db == "default"
+    stored = {row.run_id: row for row in RunDispatch.objects.filter(run__in=runs)}
+    for field in RunDispatch._meta.concrete_fields:
+        if field.name not in ("run", "created_at"):
+            assert getattr(stored[runs[1].pk], field.attname) == getattr(by_orm, field.attname), field.name
+    assert stored[runs[1].pk].created_at == mine.created_at  # auto_now_add, on the row and the instance
+
+    # A failed INSERT poisons its atomic block, as save() does, even when the caller catches it.
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            compiled.create(RunDispatch, run=runs[1])
+        assert connection.needs_rollback
+        connection.set_rollback(False)  # only to leave the block; nothing else was written
+    with pytest.raises(TypeError, match="primary key"):
+        compiled.create(RunEvent, run_id=runs[0].pk, seq=1, type="x", data={})

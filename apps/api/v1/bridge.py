@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -48,6 +49,7 @@ from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import register_server_loop
+from conductor_web.compiled import CompiledGet, CompiledRead
 from conductor_web.executor_db import off_loop, release_while_waiting
 
 logger = logging.getLogger(__name__)
@@ -326,8 +328,33 @@ def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
     return [dict(row) for row in rows]
 
 
+# A waiter's reads of its run, once or twice per run each: compiled once per process
+# (conductor_web.compiled, issue #15).
+_RUN_WITH_POOL = CompiledGet(
+    lambda vendor, run_id: Run.objects.select_related("pool").filter(pk=run_id), placeholders=[Run._meta.pk]
+)
+_FINISHED_DATA = CompiledRead(
+    lambda vendor, run_id: (
+        RunEvent.objects.filter(run_id=run_id, type="run.finished").order_by("-seq").values_list("data")[:1]
+    ),
+    placeholders=[Run._meta.pk],
+)
+_STATUS = CompiledRead(
+    lambda vendor, run_id: Run.objects.filter(pk=run_id).values_list("status")[:1],
+    placeholders=[Run._meta.pk],
+)
+
+
+def _uuid(run_id: Any) -> UUID:
+    return run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+
+
 def load_run(run_id: Any) -> Any:
-    return Run.objects.select_related("pool").get(pk=run_id)
+    """The run with its pool (raises Run.DoesNotExist)."""
+    run = _RUN_WITH_POOL.first(_uuid(run_id))
+    if run is None:
+        raise Run.DoesNotExist(f"run {run_id} does not exist")
+    return run
 
 
 def run_deadline(run: Any) -> float:
@@ -345,12 +372,8 @@ def run_deadline(run: Any) -> float:
 def finished_data(run_id: Any) -> dict[str, Any]:
     """The data of the run's ``run.finished`` event ({} before it is stored)."""
 
-    data = (
-        RunEvent.objects.filter(run_id=run_id, type="run.finished")
-        .order_by("-seq")
-        .values_list("data", flat=True)
-        .first()
-    )
+    rows = _FINISHED_DATA.rows(_uuid(run_id))
+    data = rows[0][0] if rows else None
     return data if isinstance(data, dict) else {}
 
 
@@ -364,8 +387,8 @@ def _is_running(run_id: Any) -> bool:
     """Whether the run is still queued or running: one narrow read, no model instances. A waiter
     asks this first (a fresh run almost never has an answer yet) and loads the run only when
     there is something to answer with (issue #15)."""
-    status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-    return status in (RunStatus.QUEUED, RunStatus.RUNNING)
+    rows = _STATUS.rows(_uuid(run_id))
+    return bool(rows) and rows[0][0] in (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
 def _load_ended(run_id: Any) -> tuple[Any, float | None]:
