@@ -247,6 +247,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self._send_event(missed)
         await self._send_event(event)
 
+    async def run_events(self, message: dict[str, Any]) -> None:
+        """A committed batch in one message (``apps.runs.sink.publish_batch``): its events in order."""
+        for event in message["events"]:
+            await self.run_event({"event": event})
+
     async def run_reviewed(self, message: dict[str, Any]) -> None:
         """A reviewer decided: re-send the snapshot as this viewer may now see it."""
         if self.sent_seq is None:

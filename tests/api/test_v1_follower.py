@@ -69,3 +69,18 @@ def test_a_follower_ending_mid_receive_cancels_it_once(monkeypatch: pytest.Monke
 
     pending = asyncio.run(follow())
     assert pending.cancelled()  # nothing left receiving for a follower that is gone
+
+
+def test_a_plain_waiter_reads_the_run_only_for_a_wake_up_that_may_end_it() -> None:
+    # A batch arrives as one run.events message: it may end the run if any of its events does.
+    def batch(*types: str) -> dict[str, Any]:
+        return {"type": "run.events", "events": [{"seq": i, "type": t} for i, t in enumerate(types, 1)]}
+
+    assert not bridge._may_end_run({"type": "run.event", "event": {"seq": 1, "type": "step.started"}})
+    assert bridge._may_end_run({"type": "run.event", "event": {"seq": 9, "type": "run.finished"}})
+    assert not bridge._may_end_run(batch("run.started", "step.started"))
+    assert bridge._may_end_run(batch("step.finished", "guardrail.checked", "run.finished"))
+    assert bridge._may_end_run(batch("plan.validated", "run.awaiting_approval"))
+    # Anything else (a review, a lost layer, a malformed batch, no message at all) reads the run.
+    for other in ({"type": "run.reviewed"}, {"type": "run.events", "events": "x"}, None):
+        assert bridge._may_end_run(other)

@@ -167,6 +167,31 @@ async def test_a_gap_in_live_events_is_filled_from_the_database(run_with_history
 
 
 @_in_own_loop
+async def test_a_batch_published_as_one_message_reaches_the_viewer_event_by_event(
+    run_with_history: Run, owner: Any
+) -> None:
+    # One run.events message (apps.runs.sink.publish_batch): an old event in it is dropped by
+    # seq, a gap before it is filled from the database, the rest arrive in order, once each.
+    comm, connected, _ = await _connect(run_with_history, owner, "?after=5")
+    assert connected
+    await database_sync_to_async(RunEventFactory)(
+        run=run_with_history, seq=6, type="step.delta", data={"index": 0, "text": "lost"}
+    )
+    from apps.runs.sink import publish_batch
+
+    rid = str(run_with_history.id)
+
+    def delta(seq: int, text: str) -> dict[str, Any]:
+        return {"type": "step.delta", "run_id": rid, "seq": seq, "ts": 0, "data": {"index": 0, "text": text}}
+
+    await asyncio.to_thread(publish_batch, rid, [delta(5, "old"), delta(7, "a"), delta(8, "b")])
+    got = [await comm.receive_json_from(timeout=10) for _ in range(3)]
+    assert [(e["seq"], e["data"]["text"]) for e in got] == [(6, "lost"), (7, "a"), (8, "b")]
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
+
+
+@_in_own_loop
 async def test_the_viewers_gauge_counts_accepted_sockets_only(
     run_with_history: Run, owner: Any, outsider: Any
 ) -> None:

@@ -16,7 +16,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
 from apps.runs import sink as sink_module
-from apps.runs.sink import group_name, publish_batch, register_server_loop
+from apps.runs.sink import group_name, message_events, publish_batch, register_server_loop
 
 pytestmark = pytest.mark.skipif(
     not isinstance(get_channel_layer(), InMemoryChannelLayer), reason="the embedded in-memory channel layer"
@@ -55,11 +55,15 @@ def test_a_followed_run_still_reaches_its_follower(restore_loop: None) -> None:
     try:
         channel = on_loop(layer.new_channel("follower"))
         on_loop(layer.group_add(group_name(run_id), channel))
+        # A batch is one message carrying its events in order; a lone event is a run.event.
         publish_batch(run_id, [EVENT, {**EVENT, "seq": 2}])
-        first = on_loop(asyncio.wait_for(layer.receive(channel), 5))
-        second = on_loop(asyncio.wait_for(layer.receive(channel), 5))
-        assert [first["event"]["seq"], second["event"]["seq"]] == [1, 2]
-        assert first["group"] == group_name(run_id)
+        publish_batch(run_id, [{**EVENT, "seq": 3}])
+        batch = on_loop(asyncio.wait_for(layer.receive(channel), 5))
+        lone = on_loop(asyncio.wait_for(layer.receive(channel), 5))
+        assert batch["type"] == "run.events" and [e["seq"] for e in batch["events"]] == [1, 2]
+        assert lone["type"] == "run.event" and lone["event"]["seq"] == 3
+        assert batch["group"] == lone["group"] == group_name(run_id)
+        assert [e["seq"] for e in message_events(batch) + message_events(lone)] == [1, 2, 3]  # type: ignore[operator]
         on_loop(layer.group_discard(group_name(run_id), channel))
     finally:
         loop.call_soon_threadsafe(loop.stop)

@@ -48,7 +48,7 @@ from apps.runs import execution
 from apps.runs import services as run_services
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
-from apps.runs.sink import register_server_loop
+from apps.runs.sink import message_events, register_server_loop
 from conductor_web.compiled import CompiledGet, CompiledRead
 from conductor_web.executor_db import off_loop, release_while_waiting
 
@@ -315,10 +315,13 @@ class RunFollower:
 def _may_end_run(message: dict[str, Any] | None) -> bool:
     """Whether a wake-up calls for reading the run: its end, or anything not a plain run event.
     A run's other events (several per run) need no database read by a plain waiter."""
-    if message is None or message.get("type") != "run.event":
+    events = None if message is None else message_events(message)
+    if events is None:
         return True
-    event = message.get("event")
-    return not isinstance(event, dict) or event.get("type") in ("run.finished", "run.awaiting_approval")
+    return any(
+        not isinstance(event, dict) or event.get("type") in ("run.finished", "run.awaiting_approval")
+        for event in events
+    )
 
 
 def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
