@@ -15,12 +15,15 @@ placeholder; anything else stays an ordinary queryset.
 
 from __future__ import annotations
 
+import functools
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models import Field, Model, QuerySet, signals
 from django.db.models.query import ModelIterable, get_related_populators
@@ -55,6 +58,47 @@ def db_value(field: Field[Any, Any], value: Any, connection: Any) -> Any:
 
 
 M = TypeVar("M", bound=Model)
+
+
+def execute(
+    connection: Any, sql: str, params: Sequence[Any], *, fetch: bool = False
+) -> tuple[int, list[tuple[Any, ...]]]:
+    """Send one write of fixed shape: (rows changed, the rows it returned if ``fetch``).
+
+    On PostgreSQL the parameters are bound on the server, in binary, by psycopg's C dumpers, and
+    the statement is prepared once per connection (``prepare=True``). Django's cursor binds on
+    the client: it quotes every parameter into the text in Python and splits the text again on
+    each call when it is long (a multi-row upsert), a seventh of a Celery worker's CPU per run
+    (issue #15). Errors are Django's, and a failure inside an atomic block marks it for rollback
+    as ``atomic(savepoint=False)`` would: a change whose write failed must not commit, even if
+    the caller catches the error. On SQLite, Django's cursor."""
+    try:
+        if connection.vendor != "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = list(cursor.fetchall()) if fetch else []  # sqlite3 counts RETURNING rows as fetched
+                return int(cursor.rowcount), rows
+        connection.validate_no_broken_transaction()
+        connection.ensure_connection()
+        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+
+            def send(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
+                cursor.execute(sql, params, prepare=True)
+
+            # What Django's cursor offers the tools that watch it: the execute wrappers
+            # (connection.execute_wrapper) and the query log (DEBUG, CaptureQueriesContext).
+            executor: Callable[..., Any] = send
+            for wrapper in reversed(connection.execute_wrappers):
+                executor = functools.partial(wrapper, executor)
+            started = time.monotonic()
+            executor(sql, params, False, {"connection": connection, "cursor": cursor})
+            if connection.queries_logged:
+                connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+            return int(cursor.rowcount), (list(cursor.fetchall()) if fetch else [])
+    except BaseException:
+        if connection.in_atomic_block:
+            connection.needs_rollback = True
+        raise
 
 
 @dataclass(frozen=True)
@@ -245,9 +289,7 @@ class CompiledUpdate:
         params = [db_value(f, v, conn) for f, v in zip(self._fields, values, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, v in zip(self._where, keys, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, values in self._only_if for v in values]
-        with conn.cursor() as cursor:
-            cursor.execute(self._statement(using), params)
-            return int(cursor.rowcount)
+        return execute(conn, self._statement(using), params)[0]
 
 
 _UPDATES: dict[tuple[Any, ...], CompiledUpdate] = {}
@@ -307,11 +349,10 @@ class CompiledInsert:
         conn = connections[using]
         start, row = self._head(using)
         fields = self._fields
-        with conn.cursor() as cursor:
-            for at in range(0, len(objs), self.ROWS):
-                chunk = objs[at : at + self.ROWS]
-                params = [db_value(f, f.pre_save(obj, True), conn) for obj in chunk for f in fields]
-                cursor.execute(start + ", ".join([row] * len(chunk)), params)
+        for at in range(0, len(objs), self.ROWS):
+            chunk = objs[at : at + self.ROWS]
+            params = [db_value(f, f.pre_save(obj, True), conn) for obj in chunk for f in fields]
+            execute(conn, start + ", ".join([row] * len(chunk)), params)
 
 
 _INSERTS: dict[type[Model], CompiledInsert] = {}

@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DEFAULT_DB_ALIAS, models, transaction
@@ -28,7 +27,7 @@ from apps.audit.models import AuditEvent, ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge, sth_create
-from conductor_web.compiled import db_value
+from conductor_web.compiled import db_value, execute
 from conductor_web.request_context import current_request_meta
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
@@ -155,33 +154,21 @@ def _insert(events: list[tuple[AuditEvent, str]], using: str) -> None:
             values = [db_value(field, getattr(event, field.attname), conn) for field in _INSERT_FIELDS]
             values.append(payload_json)
             rows.append(tuple(values))
-    conn.ensure_connection()
-    try:
-        with conn.wrap_database_errors:
-            if pg:
-                with psycopg.Cursor(conn.connection) as cur:
-                    if len(rows) == 1:
-                        cur.execute(_INSERT_ONE_SQL, rows[0], prepare=True)
-                    else:
-                        cur.execute(
-                            _INSERT_SQL, [list(column) for column in zip(*rows, strict=True)], prepare=True
-                        )
-                    ids = sorted(row[0] for row in cur.fetchall())
-            else:
-                ids = []
-                for start in range(0, len(rows), _SQLITE_ROWS):
-                    chunk = rows[start : start + _SQLITE_ROWS]
-                    sql = _SQLITE_INSERT_HEAD + ", ".join([_SQLITE_ROW] * len(chunk)) + " RETURNING id"
-                    with conn.cursor() as cur:
-                        cur.execute(sql, [value for row in chunk for value in row])
-                        # SQLite hands out rowids in insert order; RETURNING's order is unspecified.
-                        ids.extend(sorted(row[0] for row in cur.fetchall()))
-    except BaseException:
-        # As atomic(savepoint=False) would: a change whose record failed must not commit, even
-        # if the caller catches the error.
-        if conn.in_atomic_block:
-            conn.needs_rollback = True
-        raise
+    if pg:
+        if len(rows) == 1:
+            returned = execute(conn, _INSERT_ONE_SQL, rows[0], fetch=True)[1]
+        else:
+            columns = [list(column) for column in zip(*rows, strict=True)]
+            returned = execute(conn, _INSERT_SQL, columns, fetch=True)[1]
+        ids = sorted(row[0] for row in returned)
+    else:
+        ids = []
+        for start in range(0, len(rows), _SQLITE_ROWS):
+            chunk = rows[start : start + _SQLITE_ROWS]
+            sql = _SQLITE_INSERT_HEAD + ", ".join([_SQLITE_ROW] * len(chunk)) + " RETURNING id"
+            returned = execute(conn, sql, [value for row in chunk for value in row], fetch=True)[1]
+            # SQLite hands out rowids in insert order; RETURNING's order is unspecified.
+            ids.extend(sorted(row[0] for row in returned))
     if len(ids) != len(events):
         raise RuntimeError(f"audit insert: {len(ids)} of {len(events)} rows written")
     # PostgreSQL: nextval follows the SELECT's order, so ascending ids are the events in call order.

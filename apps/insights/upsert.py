@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models import Field, Model, UniqueConstraint
 
 from apps.insights.models import DAY, HOUR
-from conductor_web.compiled import db_value
+from conductor_web.compiled import db_value, execute
 
 Key = tuple[tuple[str, Any], ...]
 
@@ -66,8 +66,7 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
         for field, zero in zip(counters, zeros, strict=True):
             value = amounts.get(field.name)
             params.append(zero if value is None else db_value(field, value, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    execute(connection, sql, params)
 
 
 @lru_cache(maxsize=4096)

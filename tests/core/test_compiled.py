@@ -298,3 +298,35 @@ def test_create_stores_and_signals_what_the_orms_create_does(alpha: Any) -> None
         connection.set_rollback(False)  # only to leave the block; nothing else was written
     with pytest.raises(TypeError, match="primary key"):
         compiled.create(RunEvent, run_id=runs[0].pk, seq=1, type="x", data={})
+
+
+def test_execute_is_seen_by_djangos_tools_and_poisons_a_failed_block(alpha: Any) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    run = make_run(alpha)
+    table = connection.ops.quote_name(RunEvent._meta.db_table)
+    sql = (
+        f"INSERT INTO {table} (run_id, seq, type, data, created_at) VALUES (%s, %s, %s, %s, %s) RETURNING seq"
+    )
+    run_value = RunEvent._meta.get_field("run").get_db_prep_value(run.pk, connection)
+    data = RunEvent._meta.get_field("data").get_db_prep_save({"a": 1}, connection)
+    seen: list[str] = []
+
+    def watch(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as log, connection.execute_wrapper(watch), transaction.atomic():
+        count, rows = compiled.execute(connection, sql, [run_value, 1, "x", data, timezone.now()], fetch=True)
+    assert (count, rows) == (1, [(1,)])
+    assert [s for s in seen if not s.startswith("BEGIN")] == [sql]  # SQLite: BEGIN IMMEDIATE too
+    assert len([q for q in log.captured_queries if q["sql"].startswith(f"INSERT INTO {table}")]) == 1
+    assert RunEvent.objects.get(run=run, seq=1).data == {"a": 1}
+
+    # A duplicate is the database's IntegrityError, and the block it happened in cannot commit.
+    with transaction.atomic():
+        with pytest.raises(IntegrityError):
+            compiled.execute(connection, sql, [run_value, 1, "y", data, timezone.now()])
+        assert connection.needs_rollback
+        connection.set_rollback(False)  # only to leave the block; nothing else was written
+    assert RunEvent.objects.filter(run=run).count() == 1
