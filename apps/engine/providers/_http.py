@@ -164,23 +164,35 @@ _sdk_clients: dict[tuple[Any, ...], Any] = {}
 
 
 def shared_sdk_client(
-    sdk: str,
+    sdk: Callable[..., Any],
     *,
     api_key: str | None,
     base_url: str | None,
     timeout: float,
     default_headers: Mapping[str, str] | None,
     egress_policy: EgressPolicy | None,
-    build: Callable[[Any], Any],
 ) -> Any:
-    """The SDK client for this configuration, built by ``build(http_client)`` on first use.
+    """The client of ``sdk`` (``openai.OpenAI``, ``anthropic.Anthropic``) for this configuration,
+    built on first use with no retries of its own (``call_with_retries`` retries) and the shared
+    egress-checked HTTP client.
 
     The key enters the cache key only as a digest (a rotated key is another entry; the old one
     ages out of the LRU bound). Without a key the SDK would read its own environment variable at
-    construction, so such a client is built every time. ``build`` may raise: nothing is cached."""
+    construction, so such a client is built every time. A constructor that raises caches nothing."""
     http_client = shared_http_client(egress_policy)
+
+    def build() -> Any:
+        return sdk(
+            api_key=api_key,
+            base_url=base_url,
+            max_retries=0,
+            timeout=timeout,
+            default_headers=default_headers,
+            http_client=http_client,
+        )
+
     if not api_key:
-        return build(http_client)
+        return build()
     key_digest = hashlib.sha256(api_key.encode()).hexdigest()
     headers = tuple(sorted((default_headers or {}).items()))
     key = (os.getpid(), sdk, key_digest, base_url, float(timeout), headers, id(http_client))
@@ -189,7 +201,7 @@ def shared_sdk_client(
         if client is not None and client._client is http_client and not http_client.is_closed:
             _sdk_clients[key] = client  # most recently used last
             return client
-    client = build(http_client)
+    client = build()
     with _shared_lock:
         _sdk_clients[key] = client
         while len(_sdk_clients) > _SDK_CLIENTS_MAX:

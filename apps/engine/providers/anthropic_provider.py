@@ -85,20 +85,12 @@ class AnthropicWorker(SdkWorker):
         else:
             try:
                 self._client = shared_sdk_client(
-                    "anthropic",
+                    anthropic.Anthropic,
                     api_key=api_key,
                     base_url=base_url,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
                     egress_policy=egress,
-                    build=lambda http_client: anthropic.Anthropic(
-                        api_key=api_key,
-                        base_url=base_url,
-                        max_retries=0,
-                        timeout=info.timeout_s,
-                        default_headers=default_headers,
-                        http_client=http_client,
-                    ),
                 )
             except anthropic.AnthropicError:
                 self._client = None

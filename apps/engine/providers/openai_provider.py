@@ -75,20 +75,12 @@ class OpenAIWorker(SdkWorker):
                 # Local compatible servers (Ollama, vLLM) need no key, but the SDK insists on one.
                 sdk_key = api_key or ("not-needed" if info.provider == "openai_compatible" else None)
                 self._client = shared_sdk_client(
-                    "openai",
+                    openai.OpenAI,
                     api_key=sdk_key,
                     base_url=base_url,
                     timeout=info.timeout_s,
                     default_headers=default_headers,
                     egress_policy=egress,
-                    build=lambda http_client: openai.OpenAI(
-                        api_key=sdk_key,
-                        base_url=base_url,
-                        max_retries=0,
-                        timeout=info.timeout_s,
-                        default_headers=default_headers,
-                        http_client=http_client,
-                    ),
                 )
                 self._client_error = None
             except openai.OpenAIError:
