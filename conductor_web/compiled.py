@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import Field, Model, QuerySet, signals
 from django.db.models.query import ModelIterable, get_related_populators
 
@@ -375,8 +375,7 @@ def create(model: type[M], using: str = DEFAULT_DB_ALIAS, **values: Any) -> M:
     if statement is None:
         statement = _INSERTS[model] = CompiledInsert(model)
     signals.pre_save.send(sender=model, instance=obj, raw=False, using=using, update_fields=None)
-    with transaction.mark_for_rollback_on_error(using):  # as save_base: a failed INSERT poisons
-        statement.execute([obj], using=using)  # the enclosing atomic block, even if caught
+    statement.execute([obj], using=using)  # a failed INSERT poisons its atomic block (execute)
     obj._state.adding = False
     obj._state.db = using
     signals.post_save.send(
