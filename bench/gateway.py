@@ -66,6 +66,11 @@ parser.add_argument(
     default=1,
     help="words in each worker's answer (1: '42'); a streamed call gets one chunk per word",
 )
+parser.add_argument(
+    "--targets",
+    default="direct,litellm,pool,mini",
+    help="which targets to measure (a subset, e.g. 'pool' while a profiler watches one path)",
+)
 ARGS = parser.parse_args()
 
 WORK = Path("/tmp/conductor_gateway_bench")
@@ -339,7 +344,7 @@ def main() -> None:
         base, procs = start_conductor()
         # The fake's base_url ends in /v1 (what SDKs take); the load generator adds the full path.
         targets = [Target("direct", server.base_url.removesuffix("/v1"), UPSTREAM_KEY, "w0", None)]
-        litellm = start_litellm(server.base_url)
+        litellm = start_litellm(server.base_url) if "litellm" in ARGS.targets else None
         if litellm is not None:
             procs.append(litellm[1])
             targets.append(
@@ -357,6 +362,8 @@ def main() -> None:
             Target("pool", base, key, "solo", "x-conductor-overhead-ms", ours),
             Target("mini", base, key, "conductor-mini", "x-conductor-overhead-ms", ours),
         ]
+        wanted = set(ARGS.targets.split(","))
+        targets = [target for target in targets if target.name in wanted]
         for target in targets:  # warm-up: imports, connections, first runs
             asyncio.run(batch(target, 2, 10))
         results: dict[tuple[str, int], Result] = {}

@@ -244,8 +244,9 @@ class CompiledUpdate:
     """``UPDATE <table> SET <fields> WHERE <key> = %s [AND ...]`` for one model: the values prepared
     by each field as ``QuerySet.update`` would (``get_db_prep_save``), the key's by its fields as
     an exact lookup would. ``where`` names the key's fields (the primary key by default);
-    ``only_if`` adds fixed ``field IN (values)`` conditions.
-    ``execute`` returns the rows changed."""
+    ``only_if`` adds fixed ``field IN (values)`` conditions and ``is_null`` fixed ``field IS NULL``
+    ones; ``increment`` names fields set to themselves plus a value (``F(name) + value``, so
+    concurrent increments are never lost). ``execute`` returns the rows changed."""
 
     def __init__(
         self,
@@ -253,6 +254,9 @@ class CompiledUpdate:
         field_names: Sequence[str],
         where: Sequence[str] = ("pk",),
         only_if: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        increment: Sequence[str] = (),
+        is_null: Sequence[str] = (),
     ) -> None:
         meta = model._meta
         # Fixed conditions: field IN (constant values), e.g. a run still queued or running.
@@ -261,6 +265,8 @@ class CompiledUpdate:
             for name, values in (only_if or {}).items()
         ]
         self._fields: list[Field[Any, Any]] = [meta.get_field(name) for name in field_names]  # type: ignore[misc]
+        self._increment: list[Field[Any, Any]] = [meta.get_field(name) for name in increment]  # type: ignore[misc]
+        self._is_null: list[Field[Any, Any]] = [meta.get_field(name) for name in is_null]  # type: ignore[misc]
         self._where: list[Field[Any, Any]] = [
             meta.pk if name == "pk" else meta.get_field(name)  # type: ignore[misc]
             for name in where
@@ -272,24 +278,65 @@ class CompiledUpdate:
         sql = self._sql.get(using)
         if sql is None:
             qn = connections[using].ops.quote_name
-            sets = ", ".join(f"{qn(str(f.column))} = %s" for f in self._fields)
+            sets = ", ".join(
+                [f"{qn(str(f.column))} = %s" for f in self._fields]
+                + [f"{qn(str(f.column))} = {qn(str(f.column))} + %s" for f in self._increment]
+            )
             where = " AND ".join(
                 [f"{qn(str(f.column))} = %s" for f in self._where]
                 + [f"{qn(str(f.column))} IN ({', '.join(['%s'] * len(v))})" for f, v in self._only_if]
+                + [f"{qn(str(f.column))} IS NULL" for f in self._is_null]
             )
             # Identifiers from model metadata (quoted); every value is a parameter.
             sql = f"UPDATE {qn(self._model._meta.db_table)} SET {sets} WHERE {where}"  # noqa: S608
             self._sql[using] = sql
         return sql
 
-    def execute(self, key: Any, values: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> int:
-        """``key``: the value of the one ``where`` field, or a tuple of one value per field."""
+    def execute(
+        self,
+        key: Any,
+        values: Sequence[Any],
+        using: str = DEFAULT_DB_ALIAS,
+        *,
+        increments: Sequence[Any] = (),
+    ) -> int:
+        """``key``: the value of the one ``where`` field, or a tuple of one value per field;
+        ``increments``: what to add to each ``increment`` field."""
         conn = connections[using]
         keys = key if isinstance(key, tuple) else (key,)
         params = [db_value(f, v, conn) for f, v in zip(self._fields, values, strict=True)]
+        params += [db_value(f, v, conn) for f, v in zip(self._increment, increments, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, v in zip(self._where, keys, strict=True)]
         params += [f.get_db_prep_value(v, conn) for f, values in self._only_if for v in values]
         return execute(conn, self._statement(using), params)[0]
+
+
+class CompiledDelete:
+    """``model.objects.filter(pk=key).delete()`` for a model whose deletion cascades to nothing
+    and sends no signal (the ORM's own fast path: one ``DELETE ... WHERE pk = %s``), compiled once.
+    Refuses, when called, a model that has gained a delete receiver or a relation pointing at it,
+    rather than skip what the ORM would do."""
+
+    def __init__(self, model: type[Model]) -> None:
+        self._model = model
+        self._sql: dict[str, str] = {}
+
+    def execute(self, key: Any, using: str = DEFAULT_DB_ALIAS) -> int:
+        model = self._model
+        if (
+            signals.pre_delete.has_listeners(model)
+            or signals.post_delete.has_listeners(model)
+            or model._meta.related_objects
+        ):
+            raise TypeError(f"CompiledDelete: deleting {model.__name__} may cascade or signal; use the ORM")
+        conn = connections[using]
+        sql = self._sql.get(using)
+        if sql is None:
+            qn = conn.ops.quote_name
+            sql = self._sql[using] = (
+                f"DELETE FROM {qn(model._meta.db_table)} WHERE {qn(str(model._meta.pk.column))} = %s"  # noqa: S608
+            )
+        return execute(conn, sql, [model._meta.pk.get_db_prep_value(key, conn)])[0]
 
 
 _UPDATES: dict[tuple[Any, ...], CompiledUpdate] = {}

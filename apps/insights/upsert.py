@@ -34,14 +34,6 @@ def _shape(model: type[Model]) -> tuple[list[Field[Any, Any]], list[Field[Any, A
     return keys, counters  # type: ignore[return-value]
 
 
-@cache
-def _zeros(model: type[Model], vendor: str) -> list[Any]:
-    """Each counter's default as the database takes it: most counters of a row add nothing, and
-    preparing their zeros again for every row (a Decimal's quantize, say) cost more than the rest
-    of the upsert."""
-    return [field.get_db_prep_save(field.get_default(), connection) for field in _shape(model)[1]]
-
-
 def key_of(values: Mapping[str, Any]) -> Key:
     return tuple(sorted(values.items()))
 
@@ -54,19 +46,32 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     if not rows:
         return
     vendor = connection.vendor
-    counters = _shape(model)[1]
+    by_name = _counters_by_name(model)
     used = tuple(sorted({name for amounts in rows.values() for name in amounts}))
+    unknown = set(used) - set(by_name)
+    if unknown:
+        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
     sql = _statement(model, vendor, used, len(rows))
-    zeros = _zeros(model, vendor)
+    # In the statement's column order (the model's), not the names' order.
+    fields = [field for field in by_name.values() if field.name in used]
     params: list[Any] = []
     # Rows in key order (see the module doc); each key's order and values are prepared once.
     for _, key_params, key in sorted((*_prepared_key(model, vendor, key), key) for key in rows):
         params.extend(key_params)
         amounts = rows[key]
-        for field, zero in zip(counters, zeros, strict=True):
-            value = amounts.get(field.name)
-            params.append(zero if value is None else db_value(field, value, connection))
+        for field in fields:
+            params.append(db_value(field, amounts.get(field.name, 0), connection))
     execute(connection, sql, params)
+
+
+@cache
+def _counters_by_name(model: type[Model]) -> dict[str, Field[Any, Any]]:
+    counters = _shape(model)[1]
+    for field in counters:
+        # A counter left out of a batch is written as the literal 0 (below): that must be its default.
+        if field.get_default() != 0:
+            raise ValueError(f"{model.__name__}.{field.name}: a counter must default to 0")
+    return {field.name: field for field in counters}
 
 
 @lru_cache(maxsize=4096)
@@ -85,15 +90,17 @@ def _prepared_key(model: type[Model], vendor: str, key: Key) -> tuple[str, tuple
 
 @lru_cache(maxsize=512)
 def _statement(model: type[Model], vendor: str, used: tuple[str, ...], count: int) -> str:
-    """The upsert of ``count`` rows adding to the counters ``used`` (one text per shape)."""
+    """The upsert of ``count`` rows adding to the counters ``used`` (one text per shape).
+
+    Only the keys and the used counters are parameters; every other counter is the literal 0 in
+    the text. A run's batch touches a few of a rollup row's 19 counters: as parameters the zeros
+    were most of the statement's values, each adapted on every call, and past 50 parameters
+    psycopg parsed the text again on every call too (issue #15)."""
     keys, counters = _shape(model)
-    unknown = set(used) - {f.name for f in counters}
-    if unknown:
-        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     columns = [*keys, *counters]
-    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    one = "(" + ", ".join(["%s"] * len(keys) + ["%s" if f.name in used else "0" for f in counters]) + ")"
     by_name = {f.name: str(f.column) for f in counters}
     adds = ", ".join(f"{qn(c)} = {table}.{qn(c)} + EXCLUDED.{qn(c)}" for c in (by_name[n] for n in used))
     return (

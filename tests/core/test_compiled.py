@@ -330,3 +330,62 @@ def test_execute_is_seen_by_djangos_tools_and_poisons_a_failed_block(alpha: Any)
         assert connection.needs_rollback
         connection.set_rollback(False)  # only to leave the block; nothing else was written
     assert RunEvent.objects.filter(run=run).count() == 1
+
+
+def test_the_claim_and_the_outbox_statements_do_what_the_orms_updates_did(alpha: Any) -> None:
+    """The Celery path's claim and the outbox hand-off (apps.runs.execution): conditional, with
+    the counter added in the database, and the outbox row deleted only as the ORM would."""
+    from apps.runs.execution import _CLAIM, _DISPATCH_DELETE, _DISPATCH_TAKE
+    from apps.runs.models import RunDispatch
+
+    run, other = make_run(alpha, status="queued"), make_run(alpha, status="queued")
+    for r in (run, other):
+        RunDispatch.objects.create(run=r)
+    now = timezone.now()
+    with transaction.atomic():
+        assert _DISPATCH_TAKE.execute(run.pk, (now, "proc-1"), increments=(1,)) == 1
+        # Taken: a second hand-off finds dispatched_at set and changes nothing.
+        assert _DISPATCH_TAKE.execute(run.pk, (now, "proc-2"), increments=(1,)) == 0
+    taken = RunDispatch.objects.get(pk=run.pk)
+    assert (taken.dispatched_at, taken.dispatched_by, taken.attempts) == (now, "proc-1", 1)
+    assert RunDispatch.objects.get(pk=other.pk).attempts == 0
+    # The claim: queued and not cancelled, exactly once; attempts counts from the stored value.
+    Run.objects.filter(pk=run.pk).update(attempts=2)
+    Run.objects.filter(pk=other.pk).update(cancel_requested=True)
+    values = ("running", now, "owner-a", now)
+    with transaction.atomic():
+        assert _CLAIM.execute((run.pk, "queued", False), values, increments=(1,)) == 1
+        assert _CLAIM.execute((run.pk, "queued", False), values, increments=(1,)) == 0
+        assert _CLAIM.execute((other.pk, "queued", False), values, increments=(1,)) == 0
+        assert _DISPATCH_DELETE.execute(run.pk) == 1
+        assert _DISPATCH_DELETE.execute(run.pk) == 0
+    claimed = Run.objects.get(pk=run.pk)
+    assert (claimed.status, claimed.lease_owner, claimed.attempts, claimed.started_at) == (
+        "running",
+        "owner-a",
+        3,
+        now,
+    )
+    assert Run.objects.get(pk=other.pk).status == "queued"
+    assert list(RunDispatch.objects.values_list("run_id", flat=True)) == [other.pk]
+
+
+def test_a_compiled_delete_refuses_a_model_the_orm_would_cascade_or_signal() -> None:
+    from django.db.models.signals import post_delete
+
+    from apps.runs.models import RunDispatch
+
+    # Run rows have dependants (steps, events...): the ORM collects them, so this must not delete.
+    with pytest.raises(TypeError, match="cascade or signal"):
+        compiled.CompiledDelete(Run).execute(uuid.uuid4())
+
+    def receiver(**kwargs: Any) -> None:
+        return None
+
+    post_delete.connect(receiver, sender=RunDispatch)
+    try:
+        with pytest.raises(TypeError, match="cascade or signal"):
+            compiled.CompiledDelete(RunDispatch).execute(uuid.uuid4())
+    finally:
+        post_delete.disconnect(receiver, sender=RunDispatch)
+    assert compiled.CompiledDelete(RunDispatch).execute(uuid.uuid4()) == 0

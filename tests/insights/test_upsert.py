@@ -52,6 +52,39 @@ def test_one_event_is_one_statement_per_rollup_table(alpha: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_only_the_keys_and_the_counters_a_batch_adds_to_are_parameters(alpha: Any, monkeypatch: Any) -> None:
+    """A step adds to 6 of a rollup row's 19 counters: the other 13 are literal zeros in the text,
+    not 13 values per row adapted on every call (past 50 values psycopg also re-parsed the text on
+    every call; issue #15). What the rows hold is unchanged."""
+    pool = make_pool(alpha)
+    sent: list[tuple[str, list[Any]]] = []
+    real = upsert.execute
+
+    def spy(conn: Any, sql: str, params: Any, **kwargs: Any) -> Any:
+        sent.append((sql, list(params)))
+        return real(conn, sql, params, **kwargs)
+
+    monkeypatch.setattr(upsert, "execute", spy)
+    step = {"status": "succeeded", "worker_key": "solver", "usage": {"input_tokens": 30, "output_tokens": 7}}
+    on_batch([_view(alpha, pool, "step.finished", {**step, "cost_usd": "0.5", "latency_ms": 120.0})])
+    sql, params = next((sql, params) for sql, params in sent if Rollup._meta.db_table in sql)
+    keys, counters = upsert._shape(Rollup)
+    used = ["steps", "input_tokens", "output_tokens", "cost_usd", "latency_ms_sum", "latency_count"]
+    assert len(params) == 2 * (len(keys) + len(used)) == 2 * 12  # the hour row and the day row
+    assert len(params) < 2 * (len(keys) + len(counters))
+    assert sql.count("%s") == len(params)
+    for grain in (HOUR, DAY):
+        row = Rollup.objects.get(grain=grain, worker_key="solver")
+        assert (row.steps, row.input_tokens, row.output_tokens, row.latency_count) == (1, 30, 7, 1)
+        assert row.cost_usd == Decimal("0.5") and row.latency_ms_sum == 120.0
+        assert (row.runs, row.steps_failed, row.orch_cost_usd, row.fallbacks) == (0, 0, Decimal(0), 0)
+    # A later batch that adds to other counters of the same rows adds to them, in their columns.
+    on_batch([_view(alpha, pool, "step.finished", {**step, "status": "failed", "fallback_from": "x"})])
+    row = Rollup.objects.get(grain=HOUR, worker_key="solver")
+    assert (row.steps, row.steps_failed, row.input_tokens, row.cost_usd) == (2, 1, 60, Decimal("0.5"))
+
+
+@pytest.mark.django_db
 def test_guardrail_checks_of_one_rule_merge_into_one_row(alpha: Any) -> None:
     pool = make_pool(alpha)
     check = {"name": "pii", "stage": "input", "status": "intervened", "action": "redact"}
