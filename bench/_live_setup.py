@@ -67,9 +67,14 @@ def prepare(*, mode: str, work: Path, name: str, sqlite_file: Path, extra_settin
     missing = [v for v in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL") if not os.environ.get(v)]
     if missing:
         sys.exit(f"--mode distributed needs {', '.join(missing)}")
+    recreate_database(os.environ["DATABASE_URL"])
+
+
+def recreate_database(database_url: str) -> None:
+    """Drop and create the PostgreSQL database ``database_url`` names; only a ``…_bench`` one."""
     import psycopg
 
-    url = urlparse(os.environ["DATABASE_URL"])
+    url = urlparse(database_url)
     db = url.path.lstrip("/")
     if not db.endswith("_bench"):
         sys.exit("use a database whose name ends with _bench: it is dropped and recreated")

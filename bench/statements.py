@@ -34,6 +34,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _live_setup import recreate_database
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--calls", type=int, default=300, help="calls per variant and round")
 parser.add_argument("--rounds", type=int, default=6)
@@ -44,16 +46,8 @@ os.environ.setdefault("DATABASE_URL", f"sqlite:///{SQLITE}")
 for var in ("REDIS_URL", "CELERY_BROKER_URL"):
     os.environ.pop(var, None)  # the statements only: no broker, no channel layer
 
-url = urlparse(os.environ["DATABASE_URL"])
-if url.scheme.startswith("postgres"):
-    import psycopg
-
-    name = url.path.lstrip("/")
-    if not name.endswith("_bench"):
-        sys.exit("use a database whose name ends with _bench: it is dropped and recreated")
-    with psycopg.connect(url._replace(path="/postgres").geturl(), autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
+if urlparse(os.environ["DATABASE_URL"]).scheme.startswith("postgres"):
+    recreate_database(os.environ["DATABASE_URL"])
 else:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{SQLITE}{suffix}").unlink(missing_ok=True)

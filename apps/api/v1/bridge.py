@@ -46,6 +46,7 @@ from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
 from apps.runs import execution
 from apps.runs import services as run_services
+from apps.runs.ends import RunEndListener, run_end_listener
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import message_events, register_server_loop
@@ -248,16 +249,28 @@ class RunFollower:
     event, so a client always reaches the run's ending.
     """
 
-    def __init__(self, run_id: Any) -> None:
+    def __init__(self, run_id: Any, *, ends_only: bool = False) -> None:
+        self.run_id = run_id
         self.group = f"run.{run_id}"
         self.layer: Any = None
         self.channel: str | None = None
+        # ends_only: the caller reads the run when it may have ended, never its events. Where
+        # PostgreSQL announces run ends (apps.runs.ends) that is all it waits for: no group
+        # join, no event batches received.
+        self.ends_only = ends_only
+        self._ends: RunEndListener | None = None
+        self._ended: asyncio.Future[bool] | None = None
         # One receive outlives the poll intervals. It was wrapped in wait_for(FOLLOW_POLL_S), and
         # redis-py drops a connection whose read is cancelled: a waiting client reconnected to
         # Redis four times a second.
         self._receiving: asyncio.Future[dict[str, Any]] | None = None
 
     async def __aenter__(self) -> RunFollower:
+        if self.ends_only:
+            listener = run_end_listener()
+            if listener is not None and listener.live:
+                self._ends, self._ended = listener, listener.watch(self.run_id)
+                return self
         try:
             from channels.layers import get_channel_layer
 
@@ -273,6 +286,9 @@ class RunFollower:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._ends is not None and self._ended is not None:
+            self._ends.unwatch(self.run_id, self._ended)
+            return
         await self._stop_receiving()
         if self.layer is not None and self.channel is not None:
             try:
@@ -284,6 +300,15 @@ class RunFollower:
         """The wake-up message received (None: the poll interval passed, or polling)."""
         if timeout <= 0:
             return None
+        if self._ends is not None and self._ended is not None:
+            ended = self._ended
+            await asyncio.wait({ended}, timeout=min(timeout, FOLLOW_POLL_S))
+            if not ended.done():
+                return None  # the poll interval passed: the caller reads the database anyway
+            # Watch again before the caller reads: an end after this read is announced too
+            # (a run approved after awaiting_approval ends later).
+            self._ended = self._ends.watch(self.run_id)
+            return {"type": "run.end"}
         if self.channel is None:
             await asyncio.sleep(min(timeout, FOLLOW_POLL_S))
             return None
@@ -440,7 +465,7 @@ async def wait_for_run(run: Any, ended: Any = None) -> Any:
     if ended is not None and ended.is_terminal:
         return ended  # start_run already read its ending (_answer_ended)
     deadline = run_deadline(run)
-    async with RunFollower(run.id) as follower:
+    async with RunFollower(run.id, ends_only=True) as follower:
         if ended is None and await off_loop(_is_running, run.id):
             await _wake_or_poll(follower, deadline)
         while True:
