@@ -21,6 +21,7 @@ from django.http import HttpRequest, JsonResponse
 
 from apps.api import ratelimit
 from apps.audit.sequencer import sequencer_lag
+from apps.runs.ends import CHANNEL, run_end_listener
 from apps.runs.execution import thread_executor_alive
 from conductor_web.celery import app
 
@@ -98,6 +99,15 @@ async def healthz(request: HttpRequest) -> JsonResponse:
     )
     parts = {"database": db, "channel_layer": layer, "execution": execution, "rate_limiter": limiter}
     parts["audit_sequencer"] = await _guard("audit_sequencer", sync_to_async(_audit_sequencer_check)())
+    listener = run_end_listener()  # started here too, so a probe warms a fresh process's listener
+    if listener is not None:
+        # Informational: while it is not listening, plain /v1 waiters are woken by the channel
+        # layer (or their database poll) instead; nothing is lost (apps.runs.ends).
+        parts["run_ends"] = {
+            "ok": True,
+            "backend": f"postgresql (LISTEN {CHANNEL})",
+            "listening": listener.live,
+        }
     failing = [name for name, part in parts.items() if not part["ok"]]
     critical = [name for name in failing if name in CRITICAL]
     degraded = [name for name, part in parts.items() if not part["ok"] or part.get("degraded")]

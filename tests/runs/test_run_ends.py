@@ -130,3 +130,23 @@ def test_a_plain_v1_waiter_is_woken_by_the_end_without_joining_the_runs_group(
     assert got == [None, {"type": "run.end"}, {"type": "run.end"}]
     assert all(bridge._may_end_run(message) for message in got[1:])
     assert joined == [f"run.{run.pk}", f"run.{run.pk}"]  # the early waiter and the stream only
+
+
+def test_healthz_says_whether_the_processs_run_end_listener_is_listening() -> None:
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    async def probe() -> list[dict[str, Any]]:
+        client = AsyncClient()
+        first = (await client.get("/healthz")).json()["run_ends"]
+        listener = ends.run_end_listener()
+        assert listener is not None
+        await _live(listener)  # the first probe started it
+        second = (await client.get("/healthz")).json()["run_ends"]
+        # The view's database checks ran on asgiref's one sync thread: close what they opened.
+        await sync_to_async(lambda: connection.close())()
+        return [first, second]
+
+    first, second = asyncio.run(probe())
+    assert first == {"ok": True, "backend": "postgresql (LISTEN conductor_run_end)", "listening": False}
+    assert second == {**first, "listening": True}
