@@ -87,9 +87,11 @@ class RunEndListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the database went away: waiters poll meanwhile
-                if self.live:
+                if self.live or retry == RETRY_FIRST_S:  # once per outage, not once per attempt
                     logger.warning(
-                        "run-end listener lost its connection (%s); reconnecting", type(exc).__name__
+                        "run-end listener: no connection (%s); plain /v1 waiters use the channel "
+                        "layer until it is back",
+                        type(exc).__name__,
                     )
             finally:
                 self.live = False
