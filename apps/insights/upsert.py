@@ -48,10 +48,7 @@ def upsert_add(model: type[Model], rows: Mapping[Key, Mapping[str, Any]]) -> Non
     vendor = connection.vendor
     by_name = _counters_by_name(model)
     used = tuple(sorted({name for amounts in rows.values() for name in amounts}))
-    unknown = set(used) - set(by_name)
-    if unknown:
-        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
-    sql = _statement(model, vendor, used, len(rows))
+    sql = _statement(model, vendor, used, len(rows))  # refuses an unknown counter (once per shape)
     # In the statement's column order (the model's), not the names' order.
     fields = [field for field in by_name.values() if field.name in used]
     params: list[Any] = []
@@ -97,6 +94,9 @@ def _statement(model: type[Model], vendor: str, used: tuple[str, ...], count: in
     were most of the statement's values, each adapted on every call, and past 50 parameters
     psycopg parsed the text again on every call too (issue #15)."""
     keys, counters = _shape(model)
+    unknown = set(used) - set(_counters_by_name(model))
+    if unknown:
+        raise ValueError(f"{model.__name__} has no counter {sorted(unknown)}")
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     columns = [*keys, *counters]

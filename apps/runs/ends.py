@@ -69,7 +69,8 @@ class RunEndListener:
                 future.set_result(True)
 
     def _wake_all(self) -> None:
-        # After a reconnect: an end announced while disconnected was lost, so every waiter reads.
+        # On a lost connection and again on the reconnect: an end announced in between was
+        # lost, so every waiter reads the run once for itself.
         for run_id in list(self._waiters):
             self._wake(run_id)
 

@@ -258,6 +258,7 @@ class RunFollower:
         # PostgreSQL announces run ends (apps.runs.ends) that is all it waits for: no group
         # join, no event batches received.
         self.ends_only = ends_only
+        # Set together when the run-end listener wakes this follower instead of the layer.
         self._ends: RunEndListener | None = None
         self._ended: asyncio.Future[bool] | None = None
         # One receive outlives the poll intervals. It was wrapped in wait_for(FOLLOW_POLL_S), and
