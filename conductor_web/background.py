@@ -16,9 +16,10 @@ from apps.runs.sweeper import start_sweeper
 
 
 def start_server_background() -> None:
-    # Every server sequences the audit log (the advisory lock lets one pass run at a time);
-    # embedded servers also publish tree heads (Celery beat does in the distributed mode).
-    start_sequencer_thread(publish=settings.EXECUTION_BACKEND != "celery")
+    # Embedded servers sequence the audit log and publish tree heads. In the distributed mode the
+    # Celery workers sequence (beat publishes) and servers stand by for when none does.
+    distributed = settings.EXECUTION_BACKEND == "celery"
+    start_sequencer_thread(publish=not distributed, standby=distributed)
     # Re-queue runs whose executor died and drain the dispatch outbox (runs accepted while the
     # broker was down). Celery workers start their own keeper (apps.runs.tasks, on worker_ready).
     start_lease_keeper(reap=True)

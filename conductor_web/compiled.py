@@ -60,6 +60,43 @@ def db_value(field: Field[Any, Any], value: Any, connection: Any) -> Any:
 M = TypeVar("M", bound=Model)
 
 
+def _fixed_shape_cursor() -> type[psycopg.Cursor[Any]]:
+    """psycopg's cursor, converting each statement text to PostgreSQL's ``$n`` form once.
+
+    psycopg caches that conversion only for texts of at most 50 parameters (so that one-off
+    statements of many values cannot fill its cache) and splits longer ones again on every call.
+    The texts sent here have fixed shapes and are few (each built once per shape, e.g. a rollup
+    upsert of four rows: 56 values), so their conversions are cached here. psycopg's own class is
+    used if its internals have moved (``tests/core/test_compiled.py`` notices)."""
+    try:
+        from psycopg._queries import PostgresQuery, _query2pg_nocache
+    except ImportError:  # pragma: no cover - a psycopg without these internals
+        return psycopg.Cursor
+    converted = functools.lru_cache(maxsize=1024)(_query2pg_nocache)
+
+    class FixedShapeQuery(PostgresQuery):
+        __slots__ = ()
+
+        def convert(self, query: Any, vars: Any) -> None:
+            if vars is None or not isinstance(query, str):
+                super().convert(query, vars)
+                return
+            encoding = self._tx.encoding
+            self.query, self._want_formats, self._order, self._parts = converted(
+                query.encode(encoding), encoding
+            )
+            self.dump(vars)
+
+    class FixedShapeCursor(psycopg.Cursor[Any]):
+        _query_cls = FixedShapeQuery
+
+    FixedShapeCursor.converted = converted  # type: ignore[attr-defined]  # its cache_info, for tests
+    return FixedShapeCursor
+
+
+FixedShapeCursor = _fixed_shape_cursor()
+
+
 def execute(
     connection: Any, sql: str, params: Sequence[Any], *, fetch: bool = False
 ) -> tuple[int, list[tuple[Any, ...]]]:
@@ -80,7 +117,7 @@ def execute(
                 return int(cursor.rowcount), rows
         connection.validate_no_broken_transaction()
         connection.ensure_connection()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        with connection.wrap_database_errors, FixedShapeCursor(connection.connection) as cursor:
 
             def send(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
                 cursor.execute(sql, params, prepare=True)

@@ -20,7 +20,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from apps.api import ratelimit
-from apps.audit.sequencer import sequencer_lag
+from apps.audit.sequencer import sequencer_lag, sequencer_role
 from apps.runs.ends import CHANNEL, run_end_listener
 from apps.runs.execution import thread_executor_alive
 from conductor_web.celery import app
@@ -71,10 +71,13 @@ def _audit_sequencer_check() -> dict[str, Any]:
     """
     from django.db import DatabaseError
 
+    # This process's part: "active", "standby" (a distributed web process: it sequences only
+    # when rows wait AUDIT_SEQUENCER_STANDBY_S, i.e. no worker sequences), "standing in", "none".
+    role = {"this_process": sequencer_role()}
     try:
-        return {"ok": True, **sequencer_lag().as_dict()}
+        return {"ok": True, **sequencer_lag().as_dict(), **role}
     except DatabaseError as exc:  # the database check names an outage; this only says lag is unknown
-        return {"ok": True, "degraded": f"audit sequencer lag unknown: {type(exc).__name__}"}
+        return {"ok": True, "degraded": f"audit sequencer lag unknown: {type(exc).__name__}", **role}
 
 
 async def _guard(name: str, coro: Any) -> dict[str, Any]:

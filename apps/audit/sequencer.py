@@ -8,9 +8,12 @@ ranges, see ``apps.audit.filters``). The head row keeps the tree's right edge (`
 a pass costs O(batch + log n).
 
 Exactly one pass runs at a time anywhere: on PostgreSQL under a transaction-scoped advisory lock
-(every Celery worker process and daphne run a sequencer thread and contend for it); on SQLite the
-IMMEDIATE write transaction already serialises. A sequencer killed mid-pass rolls back: its rows
-stay pending and the next pass numbers them; ``sequencer_lag`` shows the gap meanwhile.
+(every Celery worker process runs a sequencer thread and they contend for it); on SQLite the
+IMMEDIATE write transaction already serialises. In the distributed mode the web processes only
+stand by: they sequence when the oldest pending row is older than ``AUDIT_SEQUENCER_STANDBY_S``
+(no worker is sequencing), so at load one process pays a pass's fixed cost, not two. A sequencer
+killed mid-pass rolls back: its rows stay pending and the next pass numbers them;
+``sequencer_lag`` shows the gap meanwhile.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from apps.audit import merkle
 from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, PG_DISPLAY_ROW, canonical_json, column_mac
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 from conductor_web.compiled import CompiledRead, CompiledUpdate
-from conductor_web.executor_db import kept_connection
+from conductor_web.executor_db import keep_connection_healthy, kept_connection
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +284,13 @@ def last_published_sth(path: Path | None = None) -> dict[str, Any] | None:
 _started = False
 _start_lock = threading.Lock()
 _wake = threading.Event()
+# What this process's sequencer thread is (shown on /healthz): "none" (no thread: a CLI, a test
+# process), "active", "standby" (distributed web process) or "standing in" (a standby sequencing).
+_role = {"now": "none"}
+
+
+def sequencer_role() -> str:
+    return _role["now"]
 
 
 def nudge() -> None:
@@ -288,14 +298,23 @@ def nudge() -> None:
     _wake.set()
 
 
-def start_sequencer_thread(*, publish: bool) -> bool:
-    """Start this process's sequencer thread once. ``publish``: also append STHs on a timer."""
+def start_sequencer_thread(*, publish: bool, standby: bool = False) -> bool:
+    """Start this process's sequencer thread once. ``publish``: also append STHs on a timer.
+    ``standby``: sequence only when the log lags by ``AUDIT_SEQUENCER_STANDBY_S`` (see the module
+    doc; 0 makes it an active sequencer)."""
     global _started
     with _start_lock:
         if _started:
             return False
         _started = True
-    threading.Thread(target=_loop, args=(publish,), daemon=True, name="audit-sequencer").start()
+    standby_s = float(getattr(settings, "AUDIT_SEQUENCER_STANDBY_S", 1.0)) if standby else 0.0
+    _role["now"] = "standby" if standby_s > 0 else "active"
+    if standby_s > 0:
+        target: Callable[..., None] = _standby_loop
+        args: tuple[Any, ...] = (publish, standby_s)
+    else:
+        target, args = _loop, (publish,)
+    threading.Thread(target=target, args=args, daemon=True, name="audit-sequencer").start()
     return True
 
 
@@ -333,16 +352,70 @@ def _tick(*, publish_sth: bool) -> bool:
     """One wake-up of the sequencer thread: every pending row sequenced, then (if due) a tree head
     published. False when it failed (nothing is lost: the rows stay pending for the next).
 
-    The thread keeps its connection between ticks (a pooled one goes back after each):
-    reconnecting every pass cost the embedded server ~5% of its CPU at 40 runs/s."""
+    The thread keeps its connection between ticks, a pooled one too (one slot for the process's
+    life): reconnecting every pass cost the embedded server ~5% of its CPU at 40 runs/s, and a
+    pooled checkout still cost a health-check round trip per pass (2 to 3% of a busy process)."""
     try:
-        with kept_connection():
-            while sequence_pass(wait=False) == BATCH:
-                pass
-            if publish_sth:
-                sth_publish()
+        keep_connection_healthy()
+        while sequence_pass(wait=False) == BATCH:
+            pass
+        if publish_sth:
+            sth_publish()
         return True
     except Exception:
         logger.exception("audit sequencer pass failed")
         connection.close()
         return False
+
+
+def oldest_pending_age() -> float | None:
+    """Seconds since the oldest pending row was written (None: nothing pending). One indexed read
+    (``audit_pending``: the pending rows by id, the first is the oldest but for clock skew)."""
+    first = AuditEvent.objects.filter(seq__isnull=True).order_by("id").values_list("created_at")[:1]
+    rows = list(first)
+    return (timezone.now() - rows[0][0]).total_seconds() if rows else None
+
+
+def standby_due(standby_s: float) -> bool:
+    """Whether a standing-by sequencer must pass: some row has waited ``standby_s`` or longer."""
+    age = oldest_pending_age()
+    return age is not None and age >= standby_s
+
+
+def standby_look(standby_s: float, *, publish_sth: bool = False) -> bool:
+    """One look of a standing-by sequencer: a full tick when rows have waited ``standby_s`` or
+    longer (or a tree head is due); returns whether rows were due. Its pooled connection goes back
+    after each look: it is needed for one short read every ``standby_s``."""
+    try:
+        with kept_connection():
+            due = standby_due(standby_s)
+            if due or publish_sth:
+                _tick(publish_sth=publish_sth)
+            return due
+    except Exception:
+        logger.exception("audit sequencer standby look failed")
+        connection.close()
+        return False
+
+
+def _standby_loop(publish: bool, standby_s: float) -> None:
+    """A web process's sequencer in the distributed mode. The workers' sequencers pass every few
+    milliseconds under load; this one looks every ``standby_s`` and passes only when rows have
+    waited that long (no worker sequencing, e.g. all stopped), so the log never stalls: a row
+    waits at most about twice ``standby_s``, and ``/healthz`` shows the lag meanwhile."""
+    sth_every = float(getattr(settings, "AUDIT_STH_INTERVAL_S", 60))
+    last_sth = time.monotonic()
+    standing_in = False
+    while True:
+        time.sleep(standby_s)
+        publish_now = publish and time.monotonic() - last_sth >= sth_every
+        if publish_now:
+            last_sth = time.monotonic()
+        due = standby_look(standby_s, publish_sth=publish_now)
+        if due != standing_in:
+            standing_in = due
+            _role["now"] = "standing in" if due else "standby"
+            if due:
+                logger.warning("audit sequencer: rows pending for %.1f s or more; sequencing here", standby_s)
+            else:
+                logger.info("audit sequencer: caught up; standing by again")

@@ -158,6 +158,9 @@ else:
     # exhausting the server's max_connections (128 /v1 clients on one daphne failed every run with
     # "too many clients"). DB_POOL_MAX_SIZE=0 turns the pool off (then DB_CONN_MAX_AGE applies).
     DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=20)
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Django's backend but for how a pooled connection is checked (see below).
+        DATABASES["default"]["ENGINE"] = "conductor_web.backends.postgresql"
     if DB_POOL_MAX_SIZE > 0:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
@@ -165,11 +168,14 @@ else:
             "max_size": DB_POOL_MAX_SIZE,
             "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
         }
+        # A checked-out connection is tested first, so a restarted PostgreSQL costs a reconnect,
+        # not a failed request: by a look at its socket, and by a round trip only when that shows
+        # anything (conductor_web.backends.postgresql). Django's check would be a round trip on
+        # every checkout.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     else:
         DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
-    # With the pool: a checked-out connection is tested first (one round trip), so a restarted
-    # PostgreSQL costs a reconnect, not a failed request.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -----------------------------------------------------------------------------
@@ -271,6 +277,9 @@ AUDIT_SEQUENCER_POLL_MS = env.int("AUDIT_SEQUENCER_POLL_MS", default=200)
 AUDIT_SEQUENCER_WINDOW_MS = env.int("AUDIT_SEQUENCER_WINDOW_MS", default=5)
 # Under load, passes start at least this far apart (each sequences everything committed since).
 AUDIT_SEQUENCER_MIN_GAP_MS = env.int("AUDIT_SEQUENCER_MIN_GAP_MS", default=50)
+# Distributed mode: web processes sequence only when a row has waited this long (the Celery
+# workers' sequencers are the active ones); 0 makes them active sequencers too.
+AUDIT_SEQUENCER_STANDBY_S = env.float("AUDIT_SEQUENCER_STANDBY_S", default=1.0)
 CELERY_BEAT_SCHEDULE["audit-sth-publish"] = {
     "task": "apps.audit.tasks.audit_sth_publish",
     "schedule": float(AUDIT_STH_INTERVAL_S),

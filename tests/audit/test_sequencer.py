@@ -21,10 +21,16 @@ from apps.audit import merkle
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.proofs import load_tree
-from apps.audit.sequencer import _tick, audit_flush, batch_pause, sequencer_lag, sth_publish
+from apps.audit.sequencer import (
+    _tick,
+    audit_flush,
+    batch_pause,
+    sequencer_lag,
+    standby_look,
+    sth_publish,
+)
 from apps.audit.services import audit_checkpoint, audit_record, hmac_key
 from apps.audit.verify import verify_chain
-from conductor_web.executor_db import pooled
 from tests.factories.audit import append_events
 from tests.fixtures.core import ROOT, subprocess_env
 from tests.fixtures.waits import wait_until
@@ -451,6 +457,7 @@ def test_lag_on_healthz_and_pending_rows_in_the_audit_ui(client: Any, superuser:
     body = client.get("/healthz").json()
     assert body["audit_sequencer"]["pending"] == 1 and body["audit_sequencer"]["head_seq"] == 2
     assert body["audit_sequencer"]["oldest_pending_age_s"] is not None
+    assert body["audit_sequencer"]["this_process"] in {"none", "active", "standby", "standing in"}
     client.force_login(superuser)
     html = client.get("/audit/").content.decode()
     assert "data-pending=" in html and "1 pending" in html
@@ -489,8 +496,8 @@ def test_parallel_chunked_verify_finds_the_same_first_break(monkeypatch: pytest.
 @pytest.mark.django_db(transaction=True)
 def test_the_sequencer_thread_keeps_its_connection_between_ticks() -> None:
     """Each wake-up used to close the thread's connection and the next one to open it again (on
-    SQLite its PRAGMAs; 12% of a busy server's GIL samples). Now the thread keeps it; a pooled
-    one goes back to the pool after each tick."""
+    SQLite its PRAGMAs; 12% of a busy server's GIL samples). Now the thread keeps it, a pooled one
+    too: checking it out of the pool again cost a health-check round trip per pass."""
     opened: list[str] = []
     outcomes: list[tuple[bool, int]] = []
     held_after_tick: list[bool] = []
@@ -519,11 +526,8 @@ def test_the_sequencer_thread_keeps_its_connection_between_ticks() -> None:
         connection_created.disconnect(on_connection)
     assert outcomes == [(True, 0)] * 3, outcomes  # every tick sequenced what was pending
     mine = [name for name in opened if name == "audit-sequencer-test"]
-    if pooled():
-        assert held_after_tick == [False] * 3  # given back to the pool after each tick
-    else:
-        assert held_after_tick == [True] * 3  # kept between ticks
-        assert mine == ["audit-sequencer-test"], opened  # one connection for all three ticks
+    assert held_after_tick == [True] * 3  # kept between ticks
+    assert mine == ["audit-sequencer-test"], opened  # one connection for all three ticks
     assert verify_chain(key=hmac_key()).ok
 
 
@@ -537,3 +541,36 @@ def test_a_busy_sequencer_makes_one_pass_per_gap_and_an_idle_one_waits_only_the_
     assert batch_pause(since_last_pass=0.02, window_s=window, gap_s=gap) == pytest.approx(0.03)
     assert batch_pause(since_last_pass=0.049, window_s=window, gap_s=gap) == window
     assert batch_pause(since_last_pass=0.0, window_s=window, gap_s=0) == window  # gap switched off
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_standing_by_sequencer_passes_only_when_rows_have_waited() -> None:
+    """Distributed web processes stand by (issue #15): at load the Celery workers' sequencers pass
+    every few milliseconds and a second process contending for the lock paid a pass's fixed cost
+    again (11% of a busy daphne's CPU). A standby passes only when rows have waited
+    ``standby_s``, so with every worker stopped the log still gets sequenced."""
+    audit_flush()
+    assert standby_look(0.0) is False  # nothing pending: nothing due, even at once
+    with transaction.atomic():
+        audit_record(event_type=AuditEventType.TEAM_UPDATED, payload={"standby": 1})
+    assert standby_look(3600.0) is False  # a fresh row is the active sequencer's
+    assert sequencer_lag().pending == 1
+    assert standby_look(0.0) is True  # a row that has waited long enough: sequenced here
+    assert sequencer_lag().pending == 0
+    assert verify_chain(key=hmac_key()).ok
+
+
+@pytest.mark.parametrize(("backend", "standby"), [("thread", False), ("celery", True)])
+def test_servers_stand_by_only_in_the_distributed_mode(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, backend: str, standby: bool
+) -> None:
+    from conductor_web import background
+
+    started: list[dict[str, bool]] = []
+    settings.EXECUTION_BACKEND = backend
+    monkeypatch.setattr(background, "start_sequencer_thread", lambda **kw: started.append(kw))
+    monkeypatch.setattr(background, "start_lease_keeper", lambda **kw: None)
+    monkeypatch.setattr(background, "start_sweeper", lambda: None)
+    background.start_server_background()
+    # Embedded: the server is the one sequencer and publishes tree heads (beat does, distributed).
+    assert started == [{"publish": not standby, "standby": standby}]

@@ -389,3 +389,19 @@ def test_a_compiled_delete_refuses_a_model_the_orm_would_cascade_or_signal() -> 
     finally:
         post_delete.disconnect(receiver, sender=RunDispatch)
     assert compiled.CompiledDelete(RunDispatch).execute(uuid.uuid4()) == 0
+
+
+def test_a_long_fixed_shape_statement_is_converted_once_and_binds_each_calls_values() -> None:
+    """psycopg splits a text of more than 50 parameters again on every call (its own cache
+    stops there); a rollup upsert of four rows has 56. execute() converts each text once and
+    still binds every call's own values."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the conversion to $n placeholders is psycopg's, for PostgreSQL")
+    converted = compiled.FixedShapeCursor.converted  # type: ignore[attr-defined]
+    width = 60
+    sql = "SELECT " + " + ".join(["%s::int"] * width)
+    before = converted.cache_info()
+    results = [compiled.execute(connection, sql, [n] * width, fetch=True)[1] for n in (1, 2, 3)]
+    after = converted.cache_info()
+    assert results == [[(width * n,)] for n in (1, 2, 3)]
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
