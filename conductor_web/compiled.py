@@ -222,9 +222,12 @@ class CompiledRead:
             params = list(params)
             for slot, field, value in zip(compiled.slots, self._placeholders, values, strict=True):
                 params[slot] = field.get_db_prep_value(value, conn)
-        with conn.cursor() as cursor:
-            cursor.execute(compiled.sql, params)
-            rows = cursor.fetchall()
+        if conn.vendor == "postgresql":
+            rows = execute(conn, compiled.sql, params, fetch=True)[1]  # bound on the server, prepared
+        else:
+            with conn.cursor() as cursor:
+                cursor.execute(compiled.sql, params)
+                rows = cursor.fetchall()
         if not compiled.converters:
             return [tuple(row) for row in rows]
         items = list(compiled.converters.items())

@@ -163,6 +163,7 @@ def _write(updates: list[tuple[Any, ...]]) -> None:
                 "AS v(seq, created_at, prev, digest, leaf, entry, colmac, id) "
                 "WHERE t.id = v.id AND t.seq IS NULL",
                 [list(c) for c in cols],
+                prepare=True,
             )
             rowcount = raw.rowcount
         else:

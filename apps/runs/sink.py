@@ -419,66 +419,71 @@ class RunSink:
         views: list[observers.RunEventView] = []
         try:
             # audit_batch: this boundary's audit rows go in as one multi-row INSERT (issue #15).
-            with transaction.atomic(), audit_batch():
-                last_seq = batch[-1]["seq"]
-                ends = batch[-1]["type"] == "run.finished"
-                # What the batch adds to the run's counters. A batch that ends the run writes
-                # the engine's totals instead (_on_run_finished); any other adds them with its
-                # fence, in the same UPDATE (issue #15).
-                usage = _usage(batch)
-                self._verdict_written = False
-                # The row lock orders this batch against a re-queue (which takes the same row):
-                # the fence, the new last_seq and the counters are one conditional UPDATE (it
-                # takes the lock).
-                if self.owner is not None:
-                    fenced = _store_counters(
-                        self.run_id,
-                        last_seq,
-                        NO_USAGE if ends else usage,
-                        owner=self.owner,
-                        attempt=self.attempt,
+            with transaction.atomic():
+                with audit_batch():
+                    last_seq = batch[-1]["seq"]
+                    ends = batch[-1]["type"] == "run.finished"
+                    # What the batch adds to the run's counters. A batch that ends the run writes
+                    # the engine's totals instead (_on_run_finished); any other adds them with its
+                    # fence, in the same UPDATE (issue #15).
+                    usage = _usage(batch)
+                    self._verdict_written = False
+                    # The row lock orders this batch against a re-queue (which takes the same row):
+                    # the fence, the new last_seq and the counters are one conditional UPDATE (it
+                    # takes the lock).
+                    if self.owner is not None:
+                        fenced = _store_counters(
+                            self.run_id,
+                            last_seq,
+                            NO_USAGE if ends else usage,
+                            owner=self.owner,
+                            attempt=self.attempt,
+                        )
+                        if not fenced:
+                            # Fencing: another executor took the run over and owns its log now.
+                            self.dropped += len(batch)
+                            self._buffer = []
+                            return
+                    if self.journal is not None and batch[-1]["type"] != "run.finished":
+                        # The answers these events report are journaled with them; a batch that ends
+                        # the run forgets the journal instead (_on_run_finished).
+                        self.journal.flush()
+                    _EVENT_INSERT.execute(
+                        [
+                            RunEvent(run_id=self.run_id, seq=e["seq"], type=e["type"], data=e["data"])
+                            for e in batch
+                        ]
                     )
-                    if not fenced:
-                        # Fencing: another executor took the run over and owns its log now.
-                        self.dropped += len(batch)
-                        self._buffer = []
-                        return
-                if self.journal is not None and batch[-1]["type"] != "run.finished":
-                    # The answers these events report are journaled with them; a batch that ends
-                    # the run forgets the journal instead (_on_run_finished).
-                    self.journal.flush()
-                _EVENT_INSERT.execute(
-                    [
-                        RunEvent(run_id=self.run_id, seq=e["seq"], type=e["type"], data=e["data"])
-                        for e in batch
-                    ]
-                )
-                for event in batch:
-                    handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
-                    if handler is not None:
-                        handler(event, event["data"])
-                    view = observers.RunEventView(
-                        self.run_id,
-                        self.team_id,
-                        self.policy_version_id,
-                        event,
-                        self.pool_id,
-                        self.strategy,
-                        self._team.slug if self._team is not None else "",
-                        team=self._team,
-                        access_stamp=self._access_stamp,
-                        metadata=self._metadata,
-                        workers=self._workers,
-                    )
-                    views.append(view)
+                    for event in batch:
+                        handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
+                        if handler is not None:
+                            handler(event, event["data"])
+                        view = observers.RunEventView(
+                            self.run_id,
+                            self.team_id,
+                            self.policy_version_id,
+                            event,
+                            self.pool_id,
+                            self.strategy,
+                            self._team.slug if self._team is not None else "",
+                            team=self._team,
+                            access_stamp=self._access_stamp,
+                            metadata=self._metadata,
+                            workers=self._workers,
+                        )
+                        views.append(view)
+                    # A run end's usage counts unless its verdict was written (a sweep ended the run
+                    # first: its verdict stands, and what the batch used still counts).
+                    late = usage if ends and not self._verdict_written else NO_USAGE
+                    if self.owner is None:  # unfenced (no lease): last_seq and counters here
+                        _store_counters(self.run_id, last_seq, usage if not ends else late)
+                    elif late is not NO_USAGE:
+                        _store_counters(self.run_id, last_seq, late)
+                # The observers last, just before the commit: the rollup rows they add to are
+                # shared by every run of a team and pool in the hour, so each transaction
+                # holds their locks from its upsert to its commit; taken earlier, the audit
+                # INSERT and the rest of the batch were inside that window too (issue #15).
                 observers.notify_in_transaction(views)
-                # A run end's usage counts unless its verdict was written (a sweep ended the run
-                # first: its verdict stands, and what the batch used still counts).
-                late = usage if ends and not self._verdict_written else NO_USAGE
-                if self.owner is None:  # unfenced (no lease): last_seq and counters here
-                    _store_counters(self.run_id, last_seq, usage if not ends else late)
-                elif late is not NO_USAGE:
-                    _store_counters(self.run_id, last_seq, late)
         except IntegrityError:
             # A second delivery of the same seq (should not happen: runs are claimed once).
             logger.warning(

@@ -161,6 +161,13 @@ else:
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # Django's backend but for how a pooled connection is checked (see below).
         DATABASES["default"]["ENGINE"] = "conductor_web.backends.postgresql"
+        # The statements conductor_web.compiled sends on every run are prepared once per
+        # connection (parsed and planned once, not on each call: a third of PostgreSQL's CPU at
+        # load, issue #15). Django's default (None) turns psycopg's preparing off; Django's own
+        # queries bind on the client and are never prepared either way. Behind PgBouncer in
+        # transaction mode before 1.21 (no prepared statements), set DB_PREPARED_STATEMENTS=false.
+        if env.bool("DB_PREPARED_STATEMENTS", default=True):
+            DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
     if DB_POOL_MAX_SIZE > 0:
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django's pool requires it
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

@@ -405,3 +405,27 @@ def test_a_long_fixed_shape_statement_is_converted_once_and_binds_each_calls_val
     after = converted.cache_info()
     assert results == [[(width * n,)] for n in (1, 2, 3)]
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+
+
+def test_statements_of_fixed_shape_are_prepared_once_per_connection() -> None:
+    """Django turns psycopg's prepared statements off by default, so each of these statements was
+    parsed and planned again on every call: a third of PostgreSQL's CPU at load (issue #15). The
+    settings turn preparing on; the reads and writes here use it, Django's own queries do not."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    AuditChainHead.objects.get_or_create(pk=1)
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cur:
+            cur.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in cur.fetchall()]
+
+    with transaction.atomic():
+        for _ in range(3):
+            _HEAD.rows()
+        compiled.execute(connection, "SELECT %s::int + 1", [1], fetch=True)
+        compiled.execute(connection, "SELECT %s::int + 1", [2], fetch=True)
+        statements = prepared()
+    head_sql = _HEAD._compile("default").sql.replace("%s", "$1")
+    assert sum(1 for s in statements if s == head_sql) == 1, statements
+    assert sum(1 for s in statements if s == "SELECT $1::int + 1") == 1, statements
