@@ -302,7 +302,9 @@ def nudge() -> None:
 def start_sequencer_thread(*, publish: bool, standby: bool = False) -> bool:
     """Start this process's sequencer thread once. ``publish``: also append STHs on a timer.
     ``standby``: sequence only when the log lags by ``AUDIT_SEQUENCER_STANDBY_S`` (see the module
-    doc; 0 makes it an active sequencer)."""
+    doc; 0 makes it an active sequencer); a standby never publishes."""
+    if publish and standby:
+        raise ValueError("a standing-by sequencer does not publish tree heads")
     global _started
     with _start_lock:
         if _started:
@@ -312,7 +314,7 @@ def start_sequencer_thread(*, publish: bool, standby: bool = False) -> bool:
     _role["now"] = "standby" if standby_s > 0 else "active"
     if standby_s > 0:
         target: Callable[..., None] = _standby_loop
-        args: tuple[Any, ...] = (publish, standby_s)
+        args: tuple[Any, ...] = (standby_s,)
     else:
         target, args = _loop, (publish,)
     threading.Thread(target=target, args=args, daemon=True, name="audit-sequencer").start()
@@ -369,29 +371,23 @@ def _tick(*, publish_sth: bool) -> bool:
         return False
 
 
-def oldest_pending_age() -> float | None:
-    """Seconds since the oldest pending row was written (None: nothing pending). One indexed read
-    (``audit_pending``: the pending rows by id, the first is the oldest but for clock skew)."""
-    first = AuditEvent.objects.filter(seq__isnull=True).order_by("id").values_list("created_at")[:1]
-    rows = list(first)
-    return (timezone.now() - rows[0][0]).total_seconds() if rows else None
-
-
 def standby_due(standby_s: float) -> bool:
-    """Whether a standing-by sequencer must pass: some row has waited ``standby_s`` or longer."""
-    age = oldest_pending_age()
-    return age is not None and age >= standby_s
+    """Whether a standing-by sequencer must pass: the oldest pending row (the first by id, but for
+    clock skew; one read of the ``audit_pending`` index) has waited ``standby_s`` or longer."""
+    oldest = AuditEvent.objects.filter(seq__isnull=True).order_by("id").values_list("created_at", flat=True)
+    first = oldest.first()
+    return first is not None and (timezone.now() - first).total_seconds() >= standby_s
 
 
-def standby_look(standby_s: float, *, publish_sth: bool = False) -> bool:
+def standby_look(standby_s: float) -> bool:
     """One look of a standing-by sequencer: a full tick when rows have waited ``standby_s`` or
-    longer (or a tree head is due); returns whether rows were due. Its pooled connection goes back
-    after each look: it is needed for one short read every ``standby_s``."""
+    longer; returns whether they had. Its pooled connection goes back after each look: it is
+    needed for one short read every ``standby_s``."""
     try:
         with kept_connection():
             due = standby_due(standby_s)
-            if due or publish_sth:
-                _tick(publish_sth=publish_sth)
+            if due:
+                _tick(publish_sth=False)
             return due
     except Exception:
         logger.exception("audit sequencer standby look failed")
@@ -399,20 +395,16 @@ def standby_look(standby_s: float, *, publish_sth: bool = False) -> bool:
         return False
 
 
-def _standby_loop(publish: bool, standby_s: float) -> None:
-    """A web process's sequencer in the distributed mode. The workers' sequencers pass every few
-    milliseconds under load; this one looks every ``standby_s`` and passes only when rows have
-    waited that long (no worker sequencing, e.g. all stopped), so the log never stalls: a row
-    waits at most about twice ``standby_s``, and ``/healthz`` shows the lag meanwhile."""
-    sth_every = float(getattr(settings, "AUDIT_STH_INTERVAL_S", 60))
-    last_sth = time.monotonic()
+def _standby_loop(standby_s: float) -> None:
+    """A web process's sequencer in the distributed mode (Celery beat publishes the tree heads).
+    The workers' sequencers pass every few milliseconds under load; this one looks every
+    ``standby_s`` and passes only when rows have waited that long (no worker sequencing, e.g. all
+    stopped), so the log never stalls: a row waits at most about twice ``standby_s``, and
+    ``/healthz`` shows the lag meanwhile."""
     standing_in = False
     while True:
         time.sleep(standby_s)
-        publish_now = publish and time.monotonic() - last_sth >= sth_every
-        if publish_now:
-            last_sth = time.monotonic()
-        due = standby_look(standby_s, publish_sth=publish_now)
+        due = standby_look(standby_s)
         if due != standing_in:
             standing_in = due
             _role["now"] = "standing in" if due else "standby"

@@ -574,3 +574,11 @@ def test_servers_stand_by_only_in_the_distributed_mode(
     background.start_server_background()
     # Embedded: the server is the one sequencer and publishes tree heads (beat does, distributed).
     assert started == [{"publish": not standby, "standby": standby}]
+
+
+def test_a_standing_by_sequencer_refuses_to_publish_tree_heads() -> None:
+    from apps.audit.sequencer import start_sequencer_thread
+
+    # Beat publishes in the distributed mode; a standby that also did would publish twice.
+    with pytest.raises(ValueError, match="does not publish"):
+        start_sequencer_thread(publish=True, standby=True)
