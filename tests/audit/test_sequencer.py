@@ -399,6 +399,9 @@ def test_sequencer_killed_mid_batch_loses_nothing() -> None:
     # the test hands the advisory lock to the subprocess; on SQLite a lost race is retried.
     append_events(3)
     for _attempt in range(10):
+        # A lost race leaves the last attempt's rows to another sequencer, which may commit them
+        # after this read: number them here first, so the head read is this attempt's base.
+        audit_flush()
         base = AuditChainHead.objects.get(pk=1).seq
         proc = subprocess.Popen(
             [sys.executable, "-c", SEQUENCER, str(base + 5)],
