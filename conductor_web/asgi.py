@@ -11,11 +11,13 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from conductor_web import daphne_requests  # noqa: E402
 from conductor_web.background import start_server_background  # noqa: E402
 from conductor_web.handlers import ApiASGIHandler, http_application  # noqa: E402
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
 from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
 
+daphne_requests.install()
 start_server_background()
 
 application = ProtocolTypeRouter(

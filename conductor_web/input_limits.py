@@ -244,7 +244,10 @@ def _check_query_and_form(request: HttpRequest, content_type: str) -> None:
     for key, values in request.GET.lists():
         if has_bad_chars(key) or any(has_bad_chars(v) for v in values):
             raise _bad_chars_error(f"query parameter {_BAD_CHARS.sub('?', key[:100])!r}")
-    if request.method in ("POST", "PUT", "PATCH") and content_type.startswith(_FORM_TYPES):
+    # /v1 reads only JSON bodies: parsing a multipart one here would consume the stream, and the
+    # view's read of the body then failed as a 503; unparsed, the view answers it as not JSON.
+    form = content_type.startswith(_FORM_TYPES) and not request.path.startswith("/v1/")
+    if request.method in ("POST", "PUT", "PATCH") and form:
         for key, values in request.POST.lists():
             if has_bad_chars(key) or any(has_bad_chars(v) for v in values):
                 raise _bad_chars_error(f"form field {_BAD_CHARS.sub('?', key[:100])!r}")

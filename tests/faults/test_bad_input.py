@@ -290,3 +290,42 @@ def test_an_over_long_text_makes_a_regex_check_fail_closed_not_skip() -> None:
     assert str(MAX_INPUT_CHARS) in closed.checks[0].detail
     opened = run_stage("input", spec.guardrails.input, text, on_check_error="fail_open")
     assert not opened.blocked and opened.checks[0].status == CheckStatus.BYPASSED
+
+
+# ------------------------------------------------------------------------- form bodies
+
+MULTIPART = b'--b\r\nContent-Disposition: form-data; name="question"\r\n\r\nhi\r\n--b--\r\n'
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data; boundary=b", MULTIPART),
+        ("multipart/form-data; boundary=b", b"--b\r\nnot a part"),
+        ("multipart/form-data; boundary=b", b"no boundary anywhere"),
+        ("application/x-www-form-urlencoded", b"question=hi"),
+    ],
+    ids=["multipart", "broken-multipart", "no-parts", "urlencoded"],
+)
+def test_form_bodies_on_v1_are_a_400_in_openais_shape(
+    http: Any, key_headers: Any, fake_pool: Any, content_type: str, body: bytes
+) -> None:
+    # The input checks parsed a multipart /v1 body as a form, which used up the stream: the view's
+    # read of the body then failed, and the client got a 503 "server failed (RawPostDataException)".
+    runs = Run.objects.count()
+    resp = http.post(CHAT, content=body, headers={**key_headers, "Content-Type": content_type})
+    error = assert_openai_error(resp, 400, "invalid_json")
+    assert "JSON" in error["message"]
+    assert Run.objects.count() == runs
+
+
+def test_a_multipart_body_on_the_rest_api_is_still_read_as_a_form(
+    http: Any, key_headers: Any, fake_pool: Any
+) -> None:
+    resp = http.post(
+        "/api/runs/",
+        content=MULTIPART,
+        headers={**key_headers, "Content-Type": "multipart/form-data; boundary=b"},
+    )
+    assert resp.status_code == 201, resp.text[:500]
+    assert resp.json()["question"] == "hi"
