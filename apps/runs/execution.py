@@ -133,7 +133,7 @@ def dispatch_run(run_id: UUID | str) -> None:
             app.send_task(
                 RUN_EXECUTE_TASK,
                 args=(str(run_id),),
-                queue=queue,
+                queue=queue.name,
                 producer=producer,
                 declare=_declare(producer, queue),
             )
