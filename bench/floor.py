@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -81,6 +82,27 @@ def pids_named(fragment: str) -> list[int]:
 def own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def spread(total: int, threads: int, call: Callable[[], None]) -> float:
+    """``call()`` ``total`` times from ``threads`` threads; the wall seconds it took."""
+    counts = iter(range(total))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if next(counts, None) is None:
+                    return
+            call()
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - started
 
 
 async def load(url: str, clients: int, total: int) -> tuple[float, int, list[float]]:
@@ -188,27 +210,15 @@ def measure_celery() -> dict[str, float]:
                 raise RuntimeError("the worker did not start consuming")
             time.sleep(0.2)
         rabbit = pids_named("beam.smp")
-        counts = iter(range(ARGS.tasks))
-        lock = threading.Lock()
 
-        def publisher() -> None:
-            while True:
-                with lock:
-                    i = next(counts, None)
-                if i is None:
-                    return
-                # The queue exists (the worker declared it): no declaration per message, the
-                # cheapest publish Celery makes.
-                noop.apply_async(args=(str(uuid.uuid4()),), declare=[])
+        def publish() -> None:
+            # The queue exists (the worker declared it): no declaration per message, the
+            # cheapest publish Celery makes.
+            noop.apply_async(args=(str(uuid.uuid4()),), declare=[])
 
         worker0, rabbit0, own0 = proc_cpu([worker.pid]), proc_cpu(rabbit), own_cpu()
         started = time.perf_counter()
-        threads = [threading.Thread(target=publisher) for _ in range(ARGS.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        published = time.perf_counter() - started
+        published = spread(ARGS.tasks, ARGS.clients, publish)
         publish_cpu = own_cpu() - own0
         while queue_depth(QUEUE)[0]:
             time.sleep(0.05)
@@ -250,26 +260,13 @@ def measure_model_call() -> dict[str, float]:
         messages = [{"role": "user", "content": "What is six times seven?"}]
         for _ in range(50):  # warm
             client.chat.completions.create(model="w0", messages=messages)  # type: ignore[arg-type]
-        counts = iter(range(ARGS.requests))
-        lock = threading.Lock()
 
-        def caller() -> None:
-            while True:
-                with lock:
-                    i = next(counts, None)
-                if i is None:
-                    return
-                answer = client.chat.completions.create(model="w0", messages=messages)  # type: ignore[arg-type]
-                assert answer.choices[0].message.content
+        def call() -> None:
+            answer = client.chat.completions.create(model="w0", messages=messages)  # type: ignore[arg-type]
+            assert answer.choices[0].message.content
 
         own0, server0 = own_cpu(), proc_cpu([upstream.pid])
-        started = time.perf_counter()
-        threads = [threading.Thread(target=caller) for _ in range(ARGS.threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - started
+        wall = spread(ARGS.requests, ARGS.threads, call)
         sdk, server = own_cpu() - own0, proc_cpu([upstream.pid]) - server0
         one = []
         for _ in range(200):  # one caller alone: the call's latency with nothing else running
