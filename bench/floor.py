@@ -84,6 +84,15 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def p50(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def spread(total: int, threads: int, call: Callable[[], None]) -> float:
     """``call()`` ``total`` times from ``threads`` threads; the wall seconds it took."""
     counts = iter(range(total))
@@ -154,12 +163,11 @@ def measure_daphne() -> dict[str, float]:
         wall, failures, latencies = asyncio.run(load(url, ARGS.clients, ARGS.requests))
         server, own = proc_cpu([proc.pid]) - server0, own_cpu() - own0
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
     n = ARGS.requests
     return {
         "per_s": n / wall,
-        "p50_ms": sorted(latencies)[len(latencies) // 2],
+        "p50_ms": p50(latencies),
         "server_ms": 1000 * server / n,
         "client_ms": 1000 * own / n,
         "failures": failures,
@@ -227,8 +235,7 @@ def measure_celery() -> dict[str, float]:
         drained = time.perf_counter() - started - 0.5
         worker_cpu, rabbit_cpu = proc_cpu([worker.pid]) - worker0, proc_cpu(rabbit) - rabbit0
     finally:
-        worker.terminate()
-        worker.wait(timeout=20)
+        stop(worker)
         celery_app.connection_for_write().default_channel.queue_delete(QUEUE)
     n = ARGS.tasks
     return {
@@ -268,20 +275,19 @@ def measure_model_call() -> dict[str, float]:
         own0, server0 = own_cpu(), proc_cpu([upstream.pid])
         wall = spread(ARGS.requests, ARGS.threads, call)
         sdk, server = own_cpu() - own0, proc_cpu([upstream.pid]) - server0
-        one = []
+        one: list[float] = []
         for _ in range(200):  # one caller alone: the call's latency with nothing else running
             t0 = time.perf_counter()
             client.chat.completions.create(model="w0", messages=messages)  # type: ignore[arg-type]
             one.append(1000 * (time.perf_counter() - t0))
     finally:
-        upstream.terminate()
-        upstream.wait(timeout=10)
+        stop(upstream)
     n = ARGS.requests
     return {
         "per_s": n / wall,
         "sdk_ms": 1000 * sdk / n,
         "upstream_ms": 1000 * server / n,
-        "alone_p50_ms": sorted(one)[len(one) // 2],
+        "alone_p50_ms": p50(one),
     }
 
 
