@@ -104,8 +104,8 @@ _DISPATCH_TAKE = CompiledUpdate(
 _DISPATCH_DELETE = CompiledDelete(RunDispatch)
 
 
-# A producer's run queue, bound to the channel it was bound on (see _declare).
-_BOUND_QUEUES: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+# A producer's run queue, bound to its channel (see _declare).
+_BOUND_QUEUES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _declare(producer: Any, queue: Any) -> list[Any]:
@@ -116,12 +116,11 @@ def _declare(producer: Any, queue: Any) -> list[Any]:
     that copy was 4% of a distributed daphne's CPU at 32 clients (issue #15). A queue already bound
     to the channel skips the copy and meets the same cache, so the queue is still declared on every
     new connection (kombu clears the cache when it reconnects) and re-bound by kombu's own retry."""
-    cached = _BOUND_QUEUES.get(producer)
+    bound = _BOUND_QUEUES.get(producer)
     channel = producer.channel
-    if cached is None or cached[0] is not channel or cached[1].name != queue.name:
-        cached = (channel, queue.bind(channel))
-        _BOUND_QUEUES[producer] = cached
-    return [cached[1]]
+    if bound is None or bound.channel is not channel or bound.name != queue.name:
+        bound = _BOUND_QUEUES[producer] = queue.bind(channel)
+    return [bound]
 
 
 def dispatch_run(run_id: UUID | str) -> None:
