@@ -22,6 +22,8 @@ from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.proofs import load_tree
 from apps.audit.sequencer import (
+    ADVISORY_KEY,
+    _lock,
     _tick,
     audit_flush,
     batch_pause,
@@ -509,7 +511,14 @@ def test_the_sequencer_thread_keeps_its_connection_between_ticks() -> None:
         opened.append(threading.current_thread().name)
 
     def sequencer_thread() -> None:
+        # Other sequencers on this database (the distributed phase's session Celery worker) could
+        # hold the lock during a tick, which then sequences nothing: a session-level hold on this
+        # thread's one connection keeps them out, and its own ticks re-enter it.
+        hold = connection.vendor == "postgresql"
         try:
+            if hold:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_lock(%s)", [ADVISORY_KEY])
             for _ in range(3):
                 with transaction.atomic():
                     audit_record(event_type=AuditEventType.TEAM_UPDATED, payload={"tick": True})
@@ -517,6 +526,9 @@ def test_the_sequencer_thread_keeps_its_connection_between_ticks() -> None:
                 held_after_tick.append(connection.connection is not None)
                 outcomes.append((ok, sequencer_lag().pending))
         finally:
+            if hold:  # before the connection goes back to the pool
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_KEY])
             close_old_connections()
             connection.close()
 
@@ -553,13 +565,17 @@ def test_a_standing_by_sequencer_passes_only_when_rows_have_waited() -> None:
     again (11% of a busy daphne's CPU). A standby passes only when rows have waited
     ``standby_s``, so with every worker stopped the log still gets sequenced."""
     audit_flush()
-    assert standby_look(0.0) is False  # nothing pending: nothing due, even at once
+    # Every other sequencer on this database (the distributed phase's session Celery worker, a
+    # live daphne) would take the row at any moment (CI caught one mid-pass). One transaction
+    # holding their lock keeps them out; this connection's own pass re-enters it.
     with transaction.atomic():
-        audit_record(event_type=AuditEventType.TEAM_UPDATED, payload={"standby": 1})
-    assert standby_look(3600.0) is False  # a fresh row is the active sequencer's
-    assert sequencer_lag().pending == 1
-    assert standby_look(0.0) is True  # a row that has waited long enough: sequenced here
-    assert sequencer_lag().pending == 0
+        _lock(wait=True)
+        assert standby_look(0.0) is False  # nothing pending: nothing due, even at once
+        event = audit_record(event_type=AuditEventType.TEAM_UPDATED, payload={"standby": 1})
+        assert standby_look(3600.0) is False  # a fresh row is the active sequencer's
+        assert AuditEvent.objects.get(pk=event.pk).seq is None
+        assert standby_look(0.0) is True  # a row that has waited long enough: sequenced here
+        assert AuditEvent.objects.get(pk=event.pk).seq is not None
     assert verify_chain(key=hmac_key()).ok
 
 
