@@ -1,4 +1,5 @@
-"""Shared set-up of the benchmarks that start a live product (api_overhead.py, gateway.py).
+"""Shared set-up of the benchmarks that start a live product (api_overhead.py, gateway.py), and
+the CPU reading they share with floor.py and ws_latency.py.
 
 Call ``prepare(...)`` before ``django.setup()``: it writes a settings module for the bench's own
 processes (daphne, Celery) and gives them a fresh database: a new SQLite file in the embedded
@@ -13,6 +14,7 @@ import fcntl
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
@@ -27,6 +29,31 @@ def die_with_parent() -> None:
     database the next bench recreated at the same path, and its CPU skewed that bench's figures
     (bench/API.md, tenth pass)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def cpu_seconds(roots: Iterable[int]) -> float:
+    """User + system CPU of ``roots`` and every live descendant (from /proc; 0 without it)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        parents[int(entry.name)] = int(fields[1])
+        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    wanted = set(roots)
+    frontier = list(wanted)
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in wanted:
+                wanted.add(child)
+                frontier.append(child)
+    return sum(times.get(pid, 0.0) for pid in wanted)
 
 
 def _hold(work: Path) -> None:

@@ -40,7 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _live_setup import die_with_parent  # noqa: E402
+from _live_setup import cpu_seconds, die_with_parent  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--clients", type=int, default=32)
@@ -53,18 +53,6 @@ QUEUE = f"conductor_floor_bench_{uuid.uuid4().hex[:8]}"
 os.environ["FLOOR_QUEUE"] = QUEUE
 os.environ["CELERY_BROKER_URL"] = BROKER
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])}
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
 
 
 def pids_named(fragment: str) -> list[int]:
@@ -159,9 +147,9 @@ def measure_daphne() -> dict[str, float]:
                     raise
                 time.sleep(0.2)
         asyncio.run(load(url, ARGS.clients, 200))  # warm
-        server0, own0 = proc_cpu([proc.pid]), own_cpu()
+        server0, own0 = cpu_seconds([proc.pid]), own_cpu()
         wall, failures, latencies = asyncio.run(load(url, ARGS.clients, ARGS.requests))
-        server, own = proc_cpu([proc.pid]) - server0, own_cpu() - own0
+        server, own = cpu_seconds([proc.pid]) - server0, own_cpu() - own0
     finally:
         stop(proc)
     n = ARGS.requests
@@ -224,7 +212,7 @@ def measure_celery() -> dict[str, float]:
             # cheapest publish Celery makes.
             noop.apply_async(args=(str(uuid.uuid4()),), declare=[])
 
-        worker0, rabbit0, own0 = proc_cpu([worker.pid]), proc_cpu(rabbit), own_cpu()
+        worker0, rabbit0, own0 = cpu_seconds([worker.pid]), cpu_seconds(rabbit), own_cpu()
         started = time.perf_counter()
         spread(ARGS.tasks, ARGS.clients, publish)
         publish_cpu = own_cpu() - own0
@@ -233,7 +221,7 @@ def measure_celery() -> dict[str, float]:
         # The last messages in flight are acked within a few ms; the worker's CPU settles.
         time.sleep(0.5)
         drained = time.perf_counter() - started - 0.5
-        worker_cpu, rabbit_cpu = proc_cpu([worker.pid]) - worker0, proc_cpu(rabbit) - rabbit0
+        worker_cpu, rabbit_cpu = cpu_seconds([worker.pid]) - worker0, cpu_seconds(rabbit) - rabbit0
     finally:
         stop(worker)
         celery_app.connection_for_write().default_channel.queue_delete(QUEUE)
@@ -271,9 +259,9 @@ def measure_model_call() -> dict[str, float]:
             answer = client.chat.completions.create(model="w0", messages=messages)  # type: ignore[arg-type]
             assert answer.choices[0].message.content
 
-        own0, server0 = own_cpu(), proc_cpu([upstream.pid])
+        own0, server0 = own_cpu(), cpu_seconds([upstream.pid])
         wall = spread(ARGS.requests, ARGS.threads, call)
-        sdk, server = own_cpu() - own0, proc_cpu([upstream.pid]) - server0
+        sdk, server = own_cpu() - own0, cpu_seconds([upstream.pid]) - server0
         one: list[float] = []
         for _ in range(200):  # one caller alone: the call's latency with nothing else running
             t0 = time.perf_counter()

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _live_setup import die_with_parent, prepare  # noqa: E402
+from _live_setup import cpu_seconds, die_with_parent, prepare  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -264,30 +264,6 @@ class Target:
 
 
 Result = tuple[list[float], list[float], float, int, float]
-
-
-def cpu_seconds(roots: tuple[int, ...]) -> float:
-    """User + system CPU of ``roots`` and every live descendant (from /proc; 0 without it)."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited meanwhile
-        parents[int(entry.name)] = int(fields[1])
-        times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    wanted, frontier = set(roots), list(roots)
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parents.items():
-            if parent == pid and child not in wanted:
-                wanted.add(child)
-                frontier.append(child)
-    return sum(times.get(pid, 0.0) for pid in wanted)
 
 
 async def batch(target: Target, clients: int, total: int) -> Result:

@@ -30,6 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _live_setup import cpu_seconds  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--layer", choices=["memory", "redis", "redis-pubsub"], default="memory")
@@ -192,12 +195,6 @@ async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def burst_viewer(
     url: str, cookie: str, origin: str, out: dict[str, Any], settled: list[asyncio.Event]
 ) -> None:
@@ -238,7 +235,7 @@ async def burst(base: str, cookie: str, pool: Any, n: int, runs: int, server_pid
     # from the first connect to then is the handshakes' (the runs are still planning).
     settled = [asyncio.Event() for _ in range(n)]
     everyone = list(settled)
-    cpu0 = cpu_seconds(server_pid)
+    cpu0 = cpu_seconds([server_pid])
     t0 = time.perf_counter()
     viewers = asyncio.gather(
         *(
@@ -247,7 +244,7 @@ async def burst(base: str, cookie: str, pool: Any, n: int, runs: int, server_pid
         )
     )
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in everyone)), timeout=600)
-    handshake_cpu = cpu_seconds(server_pid) - cpu0
+    handshake_cpu = cpu_seconds([server_pid]) - cpu0
     await asyncio.wait_for(viewers, timeout=600)
     wall = time.perf_counter() - t0
     hs = sorted(o["handshake_s"] for o in outs if "handshake_s" in o)
