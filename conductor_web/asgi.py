@@ -9,23 +9,23 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from conductor_web import daphne_requests  # noqa: E402
+from conductor_web import daphne_requests, daphne_ws  # noqa: E402
 from conductor_web.background import start_server_background  # noqa: E402
 from conductor_web.handlers import ApiASGIHandler, http_application  # noqa: E402
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
 from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
+from conductor_web.ws_origin import OriginCheck  # noqa: E402
 
 daphne_requests.install()
+daphne_ws.install()  # close frames carry their reason
 start_server_background()
 
 application = ProtocolTypeRouter(
     {
         # /v1 through its own all-async chain (conductor_web.handlers); the pages through Django's.
         "http": http_application(django_asgi_app, ApiASGIHandler()),
-        "websocket": AllowedHostsOriginValidator(
-            ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        # Scheme, host and port of the Origin (conductor_web.ws_origin), before any session read.
+        "websocket": OriginCheck(ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -6,6 +6,7 @@ class RunsConfig(AppConfig):
     label = "runs"
 
     def ready(self) -> None:
+        from django.contrib.auth.signals import user_logged_out
         from django.db import connections
         from django.db.models.signals import post_save
 
@@ -15,6 +16,7 @@ class RunsConfig(AppConfig):
         from apps.runs.policy_ports import install_policy_ports
         from apps.runs.ports import install_audit_port
         from apps.runs.sink import on_run_saved
+        from apps.runs.ws_access import on_logged_out
 
         install_audit_port()
         install_policy_ports()  # run history and workers for policies (below runs)
@@ -27,4 +29,6 @@ class RunsConfig(AppConfig):
 
         # Held answers (issue 13): a review decision reaches the run's live viewers.
         post_save.connect(on_run_saved, sender=Run, dispatch_uid="runs.review_notice")
+        # Issue 39: a logout closes the session's open run sockets at once.
+        user_logged_out.connect(on_logged_out, dispatch_uid="runs.ws_session_ended")
         # Servers start the lease keeper and sweeper once Django is set up: conductor_web.background.

@@ -13,11 +13,16 @@ hold its answer, ``run.finished`` (re-checked in the database) whether it did, a
 ``run.reviewed`` notice (a reviewer decided) re-sends the snapshot. While content is withheld the
 viewer gets every event without its model output and no ``step.delta`` at all; when it becomes
 visible the viewer gets a fresh snapshot with the full text.
+
+The socket follows its session and its viewer's access after the handshake too
+(``apps.runs.ws_access``): each event batch carries the access version, a viewer re-checks only
+when it moved, and a logout closes the session's sockets at once (close codes 4401, 4403, 4409).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -29,16 +34,16 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from apps.runs import fanout, selectors
+from apps.runs import fanout, selectors, ws_access
 from apps.runs.models import Run
-from apps.runs.sink import group_name, register_server_loop
+from apps.runs.sink import ACCESS_STAMP, group_name, register_server_loop
 from conductor_web.executor_db import in_executor
 from conductor_web.metrics import websocket_viewer
 from conductor_web.ws_auth import resolve_user
 
 T = TypeVar("T")
 
-CLOSE_FORBIDDEN = 4403
+CLOSE_FORBIDDEN = 4403  # the handshake's refusal; an open socket losing access closes with it too
 CLOSE_LAYER_LOST = 1011  # the browser reconnects with ?after=<seq> (or polls the snapshot)
 
 
@@ -54,29 +59,31 @@ async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await database_sync_to_async(fn)(*args, **kwargs)  # type: ignore[no-any-return]
 
 
-Opening = tuple[dict[str, Any] | None, list[dict[str, Any]], selectors.ViewerAccess]
+# The snapshot or the missed events, what the viewer may see, the viewer, the access version.
+Opening = tuple[dict[str, Any] | None, list[dict[str, Any]], selectors.ViewerAccess, Any, int | None]
 
 
 def _open(
     scope: dict[str, Any], run_id: str, after: int | None, decided: Callable[[bool], None]
 ) -> Opening | None:
-    """The whole handshake in one executor job, the run row read once: the session's user
+    """The whole handshake in one executor job, the run row read once (with the access version,
+    read before anything is decided on it: ``ws_access.read_run``): the session's user
     (``resolve_user``), then None when that user may not view the run (``Run.objects.allows``
     ``"view"``), else the snapshot (or, after ``after``, the missed events) and what this viewer
     may see. ``decided`` hears the permission verdict as soon as it is known, so the consumer
     accepts the socket while this job reads on (daphne gives a handshake 5 s to be accepted)."""
+    run, stamp = ws_access.read_run(run_id)  # DoesNotExist: see _db
     user = resolve_user(scope)
-    run = Run.objects.select_related("team", "pool", "created_by").get(pk=run_id)  # DoesNotExist: see _db
     allowed = Run.objects.allows(user, "view", run)
     decided(allowed)
     if not allowed:
         return None
     if after is None:
         snapshot, access = selectors.run_snapshot(user=user, run=run)
-        return snapshot, [], access
+        return snapshot, [], access, user, stamp
     # The access is decided on the run row read above, before the events (as the snapshot does).
     events = selectors.run_events_after(run_id, after)
-    return None, events, selectors.viewer_access(user=user, run=run)
+    return None, events, selectors.viewer_access(user=user, run=run), user, stamp
 
 
 def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
@@ -90,8 +97,13 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     order, between websocket frames)."""
 
     group: str | None = None
-    sent_seq: int | None = None
+    session_group: str | None = None  # where a logout of this socket's session is announced
+    sent_seq: int | None = None  # None: not streaming (before the handshake's read, or closed)
     access: selectors.ViewerAccess | None = None
+    viewer: Any = None  # the user, as last checked
+    stamp: int | None = None  # the access version that check was decided on
+    checked_at = 0.0  # time.monotonic() of that check
+    closed = False
     inbox: fanout.Inbox
     hub: fanout.Fanout | None = None
     counted = False  # accepted, so counted in the websocket viewers gauge
@@ -144,10 +156,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             # and dropped by seq if the read already covered it, so none is lost.
             self.hub = fanout.fanout_for(layer)
             self.group = group_name(run_id)
+            key = ws_access.session_key(self.scope)
             try:
                 await self.hub.join(self.group, self.inbox)
+                if key is not None:
+                    # Also before the read: a logout from now on reaches this socket.
+                    self.session_group = ws_access.session_group(key)
+                    await self.hub.join(self.session_group, self.inbox)
             except Exception:
-                self.group = None
+                await self._leave()
                 await self.close(code=CLOSE_LAYER_LOST)
                 return
         after = self._after()
@@ -177,7 +194,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._leave()
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        snapshot, events, self.access = opening
+        snapshot, events, self.access, self.viewer, self.stamp = opening
+        self.checked_at = time.monotonic()
         if not accepted:  # the job ended before its verdict reached this loop
             await self.accept()
         if snapshot is not None:
@@ -189,16 +207,58 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
                 await self._send_event(event)
 
     async def _leave(self) -> None:
-        hub, group, self.hub, self.group = self.hub, self.group, None, None
-        if hub is not None and group is not None:
-            await hub.leave(group, self.inbox)
+        hub, groups = self.hub, (self.group, self.session_group)
+        self.hub = self.group = self.session_group = None
+        if hub is not None:
+            for group in groups:
+                if group is not None:
+                    await hub.leave(group, self.inbox)
 
     async def _send_snapshot(self) -> None:
-        snapshot, self.access = await _db(
-            selectors.run_snapshot, user=self.scope.get("user"), run_id=self.run_id
-        )
+        snapshot, self.access = await _db(selectors.run_snapshot, user=self.viewer, run_id=self.run_id)
         await self.send_json(snapshot)
         self.sent_seq = snapshot["last_seq"]
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        """Once; from then on nothing is sent (messages still queued are dropped)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.sent_seq = None
+        await super().close(code, reason)
+
+    async def _end(self, code: int, reason: str) -> None:
+        await self._leave()
+        await self.close(code=code, reason=reason)
+
+    async def _still_allowed(self, stamp: Any, *, resend: bool = False) -> bool:
+        """Before a batch reaches the socket: False when it was closed instead. Costs a comparison
+        unless the access version moved (or is unknown: a message without one) or the periodic
+        re-check is due; then one executor job (``ws_access.recheck``). ``resend``: always
+        re-check, then send the snapshot as the viewer may now see it."""
+        if (
+            not resend
+            and stamp is not None
+            and stamp == self.stamp
+            and time.monotonic() - self.checked_at < ws_access.recheck_interval_s()
+        ):
+            return True
+        verdict = await _db(ws_access.recheck, self.scope, self.run_id, self.viewer)
+        if verdict.close is not None:
+            await self._end(*verdict.close)
+            return False
+        was, now = self.access, verdict.access
+        self.viewer, self.stamp, self.checked_at = verdict.user, verdict.stamp, time.monotonic()
+        if was is not None and now is not None and was.settled and not was.withheld and now.withheld:
+            # Content this viewer was shown may no longer be: the browser reconnects for the
+            # withheld view. (A queued run showed nothing yet: it just starts withheld.)
+            await self._end(ws_access.CLOSE_WITHHELD, ws_access.REASON_WITHHELD)
+            return False
+        if resend or (was is not None and now is not None and was.withheld and not now.withheld):
+            await self._send_snapshot()  # e.g. a reviewer released the answer, or became a reviewer
+        else:
+            self.access = now
+        return True
 
     def _after(self) -> int | None:
         query = parse_qs(self.scope.get("query_string", b"").decode())
@@ -225,7 +285,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             self.access = selectors.ViewerAccess(was.reviewer, holdable, holdable and not was.reviewer, True)
         elif kind == "run.finished" and (was.withheld or was.holdable or data.get("answer_held")):
             # Held or not (or released since)? The database says, per viewer.
-            now = await _db(_access, self.scope.get("user"), self.run_id)
+            now = await _db(_access, self.viewer, self.run_id)
             self.access = now
             if was.withheld and not now.withheld:
                 await self._send_snapshot()  # the answer was not held: show everything
@@ -237,35 +297,47 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             event = selectors.withhold_event(event)
         await self.send_json(event)
 
-    async def run_event(self, message: dict[str, Any]) -> None:
+    async def _deliver(self, event: dict[str, Any]) -> None:
         if self.sent_seq is None:
-            return  # not accepted yet; the initial read covers it
-        event = message["event"]
+            return
         if event["seq"] > self.sent_seq + 1:
             # A publish went missing (layer capacity, restart): fill the gap from the database.
             for missed in await _db(selectors.run_events_after, self.run_id, self.sent_seq):
                 await self._send_event(missed)
         await self._send_event(event)
 
+    async def run_event(self, message: dict[str, Any]) -> None:
+        if self.sent_seq is None:
+            return  # not accepted yet (the initial read covers it), or closed
+        if await self._still_allowed(message.get(ACCESS_STAMP)):
+            await self._deliver(message["event"])
+
     async def run_events(self, message: dict[str, Any]) -> None:
-        """A committed batch in one message (``apps.runs.sink.publish_batch``): its events in order."""
+        """A committed batch in one message (``apps.runs.sink.publish_batch``): its events in order,
+        after one access check for the whole batch."""
+        if self.sent_seq is None or not await self._still_allowed(message.get(ACCESS_STAMP)):
+            return
         for event in message["events"]:
-            await self.run_event({"event": event})
+            await self._deliver(event)
 
     async def run_reviewed(self, message: dict[str, Any]) -> None:
         """A reviewer decided: re-send the snapshot as this viewer may now see it."""
-        if self.sent_seq is None:
-            return
-        await self._send_snapshot()
+        if self.sent_seq is not None:
+            await self._still_allowed(None, resend=True)
+
+    async def session_ended(self, message: dict[str, Any]) -> None:
+        """This socket's session logged out (``ws_access.on_logged_out``)."""
+        if not self.closed:
+            await self._end(ws_access.CLOSE_SESSION_ENDED, ws_access.REASON_SESSION_ENDED)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         # Read-only stream; a ping keeps proxies from closing an idle socket.
-        if isinstance(content, dict) and content.get("type") == "ping":
+        if not self.closed and isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "last_seq": self.sent_seq})
 
     async def run_layer_lost(self, message: dict[str, Any]) -> None:
         """The fan-out lost the channel layer: close, so the browser resyncs from the database."""
-        self.hub = self.group = None  # the fan-out already let go of this viewer
+        self.hub = self.group = self.session_group = None  # the fan-out already let go of this viewer
         await self.close(code=CLOSE_LAYER_LOST)
 
     async def disconnect(self, code: int) -> None:

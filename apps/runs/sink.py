@@ -36,6 +36,7 @@ from apps.audit.services import (
     review_sample_rate,
 )
 from apps.engine.events import Event
+from apps.governance.access_version import TABLE as ACCESS_TABLE
 from apps.governance.models import Team
 from apps.runs import observers
 from apps.runs.journal import forget as forget_calls
@@ -82,20 +83,23 @@ def _counters_sql(vendor: str, fenced: bool) -> str:
     )
     # Identifiers from model metadata (quoted); every value is a parameter. One text for every
     # batch: adding zeros costs the database nothing, compiling an ORM UPDATE with expressions
-    # for each batch cost more than the statement (issue #15).
+    # for each batch cost more than the statement (issue #15). It also returns the access version
+    # the batch is published with (apps.runs.ws_access): no round trip of its own.
     return (
         f"UPDATE {qn(Run._meta.db_table)} SET {seq} = {greatest}({seq}, %s), {adds}, "  # noqa: S608
         f"{cost} = CASE WHEN %s THEN COALESCE({cost}, 0) + CAST(%s AS NUMERIC) ELSE {cost} END, "
-        f"{qn('priced')} = ({qn('priced')} AND %s) WHERE {where}"
+        f"{qn('priced')} = ({qn('priced')} AND %s) WHERE {where} "
+        f"RETURNING (SELECT {qn('stamp')} FROM {qn(ACCESS_TABLE)} WHERE {qn('id')} = 1)"
     )
 
 
 def _store_counters(
     run_id: Any, last_seq: int, usage: BatchUsage, *, owner: str | None = None, attempt: int = 0
-) -> int:
+) -> tuple[int, int | None]:
     """Move the run's last_seq to ``last_seq`` (never back) and add ``usage`` to its counters, in
     one UPDATE. With ``owner``, the batch's lease fence: the row changes only if this executor
-    still holds the run (same owner, same attempt). Returns the rows changed."""
+    still holds the run (same owner, same attempt). Returns the rows changed and the access
+    version (``apps.governance.access_version``) read by the same statement."""
     pk = Run._meta.pk.get_db_prep_value(run_id, connection)  # type: ignore[union-attr]
     params: list[Any] = [
         last_seq,
@@ -111,7 +115,10 @@ def _store_counters(
         params += [owner, attempt]
     # Bound on the server, prepared once per connection (conductor_web.compiled.execute): one of
     # these per batch was a tenth of the sink's database time bound in Python (issue #15).
-    return execute(connection, _counters_sql(connection.vendor, owner is not None), params)[0]
+    changed, rows = execute(
+        connection, _counters_sql(connection.vendor, owner is not None), params, fetch=True
+    )
+    return changed, (rows[0][0] if rows else None)
 
 
 # The in-memory channel layer keeps asyncio queues bound to the server's event loop; a sync
@@ -142,6 +149,10 @@ def _publisher_loop() -> asyncio.AbstractEventLoop:
         return _publisher[1]
 
 
+# The key of the access version in a published batch (apps.runs.ws_access reads it).
+ACCESS_STAMP = "access_stamp"
+
+
 def group_name(run_id: UUID | str) -> str:
     return f"run.{run_id}"
 
@@ -151,21 +162,28 @@ def publish(run_id: UUID | str, event: dict[str, Any]) -> None:
     publish_batch(run_id, [event])
 
 
-def publish_batch(run_id: UUID | str, events: list[dict[str, Any]]) -> None:
+def publish_batch(
+    run_id: UUID | str, events: list[dict[str, Any]], *, access_stamp: int | None = None
+) -> None:
     """Send a committed batch's events, in order, as one message (``run.events``; a lone event as
     ``run.event``) in one hop to the layer's loop. On channels-redis each message is a group
     lookup and a script, four round trips, and a wake-up of every process following the run:
     one per event was most of a Celery worker's publishing and of a waiting daphne's receiving
-    (issue #15). Never raises."""
+    (issue #15). ``access_stamp``: the access version read in the batch's transaction; each
+    viewer compares it with its own and re-checks its access only when it changed
+    (``apps.runs.ws_access``). Never raises."""
     if not events:
         return
     first, last = events[0], events[-1]
+    stamp = {} if access_stamp is None else {ACCESS_STAMP: access_stamp}
     if len(events) == 1:
-        _group_send(run_id, {"type": "run.event", "event": first}, first.get("type"), first.get("seq"))
+        _group_send(
+            run_id, {"type": "run.event", "event": first, **stamp}, first.get("type"), first.get("seq")
+        )
     else:
         _group_send(
             run_id,
-            {"type": "run.events", "events": events},
+            {"type": "run.events", "events": events, **stamp},
             f"{len(events)} events",
             f"{first.get('seq')}..{last.get('seq')}",
         )
@@ -198,14 +216,18 @@ def on_run_saved(sender: Any, instance: Run, update_fields: Any = None, **kwargs
 
 
 def _group_send(run_id: UUID | str, message: dict[str, Any], kind: Any, seq: Any) -> None:
-    _group_send_many(run_id, [message], kind, seq)
+    _group_send_many(group_name(run_id), [message], kind, seq)
 
 
-def _group_send_many(run_id: UUID | str, messages: list[dict[str, Any]], kind: Any, seq: Any) -> None:
+def send_to_group(group: str, message: dict[str, Any], what: str) -> None:
+    """One message to a group the run fan-out carries (e.g. a session's sockets). Never raises."""
+    _group_send_many(group, [message], what, None)
+
+
+def _group_send_many(group: str, messages: list[dict[str, Any]], kind: Any, seq: Any) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    group = group_name(run_id)
     # Named in the message: one process-wide membership fans it out to the run's local viewers
     # (apps.runs.fanout), which must know whose it is.
     named = [{**message, "group": group} for message in messages]
@@ -243,7 +265,7 @@ def _group_send_many(run_id: UUID | str, messages: list[dict[str, Any]], kind: A
                 task.add_done_callback(_pending.discard)
     except Exception:
         # Viewers recover from the database on reconnect; a publish failure must not fail the run.
-        logger.exception("could not publish %s seq=%s for run %s", kind, seq, run_id)
+        logger.exception("could not publish %s seq=%s to %s", kind, seq, group)
 
 
 def _decimal(value: Any) -> Decimal | None:
@@ -269,9 +291,11 @@ _FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished", "run.a
 DELTA_FLUSH_S = 0.05
 
 
-def _after_commit(run_id: UUID, batch: list[dict[str, Any]], views: list[observers.RunEventView]) -> None:
+def _after_commit(
+    run_id: UUID, batch: list[dict[str, Any]], views: list[observers.RunEventView], stamp: int | None
+) -> None:
     """A committed batch, in seq order: each event to the viewers, then to the observers."""
-    publish_batch(run_id, batch)
+    publish_batch(run_id, batch, access_stamp=stamp)
     for view in views:
         observers.notify_after_commit(view)
 
@@ -431,8 +455,9 @@ class RunSink:
                     # The row lock orders this batch against a re-queue (which takes the same row):
                     # the fence, the new last_seq and the counters are one conditional UPDATE (it
                     # takes the lock).
+                    stamp: int | None = None
                     if self.owner is not None:
-                        fenced = _store_counters(
+                        fenced, stamp = _store_counters(
                             self.run_id,
                             last_seq,
                             NO_USAGE if ends else usage,
@@ -476,7 +501,7 @@ class RunSink:
                     # first: its verdict stands, and what the batch used still counts).
                     late = usage if ends and not self._verdict_written else NO_USAGE
                     if self.owner is None:  # unfenced (no lease): last_seq and counters here
-                        _store_counters(self.run_id, last_seq, usage if not ends else late)
+                        _, stamp = _store_counters(self.run_id, last_seq, usage if not ends else late)
                     elif late is not NO_USAGE:
                         _store_counters(self.run_id, last_seq, late)
                 # The observers last, just before the commit: the rollup rows they add to are
@@ -498,7 +523,7 @@ class RunSink:
         self._buffer = []
         self.transactions += 1
         run_id = self.run_id
-        transaction.on_commit(lambda: _after_commit(run_id, batch, views))
+        transaction.on_commit(lambda: _after_commit(run_id, batch, views, stamp))
         if batch[-1]["type"] == "run.finished":
             self.finished = True
             # As it was stored (a JSON round trip): what a caller on this thread answers with,

@@ -11,6 +11,7 @@ import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 from csp.constants import NONCE, NONE, SELF, UNSAFE_INLINE
@@ -60,6 +61,15 @@ SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or var_secret("secret_key"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Browser origins (scheme://host[:port], "*." for subdomains) that may open the run websocket
+# besides the handshake's own origin (conductor_web.ws_origin): scheme, host and port must match.
+WEBSOCKET_ALLOWED_ORIGINS = env.list(
+    "WEBSOCKET_ALLOWED_ORIGINS",
+    default=["{0.scheme}://{0.netloc}".format(urlsplit(SITE_URL)), *CSRF_TRUSTED_ORIGINS],
+)
+# An open run websocket re-checks its session and its viewer's access whenever the access version
+# changed, on a session's logout at once, and at least this often while events flow (apps.runs.ws_access).
+WEBSOCKET_ACCESS_RECHECK_S = env.float("WEBSOCKET_ACCESS_RECHECK_S", default=60.0)
 
 INSTALLED_APPS = [
     "daphne",

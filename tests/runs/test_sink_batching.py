@@ -16,6 +16,7 @@ import pytest
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
 from apps.engine.events import Event, EventType
+from apps.governance.access_version import read_stamp
 from apps.runs import observers
 from apps.runs import sink as sink_module
 from apps.runs.models import Run, RunEvent, RunStatus
@@ -149,7 +150,10 @@ def test_every_event_is_stored_before_it_is_published_and_observed_once(
     in_tx: list[int] = []
     after: list[int] = []
 
-    def fake_publish(run_id: Any, events: list[dict[str, Any]]) -> None:
+    stamps: list[int | None] = []
+
+    def fake_publish(run_id: Any, events: list[dict[str, Any]], *, access_stamp: int | None = None) -> None:
+        stamps.append(access_stamp)
         for event in events:  # a committed batch, published in one hop
             stored = RunEvent.objects.filter(run_id=run_id, seq=event["seq"], type=event["type"]).exists()
             published.append((event["seq"], stored))
@@ -168,6 +172,8 @@ def test_every_event_is_stored_before_it_is_published_and_observed_once(
     assert [seq for seq, _ in published] == stored, "each stored event published once, in seq order"
     assert all(was_stored for _, was_stored in published)
     assert in_tx == stored and after == stored
+    # Each batch goes out with the access version its own statement read (apps.runs.ws_access).
+    assert read_stamp() is not None and stamps == [read_stamp()] * len(stamps)
 
 
 def test_a_run_taken_over_by_another_executor_stores_nothing_more(
@@ -175,7 +181,9 @@ def test_a_run_taken_over_by_another_executor_stores_nothing_more(
 ) -> None:
     published: list[int] = []
     monkeypatch.setattr(
-        sink_module, "publish_batch", lambda run_id, events: published.extend(e["seq"] for e in events)
+        sink_module,
+        "publish_batch",
+        lambda run_id, events, **kwargs: published.extend(e["seq"] for e in events),
     )
     sink = RunSink(running_run, owner="me")
     events = _two_step_events(str(running_run.id), deltas=0)
