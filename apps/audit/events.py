@@ -61,6 +61,7 @@ class AuditEventType(models.TextChoices):
     RUN_REVIEW_REQUESTED = "run.review_requested"
     RUN_REVIEWED = "run.reviewed"
     RUN_RELEASED = "run.released"
+    RUN_RELEASE_REFUSED = "run.release_refused"  # issue 39: separation of duties (apps.audit.duties)
     RUN_FLAG_RESOLVED = "run.flag_resolved"
     RUN_PAYLOAD_ERASED = "run.payload_erased"
     # System

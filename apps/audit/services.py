@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from django.conf import settings
@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from apps.audit import ports
 from apps.audit.chain import content_sha256
+from apps.audit.duties import ReleaseRefused, would_release_own
 from apps.audit.events import AuditEventType
 from apps.audit.masking import diff_values, mask_secrets
 from apps.audit.models import AuditEvent, ReviewDecision, RunReview
@@ -501,6 +502,8 @@ def _review_locked(
     """One review inside the caller's transaction: lock the run, save the review, audit it."""
 
     locked = ports.runs().run.objects.select_for_update().get(pk=run.pk)
+    if would_release_own(actor, locked, status, ReviewDecision.APPROVED):
+        raise ReleaseRefused([locked])  # held since the caller looked (apps.audit.duties)
     before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
     release = status == ReviewDecision.APPROVED and locked.answer_held
     locked.review_status = status
@@ -550,6 +553,19 @@ def _can_review_run(actor: Any, run: Any) -> bool:
     return bool(ports.runs().run.objects.allows(actor, "review", run))
 
 
+def _refuse_release(actor: Any, refused: ReleaseRefused, **payload: Any) -> NoReturn:
+    """Audit a refused release (its own transaction: the decision's rolled back), then raise it."""
+    with transaction.atomic():
+        for run in refused.runs:
+            audit_run_event(
+                event_type=AuditEventType.RUN_RELEASE_REFUSED,
+                run=run,
+                actor=actor,
+                payload={"rule": refused.rule, "status": ReviewDecision.APPROVED, **payload},
+            )
+    raise refused
+
+
 def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
     """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
 
@@ -563,8 +579,13 @@ def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: 
     reason, comment = (reason or "").strip(), (comment or "").strip()
     if errors := _review_errors(status, reason, comment):
         raise ValidationError(errors)
-    with transaction.atomic():
-        return _review_locked(actor=actor, run=run, status=status, reason=reason, comment=comment)
+    try:
+        if would_release_own(actor, run, status, ReviewDecision.APPROVED):
+            raise ReleaseRefused([run])
+        with transaction.atomic():
+            return _review_locked(actor=actor, run=run, status=status, reason=reason, comment=comment)
+    except ReleaseRefused as denial:
+        _refuse_release(actor, denial)
 
 
 BULK_REVIEW_MAX = 100
@@ -592,18 +613,32 @@ def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
         raise PermissionDenied(
             f"You may not review {len(refused)} of these runs: it needs the review_team_runs permission."
         )
-    with transaction.atomic():
-        return [
-            _review_locked(
-                actor=actor,
-                run=run,
-                status=ReviewDecision.APPROVED,
-                reason="",
-                comment=note,
-                extra={"bulk": len(runs)},
-            )
+    try:
+        own = [
+            run
             for run in runs
+            if would_release_own(actor, run, ReviewDecision.APPROVED, ReviewDecision.APPROVED)
         ]
+        if own:
+            raise ReleaseRefused(
+                own,
+                f"Separation of duties (rule separation_of_duties): you asked {len(own)} of these runs' "
+                "questions, so another reviewer must release their held answers. Nothing was signed off.",
+            )
+        with transaction.atomic():
+            return [
+                _review_locked(
+                    actor=actor,
+                    run=run,
+                    status=ReviewDecision.APPROVED,
+                    reason="",
+                    comment=note,
+                    extra={"bulk": len(runs)},
+                )
+                for run in runs
+            ]
+    except ReleaseRefused as denial:
+        _refuse_release(actor, denial, bulk=len(runs))
 
 
 def run_flag_resolve(*, actor: Any, run: Any, note: str) -> Any:
