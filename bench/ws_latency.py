@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -47,6 +48,13 @@ parser.add_argument(
     help="instead: open this many sockets at once on --runs runs; time each handshake (connect to snapshot)",
 )
 parser.add_argument("--plan-delay", type=float, default=3.0, help="seconds the conductor takes to plan")
+parser.add_argument(
+    "--access-change-every",
+    type=float,
+    default=0.0,
+    help="move the access version every this many seconds while viewers watch (each viewer then "
+    "re-checks its session and access on its next batch: apps.runs.ws_access); 0: never",
+)
 parser.add_argument("--backlog", type=int, default=2048, help="daphne's listen backlog")
 parser.add_argument("--runs", type=int, default=5, help="runs the --burst sockets spread over")
 parser.add_argument(
@@ -91,6 +99,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.sessions.backends.db import SessionStore  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from apps.governance.models import AccessVersion  # noqa: E402
 from apps.governance.services import membership_set, team_create  # noqa: E402
 from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
 from tests.fakes.base import FakeReply  # noqa: E402
@@ -182,7 +191,25 @@ async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
     seqs: list[list[int]] = []
     readies = [asyncio.Event() for _ in range(n)]
     tasks = [asyncio.create_task(viewer(url, cookie, base, readies[i], samples, seqs)) for i in range(n)]
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+    changes = 0
+
+    async def change_access() -> None:
+        # What a grant, a membership or a login does to the stamp (apps.governance.access_version).
+        nonlocal changes
+        await asyncio.gather(*(r.wait() for r in readies))
+        while True:
+            await asyncio.to_thread(
+                AccessVersion.objects.filter(pk=1).update, stamp=random.randrange(1, 2**62)
+            )
+            changes += 1
+            await asyncio.sleep(ARGS.access_change_every)
+
+    changer = asyncio.create_task(change_access()) if ARGS.access_change_every > 0 else None
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
+    finally:
+        if changer is not None:
+            changer.cancel()
     ms = sorted(s * 1000 for s in samples)
     clean = all(s == sorted(set(s)) and s == list(range(s[0], s[-1] + 1)) for s in seqs)
     return {
@@ -192,6 +219,7 @@ async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
         "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
         "max_ms": round(ms[-1], 2),
         "no_gaps_no_dupes": clean,
+        **({"access_changes": changes} if ARGS.access_change_every > 0 else {}),
     }
 
 

@@ -63,10 +63,11 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
 # Browser origins (scheme://host[:port], "*." for subdomains) that may open the run websocket
 # besides the handshake's own origin (conductor_web.ws_origin): scheme, host and port must match.
-WEBSOCKET_ALLOWED_ORIGINS = env.list(
-    "WEBSOCKET_ALLOWED_ORIGINS",
-    default=["{0.scheme}://{0.netloc}".format(urlsplit(SITE_URL)), *CSRF_TRUSTED_ORIGINS],
-)
+# Empty or unset: the origin of SITE_URL and CSRF_TRUSTED_ORIGINS.
+WEBSOCKET_ALLOWED_ORIGINS = env.list("WEBSOCKET_ALLOWED_ORIGINS", default=[]) or [
+    "{0.scheme}://{0.netloc}".format(urlsplit(SITE_URL)),
+    *CSRF_TRUSTED_ORIGINS,
+]
 # An open run websocket re-checks its session and its viewer's access whenever the access version
 # changed, on a session's logout at once, and at least this often while events flow (apps.runs.ws_access).
 WEBSOCKET_ACCESS_RECHECK_S = env.float("WEBSOCKET_ACCESS_RECHECK_S", default=60.0)

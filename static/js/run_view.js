@@ -90,7 +90,17 @@
     };
     ws.onclose = function (e) {
       self.root.setAttribute("data-connected", "false");
+      // Close codes: docs/security.md ("Websockets"). The socket follows the session and the access.
       if (e.code === 4403) { self.q("status").textContent = "You may not view this run."; return; }
+      if (e.code === 4401) { self.q("status").textContent = "Your session ended: sign in again to follow this run."; return; }
+      if (e.code === 4409) {
+        // Content this page showed is now withheld from you: start over from a withheld snapshot.
+        self.run = null;
+        self.steps = {};
+        self.connect();
+        return;
+      }
+      if (e.code === 4400) { self.startPolling(); return; } // this page's origin may not open the socket
       if (self.isDone()) return;
       // Two handshakes in a row that never opened: the live channel is down (e.g. Redis). Follow
       // the run by polling its snapshot over HTTP, and keep trying the websocket meanwhile.
