@@ -63,6 +63,12 @@ parser.add_argument(
     default=5,
     help="daphne's --websocket_connect_timeout (its default: 5 s to accept a handshake)",
 )
+parser.add_argument(
+    "--distinct-users",
+    action="store_true",
+    help="each viewer signs in as a user of its own (else all share one session: their re-checks "
+    "of one access change are one shared job)",
+)
 ARGS = parser.parse_args()
 
 os.environ["DJANGO_SETTINGS_MODULE"] = "conductor_web.settings.local"
@@ -184,13 +190,27 @@ async def viewer(
                 return
 
 
-async def measure(base: str, cookie: str, pool: Any, n: int) -> dict[str, Any]:
+def viewer_cookies(user: Any, cookie: str, n: int) -> list[str]:
+    if not ARGS.distinct_users:
+        return [cookie] * n
+    team = user.memberships.get().team
+    tag = f"{int(time.time())}{random.randrange(1000)}"
+    cookies = []
+    for i in range(n):
+        other = get_user_model().objects.create_user(f"wsv{tag}-{i}", password="x")
+        membership_set(actor=None, team=team, user=other, role="member")
+        cookies.append(session_cookie(other))
+    return cookies
+
+
+async def measure(base: str, cookie: str, pool: Any, n: int, user: Any) -> dict[str, Any]:
+    cookies = await asyncio.to_thread(viewer_cookies, user, cookie, n)  # before the run's clock starts
     run_id = await asyncio.to_thread(start_run, base, cookie, pool)
     url = base.replace("http://", "ws://") + f"/ws/runs/{run_id}/"
     samples: list[float] = []
     seqs: list[list[int]] = []
     readies = [asyncio.Event() for _ in range(n)]
-    tasks = [asyncio.create_task(viewer(url, cookie, base, readies[i], samples, seqs)) for i in range(n)]
+    tasks = [asyncio.create_task(viewer(url, cookies[i], base, readies[i], samples, seqs)) for i in range(n)]
     changes = 0
 
     async def change_access() -> None:
@@ -347,7 +367,7 @@ def main() -> None:
             print(json.dumps(asyncio.run(burst(base, cookie, pool, ARGS.burst, ARGS.runs, proc.pid))))
             return
         for n in [int(v) for v in ARGS.viewers.split(",")]:
-            print(json.dumps(asyncio.run(measure(base, cookie, pool, n))))
+            print(json.dumps(asyncio.run(measure(base, cookie, pool, n, user))))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -86,6 +86,19 @@ def _open(
     return None, events, selectors.viewer_access(user=user, run=run), user, stamp
 
 
+_checks: dict[asyncio.AbstractEventLoop, ws_access.SharedChecks] = {}
+
+
+def _shared_checks() -> ws_access.SharedChecks:
+    loop = asyncio.get_running_loop()
+    checks = _checks.get(loop)
+    if checks is None:
+        for closed in [other for other in _checks if other.is_closed()]:
+            del _checks[closed]
+        checks = _checks[loop] = ws_access.SharedChecks()
+    return checks
+
+
 def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
     run = Run.objects.select_related("team").get(pk=run_id)
     return selectors.viewer_access(user=user, run=run)
@@ -243,7 +256,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             and time.monotonic() - self.checked_at < ws_access.recheck_interval_s()
         ):
             return True
-        verdict = await _db(ws_access.recheck, self.scope, self.run_id, self.viewer)
+
+        def check() -> Any:
+            return _db(ws_access.recheck, self.scope, self.run_id, self.viewer)
+
+        if stamp is not None and stamp != self.stamp and not resend:
+            # Caused by this change: sockets of this process with the same session and run share it.
+            key = (ws_access.session_key(self.scope), getattr(self.viewer, "pk", None), self.run_id)
+            verdict = await _shared_checks().get(stamp, key, check)
+        else:
+            verdict = await check()
         if verdict.close is not None:
             await self._end(*verdict.close)
             return False

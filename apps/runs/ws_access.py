@@ -28,10 +28,17 @@ sends ``session.ended`` to a channel-layer group named after the session (a keye
 session key: the key itself is a credential), which every socket of that session joined before its
 handshake read anything. The session's expiry, or its deletion by other means, is found by the
 periodic re-check.
+
+A re-check costs a few queries (the session, the user, the visibility rule, the held-answer rule),
+and one access-version change makes every open socket re-check on its next batch. Sockets of one
+process that re-check for the same change, session and run (tabs of one browser, viewers sharing
+a login) share one job (:class:`SharedChecks`). Cost: ``bench/RUNS.md``.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -128,6 +135,30 @@ class Verdict:
     stamp: int | None = None
     user: Any = None
     access: selectors.ViewerAccess | None = None
+
+
+class SharedChecks:
+    """Per event loop (a daphne process has one): the re-checks caused by one access-version
+    change, keyed by (stamp, session, user, run), run once and awaited by every socket asking the
+    same. Only the newest stamp's entries are kept: a newer change means every answer must be
+    asked again."""
+
+    def __init__(self) -> None:
+        self._stamp: int | None = None
+        self._pending: dict[tuple[Any, ...], asyncio.Future[Verdict]] = {}
+
+    async def get(self, stamp: int, key: tuple[Any, ...], check: Callable[[], Awaitable[Verdict]]) -> Verdict:
+        if stamp != self._stamp:
+            self._stamp, self._pending = stamp, {}
+        shared = self._pending.get(key)
+        if shared is None:
+            shared = self._pending[key] = asyncio.ensure_future(check())
+        try:
+            return await asyncio.shield(shared)
+        except BaseException:
+            if self._pending.get(key) is shared and shared.done():
+                del self._pending[key]  # a failed check is not an answer: the next asks again
+            raise
 
 
 def recheck(scope: dict[str, Any], run_id: UUID | str, user: Any) -> Verdict:
