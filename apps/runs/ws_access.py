@@ -96,15 +96,13 @@ def on_logged_out(sender: Any, request: Any = None, user: Any = None, **kwargs: 
         send_to_group(group, {"type": SESSION_ENDED}, SESSION_ENDED)
 
 
-def read_run(run_id: UUID | str) -> tuple[Run, int | None]:
-    """The run row (with team, pool and author) and the access version, in one statement. The
-    stamp is read before any permission is decided on it: a change committed meanwhile moves the
-    stamp past this one, so the next batch re-checks."""
-    run = (
-        Run.objects.select_related("team", "pool", "created_by")
-        .annotate(_access_stamp=stamp_expression())
-        .get(pk=run_id)
-    )
+def read_run(
+    run_id: UUID | str, *, related: tuple[str, ...] = ("team", "pool", "created_by")
+) -> tuple[Run, int | None]:
+    """The run row (with ``related``: the snapshot shows all three) and the access version, in one
+    statement. The stamp is read before any permission is decided on it: a change committed
+    meanwhile moves the stamp past this one, so the next batch re-checks."""
+    run = Run.objects.select_related(*related).annotate(_access_stamp=stamp_expression()).get(pk=run_id)
     return run, run._access_stamp  # type: ignore[attr-defined]
 
 
@@ -164,7 +162,7 @@ class SharedChecks:
 def recheck(scope: dict[str, Any], run_id: UUID | str, user: Any) -> Verdict:
     """Sync (an executor job): may the socket's viewer still follow the run, and see what?"""
     try:
-        run, stamp = read_run(run_id)
+        run, stamp = read_run(run_id, related=("team",))  # what the two rules below read
     except Run.DoesNotExist:
         return Verdict(close=(CLOSE_ACCESS_LOST, REASON_ACCESS_LOST))
     fresh = current_user(scope, user)
