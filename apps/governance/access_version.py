@@ -164,3 +164,36 @@ def uninstall(schema_editor: Any, tables: Iterable[str]) -> None:
         elif vendor == "sqlite":
             for op in ("insert", "update", "delete"):
                 schema_editor.execute(f"DROP TRIGGER IF EXISTS {_name(table, op)}")
+
+
+def install_update_of(schema_editor: Any, table: str, columns: Iterable[str]) -> None:
+    """Narrow ``table``'s update trigger to ``columns``: an UPDATE that sets none of them (a login
+    writing ``auth_user.last_login``) decides no access, so it must not empty every cache and make
+    every open websocket re-check. Inserts, deletes and truncates still change the stamp."""
+    cols = ", ".join(f'"{c}"' for c in columns)
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        schema_editor.execute(_PG_FUNCTION)
+        schema_editor.execute(f'DROP TRIGGER IF EXISTS {_name(table)} ON "{table}"')
+        schema_editor.execute(f'DROP TRIGGER IF EXISTS {_name(table, "update")} ON "{table}"')
+        schema_editor.execute(
+            f'CREATE TRIGGER {_name(table)} AFTER INSERT OR DELETE OR TRUNCATE ON "{table}" '
+            "FOR EACH STATEMENT EXECUTE FUNCTION governance_access_changed()"
+        )
+        schema_editor.execute(
+            f'CREATE TRIGGER {_name(table, "update")} AFTER UPDATE OF {cols} ON "{table}" '
+            "FOR EACH STATEMENT EXECUTE FUNCTION governance_access_changed()"
+        )
+    elif vendor == "sqlite":
+        name = _name(table, "update")
+        schema_editor.execute(f"DROP TRIGGER IF EXISTS {name}")
+        schema_editor.execute(
+            f'CREATE TRIGGER {name} AFTER UPDATE OF {cols} ON "{table}" BEGIN {_SQLITE_BODY} END'
+        )
+
+
+def uninstall_update_of(schema_editor: Any, table: str) -> None:
+    """Back to one trigger for every write (what :func:`install` made)."""
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(f'DROP TRIGGER IF EXISTS {_name(table, "update")} ON "{table}"')
+    install(schema_editor, (table,))

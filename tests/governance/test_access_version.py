@@ -60,7 +60,7 @@ def _touch_each_table(alpha: Any, solo: Any, key: ApiKey, user: Any) -> dict[str
     from guardian.models import GroupObjectPermission
 
     return {
-        "auth_user": lambda: type(user).objects.filter(pk=user.pk).update(first_name="x"),
+        "auth_user": lambda: type(user).objects.filter(pk=user.pk).update(is_active=True),
         "auth_group": lambda: Group.objects.filter(pk=alpha.group_id).update(name=alpha.group.name),
         "auth_user_groups": lambda: user.groups.remove(alpha.group),
         "auth_permission": lambda: Permission.objects.filter(codename="run_on_team").update(name="Run"),
@@ -99,6 +99,21 @@ def test_every_tracked_table_changes_the_stamp(
         if read_stamp() == before:
             unchanged.append(table)
     assert unchanged == []
+
+
+def test_a_login_or_a_profile_edit_leaves_the_stamp_alone(solo: Any, team_admin: Any) -> None:
+    """A login writes ``auth_user.last_login``: that decides no access, so it must not empty every
+    process's caches nor make every open run websocket re-check (it did before migration 0004)."""
+    team_admin.set_password("pw-for-login")
+    team_admin.save()
+    before = read_stamp()
+    assert Client().login(username=team_admin.username, password="pw-for-login")
+    type(team_admin).objects.filter(pk=team_admin.pk).update(first_name="Tom")
+    assert read_stamp() == before
+    for change in ({"is_active": False}, {"is_superuser": True}, {"password": "x"}):
+        stamp = read_stamp()
+        type(team_admin).objects.filter(pk=team_admin.pk).update(**change)
+        assert read_stamp() != stamp, change
 
 
 def test_a_rolled_back_change_leaves_a_stamp_that_is_never_seen_again(solo: Any) -> None:
