@@ -4,7 +4,8 @@ A ``StreamedTree`` never holds the whole tree: one streamed read of the leaf has
 the root of each full chunk of ``CHUNK`` leaves (perfect subtrees, since chunks are aligned
 powers of two) and the perfect subtrees above them; a proof's nodes inside a chunk come from
 that chunk's leaves, read when first needed and kept while callers walk rows in seq order.
-Memory is O(CHUNK + size / CHUNK) hashes: ~9 MB for one chunk plus 64 bytes per 65 536 events.
+Memory is O(CHUNK + size / CHUNK) hashes: two chunks' trees (the current one and the partial
+last one, ~9 MB each at most) plus 64 bytes per 65 536 events.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ def _leaf_hashes(start: int, end: int) -> Iterator[bytes]:
 class StreamedTree:
     """The RFC 6962 tree over the first ``size`` leaves of the log (or of ``leaves``, for tests)."""
 
-    def __init__(self, size: int, *, chunk: int = CHUNK, leaves: list[bytes] | None = None) -> None:
+    def __init__(self, size: int, *, chunk: int | None = None, leaves: list[bytes] | None = None) -> None:
+        chunk = chunk or CHUNK
         if chunk < 1 or chunk & (chunk - 1):
             raise ValueError("the chunk is a power of two")
         self.size, self.chunk = size, chunk
         self._given = leaves
+        # One full chunk at a time (rows come in seq order), and the partial last chunk, which
+        # every proof of an earlier row reaches for its right-edge sibling.
         self._chunk_at: int | None = None
         self._chunk_tree: merkle.Tree | None = None
+        self._tail: merkle.Tree | None = None
         # Level 0: roots of the full chunks; level k: perfect subtrees of chunk * 2**k leaves.
         level: list[bytes] = []
         frontier: list[tuple[int, bytes]] = []
@@ -67,9 +72,14 @@ class StreamedTree:
         return _leaf_hashes(start, end)
 
     def _chunk(self, index: int) -> merkle.Tree:
+        start = index * self.chunk
+        end = min(self.size, start + self.chunk)
+        if end - start < self.chunk:
+            if self._tail is None:
+                self._tail = merkle.Tree(list(self._read(start, end)))
+            return self._tail
         if self._chunk_at != index or self._chunk_tree is None:
-            start = index * self.chunk
-            self._chunk_tree = merkle.Tree(list(self._read(start, min(self.size, start + self.chunk))))
+            self._chunk_tree = merkle.Tree(list(self._read(start, end)))
             self._chunk_at = index
         return self._chunk_tree
 
@@ -77,11 +87,11 @@ class StreamedTree:
         """MTH(D[start:end]) for the ranges RFC 6962's recursion visits (``start`` is a multiple
         of the smallest power of two >= ``end - start``, or ``end`` is the tree's size)."""
         n, c = end - start, self.chunk
+        if n >= c and n & (n - 1) == 0 and start % n == 0:  # a perfect subtree of whole chunks
+            return self._upper[(n // c).bit_length() - 1][start // n]
         if start // c == (end - 1) // c:  # inside one chunk
             base = start - start % c
             return self._chunk(start // c)._subtree(start - base, end - base)
-        if n & (n - 1) == 0 and start % n == 0:  # a perfect subtree of whole chunks
-            return self._upper[(n // c).bit_length() - 1][start // n]
         k = merkle.split(n)
         return merkle.node_hash(self.subtree(start, start + k), self.subtree(start + k, end))
 

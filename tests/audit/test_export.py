@@ -52,7 +52,10 @@ def test_full_export_verifies_offline_and_is_recorded(
     result = verify_offline(path, "--contiguous")
     assert result.returncode == 0, result.stdout + result.stderr
     # Cut from the checkpoint taken with the export, whose own record (the next seq) is left out.
-    assert f"OK: {last_before_export.seq} rows verified in the tree of {last_before_export.seq + 1}" in result.stdout
+    assert (
+        f"OK: {last_before_export.seq} rows verified in the tree of {last_before_export.seq + 1}"
+        in result.stdout
+    )
     assert f"of log {log_origin()}" in result.stdout
 
     exported = AuditEvent.objects.order_by("-seq").first()
@@ -102,7 +105,9 @@ def test_edited_display_column_in_csv_fails_offline(
     csv.writer(buffer).writerows(rows)
     path.write_text(buffer.getvalue())
     result = verify_offline(path)
-    assert result.returncode == 1 and "column 'actor_label' differs from the committed content" in result.stderr
+    assert (
+        result.returncode == 1 and "column 'actor_label' differs from the committed content" in result.stderr
+    )
 
 
 @pytest.mark.django_db

@@ -25,8 +25,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--witnesses", action="store_true", help="also the witnesses' cosigner keys")
         parser.add_argument("--origin", action="store_true", help="print the log's origin only")
-        parser.add_argument("--public", action="store_true", help="print the signing key's public half (base64)")
-        parser.add_argument("--generate", action="store_true", help="print a new private key for AUDIT_SIGNING_KEY")
+        parser.add_argument(
+            "--public", action="store_true", help="print the signing key's public half (base64)"
+        )
+        parser.add_argument(
+            "--generate", action="store_true", help="print a new private key for AUDIT_SIGNING_KEY"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["generate"]:
