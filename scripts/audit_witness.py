@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "serve":
             cmd.add_argument("--listen", default="127.0.0.1:8070")
     args = parser.parse_args(argv)
+    if not v._name_ok(args.name):
+        parser.error(f"witness name {args.name!r} must be non-empty, without spaces or '+'")
     if args.command == "keygen":
         seed = os.urandom(32)
         args.key.touch(mode=0o600)

@@ -369,7 +369,10 @@ class Verifier:
         )
 
     def checkpoint(self, note: str, what: str) -> tuple[str, int, bytes, list[tuple[Key, int]]]:
-        text, signed = open_note(note, self.keys + self.witnesses)
+        try:
+            text, signed = open_note(note, self.keys + self.witnesses)
+        except Bad as exc:
+            raise Bad(f"{what}: {exc}") from None
         if not any(key.type == 1 for key, _ in signed):
             raise Bad(f"{what} carries no valid signature of the log's key")
         origin, size, root = parse_checkpoint(text)
@@ -385,7 +388,9 @@ class Verifier:
         out.lines.append(f"checkpoint: log {origin}, size {size}, signed by {signer}")
         cosigned: dict[str, str] = {k.vkey: f"size {size} (at its cut)" for k, _ in signed if k.type == 4}
         for item in data.get("witnessed") or []:
-            w_origin, w_size, w_root, w_signed = self.checkpoint(item["checkpoint"], "a witnessed checkpoint")
+            stated = (str(item.get("checkpoint", "")).split("\n") + ["", "?"])[1]
+            what = f"the witnessed checkpoint of size {stated}"
+            w_origin, w_size, w_root, w_signed = self.checkpoint(item["checkpoint"], what)
             if w_origin != origin:
                 raise Bad(f"a witnessed checkpoint is from another log ({w_origin})")
             if not checkpoints_consistent(w_size, size, w_root, root, _hexes(item.get("proof"))):
@@ -608,7 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--witness-file", action="append", default=[], type=Path, help="a file of witness keys"
     )
-    parser.add_argument("--contiguous", action="store_true", help="no seq missing from 1 on (unfiltered exports)")
+    parser.add_argument(
+        "--contiguous", action="store_true", help="no seq missing from 1 on (unfiltered exports)"
+    )
     parser.add_argument(
         "--checkpoint", type=Path, help="a checkpoint you kept (note or audit_checkpoint JSON)"
     )
