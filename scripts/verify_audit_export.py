@@ -388,7 +388,7 @@ class Verifier:
         out.lines.append(f"checkpoint: log {origin}, size {size}, signed by {signer}")
         cosigned: dict[str, str] = {k.vkey: f"size {size} (at its cut)" for k, _ in signed if k.type == 4}
         for item in data.get("witnessed") or []:
-            stated = (str(item.get("checkpoint", "")).split("\n") + ["", "?"])[1]
+            stated = [*str(item.get("checkpoint", "")).split("\n"), "", "?"][1]
             what = f"the witnessed checkpoint of size {stated}"
             w_origin, w_size, w_root, w_signed = self.checkpoint(item["checkpoint"], what)
             if w_origin != origin:
