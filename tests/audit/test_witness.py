@@ -9,9 +9,6 @@ import base64
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,58 +23,7 @@ from apps.audit.proofs import StreamedTree
 from apps.audit.witnessing import request_body
 from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
-from tests.fixtures.core import ROOT, free_port
-
-WITNESS = ROOT / "scripts" / "audit_witness.py"
-NAME = "witness.example/w1"
-
-
-class WitnessProcess:
-    def __init__(self, tmp_path: Path, log_vkeys: list[str]) -> None:
-        self.key_file, self.state = tmp_path / "w1.key", tmp_path / "w1-state.json"
-        self.vkey = subprocess.run(
-            [sys.executable, str(WITNESS), "keygen", "--name", NAME, "--key", str(self.key_file)],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout.strip()  # fmt: skip
-        self.url = f"http://127.0.0.1:{free_port()}/"
-        args = ["--name", NAME, "--key", str(self.key_file), "--state", str(self.state)]
-        args += [arg for vkey in log_vkeys for arg in ("--log-vkey", vkey)]
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WITNESS), "serve", *args, "--listen", self.url[7:-1]],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # printed once the socket is bound
-        assert "listening on" in line, self.proc.stderr.read() if self.proc.stderr else line
-
-    @property
-    def config(self) -> str:
-        return f"{self.vkey} {self.url}"
-
-    def held(self, origin: str) -> dict[str, Any]:
-        return json.loads(self.state.read_text())["logs"][origin]
-
-    def post(self, body: bytes) -> tuple[int, str, str]:
-        request = urllib.request.Request(self.url + "add-checkpoint", data=body, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.headers["Content-Type"], response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.headers["Content-Type"], exc.read().decode()
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=30)
-        return err
-
-
-@pytest.fixture
-def witness(tmp_path: Path, settings: Any, db: Any) -> Iterator[WitnessProcess]:
-    """A witness trusting this test's log (its origin is created with the test's database)."""
-    running = WitnessProcess(tmp_path, [log_signer(log_origin()).verifier.vkey])
-    settings.AUDIT_WITNESSES = [running.config]
-    yield running
-    running.stop()
+from tests.fixtures.audit import NAME, WITNESS, WitnessProcess
 
 
 def _export(client: Any, tmp_path: Path) -> Path:
