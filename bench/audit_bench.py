@@ -255,7 +255,8 @@ def generate(n: int) -> None:
     """
     import json
 
-    from apps.audit.sequencer import audit_flush, sth_create
+    from apps.audit.checkpoints import checkpoint_create
+    from apps.audit.sequencer import audit_flush
 
     team, user = bench_team()
     reset_audit_table()
@@ -334,7 +335,7 @@ def generate(n: int) -> None:
         f"{sequenced / took:,.0f} rows/s (batches of {BATCH}); CPU {cpu:.1f}s Python + {pg:.1f}s "
         f"backend -> one sequencer on an idle core ~{sequenced / max(cpu + pg, 1e-9):,.0f} rows/s"
     )
-    sth_create()  # a signed tree head over the whole generated log, as the timer would leave
+    checkpoint_create()  # a signed checkpoint over the whole generated log, as the timer would leave
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(f"VACUUM ANALYZE {table}")

@@ -506,8 +506,10 @@ def _verify(
                     "history up to it was recomputed",
                 )
         expected_seq, expected_prev = chunk.last_seq + 1, chunk.last_digest
-    if checkpoint is not None and (checkpoint.seq is None or (incremental and checkpoint.seq < first)):
-        checkpoint_seen = True  # no chain digest to compare, or verified by an earlier full walk
+    if checkpoint is not None and (checkpoint.seq in (None, 0) or (incremental and checkpoint.seq < first)):
+        # No chain digest to compare (a bare note; or size 0, the genesis, which every chain
+        # extends), or verified by an earlier full walk.
+        checkpoint_seen = True
 
     head_now = AuditChainHead.objects.filter(pk=1).values_list("seq", "digest").first() or (0, GENESIS_DIGEST)
     if last < head[0]:

@@ -5,6 +5,7 @@ rotate without orphaning old checkpoints, and a checkpoint signed by another key
 from __future__ import annotations
 
 import base64
+import json
 import re
 import secrets
 from io import StringIO
@@ -18,11 +19,12 @@ from django.test import Client
 from apps.audit import notes
 from apps.audit.checkpoints import checkpoint_create, log_origin
 from apps.audit.logkeys import log_signer
-from apps.audit.models import AuditChainHead, SignedTreeHead
-from apps.audit.services import hmac_key
+from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
+from apps.audit.services import audit_checkpoint, hmac_key
 from apps.audit.tasks import audit_sth_publish
 from apps.audit.verify import verify_chain
 from apps.governance.models import Role
+from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
 from tests.factories.governance import TeamFactory, member_of
 
@@ -174,3 +176,23 @@ def test_audit_keys_prints_what_the_offline_verifier_reads() -> None:
     call_command("audit_keys", "--generate", stdout=out, stderr=err)
     value = out.getvalue().strip().removeprefix("AUDIT_SIGNING_KEY=")
     assert len(base64.b64decode(value)) == 32 and "AUDIT_SIGNING_KEYS_RETIRED" in err.getvalue()
+
+
+@pytest.mark.django_db
+def test_a_checkpoint_of_the_empty_log_is_consistent_with_every_later_one(tmp_path: Path) -> None:
+    """Issue 40, item 4: a checkpoint taken at tree size 0 was reported as "history was
+    rewritten" against any later one. The empty tree is consistent with every tree."""
+    assert not AuditEvent.objects.exists()
+    empty = audit_checkpoint()
+    assert empty["seq"] == 0
+    append_events(5)
+    later = audit_checkpoint(since=empty)
+    assert later["consistency"] == {"from_size": 0, "proof": []}
+    (tmp_path / "old.json").write_text(json.dumps(empty))
+    (tmp_path / "new.json").write_text(json.dumps(later))
+    result = verify_offline("--consistency", tmp_path / "old.json", tmp_path / "new.json")
+    assert result.returncode == 0, result.stderr
+    assert f"tree of {later['seq']} is an append-only extension of the tree of 0" in result.stdout
+    out, err = StringIO(), StringIO()
+    call_command("audit_verify", "--checkpoint", str(tmp_path / "old.json"), stdout=out, stderr=err)
+    assert out.getvalue().startswith("OK audit chain intact") and "checkpoint file" in out.getvalue()
