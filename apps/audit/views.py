@@ -82,6 +82,7 @@ def event_list(request: HttpRequest) -> HttpResponse:
             "query": query,
             "has_filters": bool(params),
             "chain": selectors.chain_state(),
+            "log": selectors.log_state(),
             "can_verify": selectors.can_verify_chain(request.user),
             "total": selectors.capped_total(qs) if page.events or page.pending else 0,
             "total_cap": selectors.TOTAL_CAP,

@@ -196,3 +196,18 @@ def test_a_checkpoint_of_the_empty_log_is_consistent_with_every_later_one(tmp_pa
     out, err = StringIO(), StringIO()
     call_command("audit_verify", "--checkpoint", str(tmp_path / "old.json"), stdout=out, stderr=err)
     assert out.getvalue().startswith("OK audit chain intact") and "checkpoint file" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_audit_page_shows_the_log_its_checkpoint_and_the_evidence_links(
+    client: Any, reviewer: Any
+) -> None:
+    client.force_login(reviewer)
+    html = client.get("/audit/").content.decode()
+    assert f'data-testid="log-origin">{log_origin()}<' in html
+    assert "none signed yet" in html and 'href="/audit/log/keys"' in html
+    append_events(2)
+    sth = checkpoint_create()
+    html = client.get("/audit/?team=alpha").content.decode()
+    assert f"size {sth.tree_size}, signed" in html and "no witness configured" in html
+    assert 'href="/audit/evidence.zip?team=alpha"' in html
