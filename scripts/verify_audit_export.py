@@ -642,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     verifier, report = Verifier(args, [k for k in keys if k.type == 1], witnesses), Report()
     try:
         if args.consistency:
-            report.errors += verify_consistency_files(*args.consistency, verifier)
+            report.errors += verify_consistency_files(args.consistency[0], args.consistency[1], verifier)
         if args.export is not None:
             verifier.export(args.export, report)
     except TooMany:

@@ -53,6 +53,9 @@ class _Sink:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def drain(self) -> bytes:
         out = b"".join(self._parts)
         self._parts.clear()
@@ -146,7 +149,7 @@ therefore verifies before and after erasure; the erased content itself cannot be
 def pack_chunks(qs: QuerySet[Any], scope: Scope) -> Iterator[bytes]:
     sink = _Sink()
     cut = Cut()
-    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as archive:  # type: ignore[arg-type]
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         with archive.open("events.jsonl", "w", force_zip64=True) as events:
             for chunk in jsonl_chunks(qs, cut):
                 events.write(chunk)

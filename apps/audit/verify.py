@@ -531,22 +531,24 @@ def _verify(
         )
 
     verifiers = log_verifiers(origin)
-    for head in to_check:
-        if problem := head.problem(origin=origin, verifiers=verifiers, hmac_key=key):
-            return _fail(max(head.size, 1), REWRITTEN, f"{head.source} for size {head.size} {problem}")
-        if head.size < first and incremental:
+    for tree_head in to_check:
+        if problem := tree_head.problem(origin=origin, verifiers=verifiers, hmac_key=key):
+            return _fail(
+                max(tree_head.size, 1), REWRITTEN, f"{tree_head.source} for size {tree_head.size} {problem}"
+            )
+        if tree_head.size < first and incremental:
             continue
-        if head.size > last:
+        if tree_head.size > last:
             return _fail(
                 last + 1,
                 DELETED,
-                f"chain ends at seq {last} but {head.source} covers {head.size} events: its tail was deleted",
+                f"chain ends at seq {last} but {tree_head.source} covers {tree_head.size} events: its tail was deleted",
             )
-        if roots.get(head.size) is None or roots[head.size].hex() != head.root_hex:
+        if roots.get(tree_head.size) is None or roots[tree_head.size].hex() != tree_head.root_hex:
             return _fail(
-                head.size,
+                tree_head.size,
                 REWRITTEN,
-                f"the Merkle root at size {head.size} differs from {head.source}: history was rewritten",
+                f"the Merkle root at size {tree_head.size} differs from {tree_head.source}: history was rewritten",
             )
     return VerifyResult(True, last, last, frontier=[[n, h.hex()] for n, h in frontier])
 
