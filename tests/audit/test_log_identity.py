@@ -24,6 +24,7 @@ from apps.audit.services import audit_checkpoint, hmac_key
 from apps.audit.tasks import audit_sth_publish
 from apps.audit.verify import verify_chain
 from apps.governance.models import Role
+from apps.workers.secrets import key_env_refusal
 from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
 from tests.factories.governance import TeamFactory, member_of
@@ -211,3 +212,9 @@ def test_the_audit_page_shows_the_log_its_checkpoint_and_the_evidence_links(
     html = client.get("/audit/?team=alpha").content.decode()
     assert f"size {sth.tree_size}, signed" in html and "no witness configured" in html
     assert 'href="/audit/evidence.zip?team=alpha"' in html
+
+
+def test_the_signing_key_is_never_a_provider_key(settings: Any) -> None:
+    settings.PROVIDER_KEY_ENV_ALLOWED = ["AUDIT_SIGNING_KEY"]  # even when an operator lists it
+    refusal = key_env_refusal("AUDIT_SIGNING_KEY")
+    assert refusal is not None and "AUDIT_SIGNING_KEY" in refusal
