@@ -12,9 +12,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.db import transaction
 from django.http import StreamingHttpResponse
+from django.test import Client
 
 from apps.audit.checkpoints import checkpoint_publish
 from apps.audit.events import AuditEventType
@@ -142,3 +144,26 @@ def test_evidence_packs_refuse_who_may_not_review_and_bad_parameters(
     response = client.get("/audit/evidence.zip", {"since": "yesterday-ish"})
     assert response.status_code == 400 and b"since" in response.content
     assert not AuditEvent.objects.filter(event_type=AuditEventType.AUDIT_EXPORTED).exists()
+
+
+@pytest.mark.runtime
+@pytest.mark.django_db(transaction=True)
+def test_the_pack_streams_through_daphne(
+    daphne_server: Any, superuser: Any, alpha: Any, tmp_path: Path
+) -> None:
+    append_events(600, team=alpha)  # more than one streamed batch of rows
+    client = Client()
+    client.force_login(superuser)
+    cookies = {"sessionid": client.cookies["sessionid"].value}
+    chunks = []
+    with httpx.stream(
+        "GET", f"{daphne_server.url}/audit/evidence.zip", cookies=cookies, timeout=120
+    ) as response:
+        assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
+        assert response.headers.get("content-length") is None  # streamed, not buffered
+        chunks = list(response.iter_bytes())
+    assert "consume synchronous iterators" not in daphne_server.log.read_text()
+    archive = zipfile.ZipFile(io.BytesIO(b"".join(chunks)))
+    result = _run_readme_command(archive, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OK: " in result.stdout and "rows verified" in result.stdout
