@@ -1,11 +1,12 @@
 """RFC 9162 (Certificate Transparency v2) Merkle tree arithmetic, standard library only.
 
 leaf = SHA-256(0x00 || entry), node = SHA-256(0x01 || left || right); the tree over n leaves
-splits at the largest power of two below n. ``scripts/verify_audit_export.py`` carries a copy of
-the verification half (it must run without this project); keep the two in step.
+splits at the largest power of two below n. ``scripts/verify_audit_export.py`` carries its own
+verification half (it must run without this project); tests/audit/test_vectors.py checks both
+against the published RFC 6962 / transparency-dev answers.
 
-Signed tree heads are HMAC-SHA256 (``AUDIT_HMAC_KEY``) over ``sth_message``: the deployment has
-one secret already and the verifier holds it; a public-key signature would be a drop-in change.
+Tree heads are Ed25519-signed C2SP checkpoints (``apps.audit.notes``, ``apps.audit.checkpoints``).
+``sth_message`` / ``sth_valid`` remain for the HMAC-signed heads stored before checkpoints.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from collections.abc import Sequence
 
 STH_FORMAT = "conductor-audit-sth/1"
 EMPTY_ROOT = hashlib.sha256(b"").digest()
-
-
 HASH_SIZE = 32
 # RFC 6962 domain separation: a leaf can never pass for an interior node. Module globals on
 # purpose: the known-answer tests mutate them to show the published vectors then fail.
@@ -228,7 +227,7 @@ def checkpoints_consistent(
     return verify_consistency(first, second, first_root, second_root, proof)
 
 
-# --- signed tree heads ---------------------------------------------------------------------------
+# --- HMAC tree heads (before checkpoints: still verified where they are stored) -------------------
 
 
 def sth_message(tree_size: int, root_hash_hex: str, timestamp_ms: int) -> bytes:
