@@ -10,7 +10,8 @@ Not a test: prints figures for bench/AUDIT.md. Use a dedicated database (it migr
     DATABASE_URL=sqlite:////tmp/conductor_bench.sqlite3 \\
         .venv/bin/python bench/audit_bench.py all --events 200000
 
-Steps (``all`` runs them in order): ``appends``, ``generate``, ``verify``, ``export``, ``search``.
+Steps (``all`` runs them in order): ``appends``, ``generate``, ``verify``, ``export``, ``search``,
+``proofs`` (peak RSS and time of exports, an evidence pack and proofs, each in its own process).
 """
 
 from __future__ import annotations
@@ -255,7 +256,8 @@ def generate(n: int) -> None:
     """
     import json
 
-    from apps.audit.sequencer import audit_flush, sth_create
+    from apps.audit.checkpoints import checkpoint_create
+    from apps.audit.sequencer import audit_flush
 
     team, user = bench_team()
     reset_audit_table()
@@ -334,7 +336,7 @@ def generate(n: int) -> None:
         f"{sequenced / took:,.0f} rows/s (batches of {BATCH}); CPU {cpu:.1f}s Python + {pg:.1f}s "
         f"backend -> one sequencer on an idle core ~{sequenced / max(cpu + pg, 1e-9):,.0f} rows/s"
     )
-    sth_create()  # a signed tree head over the whole generated log, as the timer would leave
+    checkpoint_create()  # a signed checkpoint over the whole generated log, as the timer would leave
     if connection.vendor == "postgresql":
         with connection.cursor() as cur:
             cur.execute(f"VACUUM ANALYZE {table}")
@@ -389,6 +391,105 @@ def bench_export(limit: int | None) -> None:
             f"export[{connection.vendor}] {fmt}: ~{rows:,} rows, {size / 1e6:,.0f} MB in {elapsed:.1f}s = "
             f"{rows / elapsed:,.0f} rows/s, {size / 1e6 / elapsed:.1f} MB/s"
         )
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _measure_in_child(name: str, work: Any) -> None:
+    """Run ``work`` in a forked child: its own peak RSS (ru_maxrss) and time, from a known start."""
+    import multiprocessing
+    import resource
+
+    from django.db import connections
+
+    def child(queue: Any) -> None:
+        start_rss = _rss_mb()
+        started, cpu = time.perf_counter(), time.process_time()
+        detail = work()
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        queue.put((start_rss, peak, elapsed, cpu, detail))
+        connections.close_all()
+
+    connections.close_all()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    start_rss, peak, elapsed, cpu, detail = queue.get()
+    proc.join()
+    say(
+        f"proofs[{connection.vendor}] {name}: {detail}; {elapsed:.1f}s wall ({cpu:.1f}s CPU), "
+        f"RSS {start_rss:.0f} MB at start, peak {peak:.0f} MB"
+    )
+
+
+def bench_proofs(baseline: bool) -> None:
+    """Exports, evidence packs and consistency proofs in bounded memory (issue 40), each in its
+    own process so its peak RSS is its own. ``baseline``: also the whole tree in memory, as
+    exports built it before (``merkle.Tree`` over every leaf)."""
+    from apps.audit import merkle
+    from apps.audit.evidence import Scope, pack_chunks
+    from apps.audit.export import export_chunks
+    from apps.audit.proofs import StreamedTree, consistency_proof
+
+    size = AuditChainHead.objects.get(pk=1).seq
+    team, _ = bench_team()
+
+    def drain(chunks: Any) -> str:
+        total = lines = 0
+        for chunk in chunks:
+            total += len(chunk)
+            lines += chunk.count(b"\n")
+        return f"{lines:,} lines, {total / 1e6:,.0f} MB"
+
+    if baseline:
+
+        def whole_tree() -> str:
+            leaves = [
+                bytes.fromhex(h)
+                for h in AuditEvent.objects.order_by("seq")
+                .values_list("leaf_hash", flat=True)
+                .iterator(chunk_size=20_000)
+            ]
+            tree = merkle.Tree(leaves)
+            tree.inclusion_proof(size // 2)
+            return f"merkle.Tree over {len(leaves):,} leaves (the export's tree before)"
+
+        _measure_in_child("baseline: whole tree in memory", whole_tree)
+
+    def streamed() -> str:
+        tree = StreamedTree(size)
+        proof = tree.inclusion_proof(size // 2)
+        return f"root and a {len(proof)}-hash proof over {size:,} leaves"
+
+    _measure_in_child("streamed tree (root + one proof)", streamed)
+    _measure_in_child(
+        "consistency proof (a witness submission)",
+        lambda: f"{len(consistency_proof(size // 2 + 1, size))} hashes from {size // 2 + 1:,} to {size:,}",
+    )
+    team_qs = AuditEvent.objects.filter(team_id=team.pk)
+    _measure_in_child("export jsonl, one team (~10%)", lambda: drain(export_chunks(team_qs, "jsonl")))
+    _measure_in_child(
+        "export jsonl, whole log", lambda: drain(export_chunks(AuditEvent.objects.all(), "jsonl"))
+    )
+    _measure_in_child("export csv, whole log", lambda: drain(export_chunks(AuditEvent.objects.all(), "csv")))
+    scope = Scope(
+        title=f"team {team.slug}",
+        filters={"team": team.slug},
+        retention=[(team.slug, None)],
+        requested_by="bench",
+        export_seq=size + 1,
+    )
+    _measure_in_child(
+        "evidence pack, one team (~10%)",
+        lambda: drain(pack_chunks(team_qs, scope)).replace("lines", "zip lines"),
+    )
 
 
 def _median_ms(fn: Any, repeat: int = 5) -> float:
@@ -453,7 +554,9 @@ def bench_search(explain: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["all", "appends", "generate", "verify", "export", "search"])
+    parser.add_argument(
+        "step", choices=["all", "appends", "generate", "verify", "export", "search", "proofs"]
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--appends", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=0, help="also N writer threads in one process")
@@ -473,6 +576,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="verify processes")
     parser.add_argument("--export-limit", type=int, default=None)
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument(
+        "--baseline", action="store_true", help="proofs: also the whole tree in memory (before)"
+    )
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     say(f"database: {connection.vendor} {connection.settings_dict['NAME']}")
@@ -489,6 +595,8 @@ def main() -> None:
         bench_export(args.export_limit)
     if args.step in ("all", "search"):
         bench_search(args.explain)
+    if args.step in ("all", "proofs"):
+        bench_proofs(args.baseline)
 
 
 if __name__ == "__main__":

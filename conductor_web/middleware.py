@@ -63,7 +63,17 @@ class XFrameOptionsMiddleware(InlineHooks, _XFrameOptionsMiddleware):
 
 # Paths reachable without a session: login itself, health, static, and the APIs (which answer
 # 401/403 in their own formats rather than redirecting a script to an HTML login page).
-PUBLIC_PREFIXES = ("/accounts/login/", "/healthz", "/static/", "/v1/", "/api/", "/favicon.ico", "/metrics")
+# /audit/log/ is the audit log's own: public keys, and a checkpoint that API keys read.
+PUBLIC_PREFIXES = (
+    "/accounts/login/",
+    "/healthz",
+    "/static/",
+    "/v1/",
+    "/api/",
+    "/audit/log/",
+    "/favicon.ico",
+    "/metrics",
+)
 
 
 class LoginRequiredMiddleware:

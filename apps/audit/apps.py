@@ -29,6 +29,11 @@ class AuditConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
+        from apps.audit.checkpoints import checkpoint_publish
+        from apps.audit.sequencer import set_publisher
+
+        set_publisher(checkpoint_publish)
+
         connection_created.connect(_register_sqlite_guard, dispatch_uid="audit-sqlite-guard")
         if settings.EXECUTION_BACKEND == "celery":
             from celery.signals import worker_process_init, worker_ready

@@ -1,17 +1,22 @@
-"""Streamed CSV / JSON Lines exports of a filtered selection, verifiable offline.
+"""Streamed CSV / JSON Lines exports of a filtered selection, verifiable offline with the log's
+public key alone (``scripts/verify_audit_export.py``).
 
-An export is cut from a signed tree head (STH): its first record is the STH (tree size, root,
-time, signature), every row carries ``seq``, ``prev_digest``, ``digest``, ``canonical`` — the
-exact string the digest covers (``HMAC-SHA256(key, canonical + "|" + prev_digest)``) and whose
-SHA-256(0x00 || canonical) is the row's Merkle leaf — and ``proof``, the RFC 9162 inclusion proof
-of that leaf in the STH's tree. The last record (``end``) counts the rows and is MACed with the
-STH, so a file cut short (tail truncation) no longer verifies. ``scripts/verify_audit_export.py``
-checks all of it without this application. Rows stream with ``.iterator(chunk_size=...)``.
+An export is cut from a signed checkpoint (c2sp.org/tlog-checkpoint). Its first record holds
+that checkpoint (with the witnesses' cosignatures) and, for each witness, the last checkpoint it
+cosigned with the RFC 6962 consistency proof from it to the cut: the export then shows its
+history is the one the witnesses saw. Every row carries ``seq``, ``prev_digest``, ``digest``,
+``canonical`` — the exact string the chain HMAC covers and whose SHA-256(0x00 || canonical) is
+the row's Merkle leaf — and ``proof``, the leaf's inclusion proof in the cut's tree. The last
+record (``end``) is a note signed by the log's key: the cut, the row count, first and last seq
+and a SHA-256 over every row's seq and leaf, so a file cut short or with a row removed no longer
+verifies. Proofs come from a ``StreamedTree`` (bounded memory); rows stream with
+``.iterator(chunk_size=...)``; CSV cells are neutralised against formula injection
+(``conductor_web.csvsafe``), which the verifier undoes before comparing.
 """
 
 from __future__ import annotations
 
-import csv
+import hashlib
 import io
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -20,16 +25,18 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
+from apps.audit import notes
 from apps.audit.chain import DIGEST_FIELDS, canonical_json
-from apps.audit.models import SignedTreeHead
-from apps.audit.proofs import load_tree
-from apps.audit.sequencer import hmac_key, sth_create
+from apps.audit.checkpoints import checkpoint_create, served_note, witnessed_checkpoints
+from apps.audit.logkeys import log_signer
+from apps.audit.proofs import StreamedTree
 from apps.audit.verify import ROW_FIELDS, row_content
+from conductor_web import csvsafe
 
 CONTENT_COLUMNS = DIGEST_FIELDS
 CSV_COLUMNS = (*CONTENT_COLUMNS, "prev_digest", "digest", "canonical", "proof")
-EXPORT_FORMAT = "conductor-audit-export/2"
-END_FORMAT = "conductor-audit-export-end/1"
+EXPORT_FORMAT = "conductor-audit-export/3"
+END_FORMAT = "conductor-audit-export-end/2"
 EXPORT_CHUNK_ROWS = 2000
 BATCH_ROWS = 500  # rows per yielded chunk: large enough for throughput, small enough to stream
 
@@ -39,50 +46,87 @@ FORMATS = {
 }
 
 
-class _Cut:
-    """The STH an export is cut from, its tree (for inclusion proofs) and the running tally."""
+class Cut:
+    """The checkpoint an export is cut from, its tree (for proofs) and the running tally."""
 
     def __init__(self) -> None:
-        self.sth: SignedTreeHead = sth_create()
-        self.tree = load_tree(self.sth.tree_size)
+        self.sth = checkpoint_create()
+        self.tree = StreamedTree(self.sth.tree_size)
+        if self.tree.root().hex() != self.sth.root_hash:
+            raise ValueError(
+                f"the stored leaves do not give checkpoint {self.sth.pk}'s root: run manage.py audit_verify"
+            )
         self.rows = 0
         self.first_seq: int | None = None
         self.last_seq: int | None = None
+        self._rows_hash = hashlib.sha256()
 
     def header(self) -> dict[str, Any]:
-        return {"type": "sth", "format": EXPORT_FORMAT, **self.sth.as_dict()}
+        witnessed = [
+            {
+                "checkpoint": served_note(w),
+                "proof": [h.hex() for h in self.tree.consistency_proof(w.tree_size)] if w.tree_size else [],
+            }
+            for w in witnessed_checkpoints(self.sth.tree_size)
+            if w.pk != self.sth.pk
+        ]
+        return {
+            "type": "checkpoint",
+            "format": EXPORT_FORMAT,
+            "origin": self.sth.origin,
+            "tree_size": self.sth.tree_size,
+            "checkpoint": served_note(self.sth),
+            "witnessed": witnessed,
+        }
 
-    def proof(self, seq: int) -> list[str]:
+    def proof(self, seq: int, canonical: str) -> list[str]:
         self.rows += 1
         self.first_seq = seq if self.first_seq is None else self.first_seq
         self.last_seq = seq
-        return [h.hex() for h in self.tree.inclusion_proof(seq - 1, self.sth.tree_size)]
+        leaf = hashlib.sha256(b"\x00" + canonical.encode()).hexdigest()
+        self._rows_hash.update(f"{seq} {leaf}\n".encode())
+        return [h.hex() for h in self.tree.inclusion_proof(seq - 1)]
 
     def trailer(self) -> dict[str, Any]:
-        body = {
+        return {
             "type": "end",
             "format": END_FORMAT,
             "rows": self.rows,
             "first_seq": self.first_seq,
             "last_seq": self.last_seq,
-            "tree_size": self.sth.tree_size,
-            "sth_signature": self.sth.signature,
+            "note": end_note(
+                origin=self.sth.origin,
+                size=self.sth.tree_size,
+                root_hex=self.sth.root_hash,
+                rows=self.rows,
+                first=self.first_seq,
+                last=self.last_seq,
+                rows_sha256=self._rows_hash.digest(),
+            ),
         }
-        return {**body, "mac": end_mac(hmac_key(), body)}
 
 
-def end_mac(key: bytes, body: dict[str, Any]) -> str:
-    import hashlib
-    import hmac
+def end_note(
+    *,
+    origin: str,
+    size: int,
+    root_hex: str,
+    rows: int,
+    first: int | None,
+    last: int | None,
+    rows_sha256: bytes,
+) -> str:
+    """The end record, a note signed by the log's key. Its first line is not an origin: no
+    checkpoint parser takes it for a tree head."""
+    text = (
+        f"{END_FORMAT}\n{origin}\ncheckpoint {size} {notes.b64(bytes.fromhex(root_hex))}\n"
+        f"rows {rows} {'-' if first is None else first} {'-' if last is None else last}\n"
+        f"sha256 {notes.b64(rows_sha256)}\n"
+    )
+    return text + "\n" + log_signer(origin).signature_line(text)
 
-    fields = {
-        k: body.get(k) for k in ("format", "rows", "first_seq", "last_seq", "tree_size", "sth_signature")
-    }
-    message = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
 
-
-def export_rows(qs: QuerySet[Any], cut: _Cut | None = None) -> Iterator[tuple[dict[str, Any], str]]:
+def export_rows(qs: QuerySet[Any], cut: Cut | None = None) -> Iterator[tuple[dict[str, Any], str]]:
     """(row, canonical) in ascending seq order (sequenced rows only; up to the cut's tree size)."""
     qs = qs.filter(seq__isnull=False)
     if cut is not None:
@@ -103,7 +147,7 @@ def _csv_cell(value: Any) -> str:
 
 
 def _csv_record(kind: str, record: dict[str, Any]) -> list[str]:
-    # The STH / end records ride in the ``canonical`` column of a row whose seq is "#sth"/"#end".
+    # The checkpoint / end records ride in the ``canonical`` column of a row whose seq is "#...".
     cells = [""] * len(CSV_COLUMNS)
     cells[0] = f"#{kind}"
     cells[CSV_COLUMNS.index("canonical")] = json.dumps(record, sort_keys=True)
@@ -111,11 +155,11 @@ def _csv_record(kind: str, record: dict[str, Any]) -> list[str]:
 
 
 def csv_chunks(qs: QuerySet[Any]) -> Iterator[bytes]:
-    cut = _Cut()
+    cut = Cut()
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = csvsafe.writer(buffer)
     writer.writerow(CSV_COLUMNS)
-    writer.writerow(_csv_record("sth", cut.header()))
+    writer.writerow(_csv_record("checkpoint", cut.header()))
     for count, (row, canonical) in enumerate(export_rows(qs, cut), 1):
         # Raw column values render exactly as their canonical (normalised) form would.
         writer.writerow(
@@ -124,7 +168,7 @@ def csv_chunks(qs: QuerySet[Any]) -> Iterator[bytes]:
                 row["prev_digest"],
                 row["digest"],
                 canonical,
-                " ".join(cut.proof(row["seq"])),
+                " ".join(cut.proof(row["seq"], canonical)),
             ]
         )
         if count % BATCH_ROWS == 0:
@@ -135,11 +179,11 @@ def csv_chunks(qs: QuerySet[Any]) -> Iterator[bytes]:
     yield buffer.getvalue().encode()
 
 
-def jsonl_chunks(qs: QuerySet[Any]) -> Iterator[bytes]:
-    cut = _Cut()
+def jsonl_chunks(qs: QuerySet[Any], cut: Cut | None = None) -> Iterator[bytes]:
+    cut = cut or Cut()
     lines: list[str] = [json.dumps(cut.header(), sort_keys=True)]
     for row, canonical in export_rows(qs, cut):
-        proof = json.dumps(cut.proof(row["seq"]))
+        proof = json.dumps(cut.proof(row["seq"], canonical))
         lines.append(
             f'{{"seq":{row["seq"]},"prev_digest":"{row["prev_digest"]}","digest":"{row["digest"]}",'
             f'"canonical":{json.dumps(canonical, ensure_ascii=False)},"content":{canonical},"proof":{proof}}}'

@@ -1,11 +1,12 @@
 """RFC 9162 (Certificate Transparency v2) Merkle tree arithmetic, standard library only.
 
 leaf = SHA-256(0x00 || entry), node = SHA-256(0x01 || left || right); the tree over n leaves
-splits at the largest power of two below n. ``scripts/verify_audit_export.py`` carries a copy of
-the verification half (it must run without this project); keep the two in step.
+splits at the largest power of two below n. ``scripts/verify_audit_export.py`` carries its own
+verification half (it must run without this project); tests/audit/test_vectors.py checks both
+against the published RFC 6962 / transparency-dev answers.
 
-Signed tree heads are HMAC-SHA256 (``AUDIT_HMAC_KEY``) over ``sth_message``: the deployment has
-one secret already and the verifier holds it; a public-key signature would be a drop-in change.
+Tree heads are Ed25519-signed C2SP checkpoints (``apps.audit.notes``, ``apps.audit.checkpoints``).
+``sth_message`` / ``sth_valid`` remain for the HMAC-signed heads stored before checkpoints.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ from collections.abc import Sequence
 
 STH_FORMAT = "conductor-audit-sth/1"
 EMPTY_ROOT = hashlib.sha256(b"").digest()
+HASH_SIZE = 32
+# RFC 6962 domain separation: a leaf can never pass for an interior node. Module globals on
+# purpose: the known-answer tests mutate them to show the published vectors then fail.
+LEAF_PREFIX = b"\x00"
+NODE_PREFIX = b"\x01"
 
 
 def leaf_hash(entry: bytes) -> bytes:
-    return hashlib.sha256(b"\x00" + entry).digest()
+    return hashlib.sha256(LEAF_PREFIX + entry).digest()
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:
-    return hashlib.sha256(b"\x01" + left + right).digest()
+    return hashlib.sha256(NODE_PREFIX + left + right).digest()
 
 
-def _split(n: int) -> int:
+def split(n: int) -> int:
     """The largest power of two strictly below n (n >= 2)."""
     return 1 << ((n - 1).bit_length() - 1)
 
@@ -82,7 +88,7 @@ class Tree:
         height = (n - 1).bit_length()
         if start % (1 << height) == 0 and (n == 1 << height or end == self.size):
             return self.levels[height][start >> height]
-        k = _split(n)
+        k = split(n)
         return node_hash(self._subtree(start, start + k), self._subtree(start + k, end))
 
     def root(self, size: int | None = None) -> bytes:
@@ -100,7 +106,7 @@ class Tree:
         path: list[bytes] = []
         start, end = 0, size
         while end - start > 1:
-            k = _split(end - start)
+            k = split(end - start)
             if index < start + k:
                 path.append(self._subtree(start + k, end))
                 end = start + k
@@ -119,7 +125,7 @@ class Tree:
         n = end - start
         if m == n:
             return [] if complete else [self._subtree(start, end)]
-        k = _split(n)
+        k = split(n)
         if m <= k:
             return [*self._subproof(m, start, start + k, complete), self._subtree(start + k, end)]
         return [*self._subproof(m - k, start + k, end, False), self._subtree(start, start + k)]
@@ -129,62 +135,99 @@ def root_of(leaves: Sequence[bytes]) -> bytes:
     return Tree(leaves).root() if leaves else EMPTY_ROOT
 
 
-# --- verification (RFC 9162 2.1.3.2 and 2.1.4.2) -------------------------------------------------
+# --- verification, as transparency-dev/merkle's proof package does it --------------------------
+#
+# Proofs are checked for their exact length and every hash for 32 bytes: a size-1 inclusion proof
+# with an empty leaf and an empty root, or a consistency proof from size 0, is refused.
+
+
+def _hashes_ok(*hashes: bytes) -> bool:
+    return all(isinstance(h, bytes) and len(h) == HASH_SIZE for h in hashes)
+
+
+def _decompose(index: int, size: int) -> tuple[int, int]:
+    """Inner and border lengths of leaf ``index``'s inclusion proof in a tree of ``size``: inner
+    nodes lie below the level where the paths to ``index`` and ``size - 1`` part, border nodes
+    (left siblings only) above it."""
+    inner = (index ^ (size - 1)).bit_length()
+    return inner, (index >> inner).bit_count()
+
+
+def _chain_inner(seed: bytes, proof: Sequence[bytes], index: int) -> bytes:
+    for i, h in enumerate(proof):
+        seed = node_hash(h, seed) if (index >> i) & 1 else node_hash(seed, h)
+    return seed
+
+
+def _chain_inner_right(seed: bytes, proof: Sequence[bytes], index: int) -> bytes:
+    # Only the left siblings: the hash of the earlier version of this subtree.
+    for i, h in enumerate(proof):
+        if (index >> i) & 1:
+            seed = node_hash(h, seed)
+    return seed
+
+
+def _chain_border_right(seed: bytes, proof: Sequence[bytes]) -> bytes:
+    for h in proof:
+        seed = node_hash(h, seed)
+    return seed
+
+
+def root_from_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes]) -> bytes | None:
+    if not 0 <= index < size or not _hashes_ok(leaf, *proof):
+        return None
+    inner, border = _decompose(index, size)
+    if len(proof) != inner + border:
+        return None
+    return _chain_border_right(_chain_inner(leaf, proof[:inner], index), proof[inner:])
 
 
 def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:
-    if not 0 <= index < size:
-        return False
-    fn, sn, r = index, size - 1, leaf
-    for p in proof:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            r = node_hash(p, r)
-            if not fn & 1:
-                while not (fn & 1 or fn == 0):
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            r = node_hash(r, p)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and hmac.compare_digest(r, root)
+    computed = root_from_inclusion(leaf, index, size, proof)
+    return computed is not None and _hashes_ok(root) and hmac.compare_digest(computed, root)
 
 
 def verify_consistency(
     first: int, second: int, first_root: bytes, second_root: bytes, proof: Sequence[bytes]
 ) -> bool:
-    if first == second:
-        return not proof and hmac.compare_digest(first_root, second_root)
-    if not 0 < first < second or not proof:
+    """RFC 9162 consistency, 0 < first <= second (a proof from the empty tree means nothing:
+    ``checkpoints_consistent`` decides size 0)."""
+    if not 0 < first <= second:
         return False
-    path = list(proof)
-    if first & (first - 1) == 0:  # a power of two: the old root is itself a node of the path
-        path.insert(0, first_root)
-    fn, sn = first - 1, second - 1
-    while fn & 1:
-        fn >>= 1
-        sn >>= 1
-    fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            fr = node_hash(c, fr)
-            sr = node_hash(c, sr)
-            if not fn & 1:
-                while not (fn & 1 or fn == 0):
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            sr = node_hash(sr, c)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and hmac.compare_digest(fr, first_root) and hmac.compare_digest(sr, second_root)
+    if first == second:  # as transparency-dev: equal roots, whatever their length, and no proof
+        return not proof and hmac.compare_digest(first_root, second_root)
+    if not proof or not _hashes_ok(first_root, second_root, *proof):
+        return False
+    fork, border = _decompose(first - 1, second)
+    shift = (first & -first).bit_length() - 1  # trailing zeros: the first tree's rightmost perfect subtree
+    inner = fork - shift
+    seed, skip = proof[0], 1
+    if first == 1 << shift:  # the first tree is perfect: its root is the seed, not in the proof
+        seed, skip = first_root, 0
+    if len(proof) != skip + inner + border:
+        return False
+    path, mask = proof[skip:], (first - 1) >> shift
+    old = _chain_border_right(_chain_inner_right(seed, path[:inner], mask), path[inner:])
+    new = _chain_border_right(_chain_inner(seed, path[:inner], mask), path[inner:])
+    return hmac.compare_digest(old, first_root) and hmac.compare_digest(new, second_root)
 
 
-# --- signed tree heads ---------------------------------------------------------------------------
+def checkpoints_consistent(
+    first: int, second: int, first_root: bytes, second_root: bytes, proof: Sequence[bytes]
+) -> bool:
+    """Is the tree (second, second_root) an append-only extension of (first, first_root)? The
+    empty tree is consistent with every tree, with an empty proof (c2sp.org/tlog-witness)."""
+    if first == 0:
+        return (
+            not proof
+            and second >= 0
+            and hmac.compare_digest(first_root, EMPTY_ROOT)
+            and _hashes_ok(second_root)
+        )
+    return verify_consistency(first, second, first_root, second_root, proof)
+
+
+# --- HMAC tree heads (before checkpoints: still verified where they are stored) -------------------
 
 
 def sth_message(tree_size: int, root_hash_hex: str, timestamp_ms: int) -> bytes:

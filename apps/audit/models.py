@@ -170,32 +170,80 @@ class AuditChainHead(models.Model):
         return f"audit chain head #{self.seq}"
 
 
-class SignedTreeHead(models.Model):
-    """A signed commitment to the first ``tree_size`` events (RFC 9162 STH, HMAC-signed).
+class LogIdentity(models.Model):
+    """The log's identity, created with the log (one row): its checkpoints' origin line.
 
-    ``signature = HMAC-SHA256(AUDIT_HMAC_KEY, "conductor-audit-sth/1\n<size>\n<root>\n<ts>")``
-    (``apps.audit.merkle.sth_message``). Each is also appended to ``AUDIT_STH_PUBLISH_PATH``.
+    ``<AUDIT_LOG_NAME>/<random id>``: a fresh database is a new log with a new origin, so tree
+    heads published by another database (same checkout, another ``DATABASE_URL``, a demo reset)
+    are told apart from this log's instead of being taken for tampering (apps.audit.heads).
     """
 
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    origin = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.origin
+
+
+class SignedTreeHead(models.Model):
+    """A signed commitment to the first ``tree_size`` events: a C2SP checkpoint (``note``: the
+    signed note, log signature only; witnesses' cosignatures are ``Cosignature`` rows).
+
+    Rows from before checkpoints (``note`` blank) carry ``signature = HMAC-SHA256(AUDIT_HMAC_KEY,
+    "conductor-audit-sth/1\n<size>\n<root>\n<ts>")`` (``apps.audit.merkle.sth_message``).
+    """
+
+    origin = models.CharField(max_length=200, blank=True, default="")
     tree_size = models.PositiveBigIntegerField(db_index=True)
     root_hash = models.CharField(max_length=64)
     timestamp_ms = models.PositiveBigIntegerField()
-    signature = models.CharField(max_length=64)
+    signature = models.CharField(max_length=64, blank=True, default="")
+    note = models.TextField(blank=True, default="")
     published = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-tree_size", "-id"]
 
     def __str__(self) -> str:
-        return f"STH size {self.tree_size}"
+        return f"checkpoint size {self.tree_size}"
 
     def as_dict(self) -> dict[str, Any]:
+        if not self.note:
+            return {
+                "tree_size": self.tree_size,
+                "root_hash": self.root_hash,
+                "timestamp": self.timestamp_ms,
+                "signature": self.signature,
+            }
         return {
+            "origin": self.origin,
             "tree_size": self.tree_size,
             "root_hash": self.root_hash,
             "timestamp": self.timestamp_ms,
-            "signature": self.signature,
+            "checkpoint": self.note,
         }
+
+
+class Cosignature(models.Model):
+    """A witness's cosignature of a checkpoint (c2sp.org/tlog-cosignature, Ed25519 type 0x04),
+    as the witness returned it: the witness checked the checkpoint is consistent with every one
+    it cosigned before."""
+
+    checkpoint = models.ForeignKey(SignedTreeHead, on_delete=models.CASCADE, related_name="cosignatures")
+    witness = models.CharField(max_length=200)  # the cosigner's key name
+    key_id = models.CharField(max_length=8)
+    timestamp = models.PositiveBigIntegerField()  # signed, seconds since the epoch
+    line = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint", "witness", "key_id"], name="cosignature_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.witness} cosigned size {self.checkpoint.tree_size}"
 
 
 class ReviewDecision(models.TextChoices):

@@ -5,15 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from apps.audit import ports
+from apps.audit.checkpoints import log_origin
 from apps.audit.events import AuditEventType
-from apps.audit.models import AuditChainHead, AuditEvent, ReviewDecision, RunReview
+from apps.audit.logkeys import witnesses
+from apps.audit.models import (
+    AuditChainHead,
+    AuditEvent,
+    Cosignature,
+    ReviewDecision,
+    RunReview,
+    SignedTreeHead,
+)
 from apps.audit.sequencer import sequencer_lag
 
 PAGE_SIZE = 50
@@ -120,6 +129,29 @@ def chain_state() -> ChainState:
         lag.pending,
         lag.oldest_age_s,
     )
+
+
+@dataclass(frozen=True)
+class LogState:
+    """The log's identity and its latest checkpoint, for the audit page."""
+
+    origin: str
+    checkpoint_size: int | None
+    checkpoint_at: datetime | None
+    cosigned_by: list[str]
+    witnesses: int  # configured (AUDIT_WITNESSES)
+
+
+def log_state() -> LogState:
+    origin = log_origin()
+    latest = (
+        SignedTreeHead.objects.filter(origin=origin).exclude(note="").order_by("-tree_size", "-id").first()
+    )
+    if latest is None:
+        return LogState(origin, None, None, [], len(witnesses()))
+    cosigners = sorted(set(Cosignature.objects.filter(checkpoint=latest).values_list("witness", flat=True)))
+    when = datetime.fromtimestamp(latest.timestamp_ms / 1000, tz=UTC)
+    return LogState(origin, latest.tree_size, when, cosigners, len(witnesses()))
 
 
 def linked_events(event: AuditEvent, user: Any, *, limit: int = 20) -> dict[str, list[AuditEvent]]:

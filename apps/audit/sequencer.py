@@ -1,4 +1,4 @@
-"""The one sequencer: numbers pending audit rows, chains them, grows the Merkle tree, signs heads.
+"""The one sequencer: numbers pending audit rows, chains them, grows the Merkle tree.
 
 Writers only INSERT pending rows (``seq`` NULL) inside their own transaction, so no writer waits
 on a global lock. A sequencing pass (one short transaction) takes the pending rows that have
@@ -19,14 +19,12 @@ killed mid-pass rolls back: its rows stay pending and the next pass numbers them
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -38,7 +36,7 @@ from django.utils import timezone
 
 from apps.audit import merkle
 from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, PG_DISPLAY_ROW, canonical_json, column_mac
-from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
+from apps.audit.models import AuditChainHead, AuditEvent
 from conductor_web.compiled import CompiledRead, CompiledUpdate
 from conductor_web.executor_db import keep_connection_healthy, kept_connection
 
@@ -222,62 +220,15 @@ def sequencer_lag() -> Lag:
     return Lag(agg["n"] or 0, age, head[0], head[1])
 
 
-# --- signed tree heads -------------------------------------------------------------------------
+# --- publishing tree heads -----------------------------------------------------------------------
+
+# apps.audit.checkpoints.checkpoint_publish, set at app ready (it imports this module: a hook, not
+# an import, keeps the two acyclic). The thread calls it on its timer.
+_publisher: list[Callable[[], Any]] = []
 
 
-def sth_create() -> SignedTreeHead:
-    """Sign the current head (after a flush). Reuses the latest STH when the tree has not grown."""
-    audit_flush()
-    with transaction.atomic():
-        head, _ = AuditChainHead.objects.get_or_create(pk=1)
-        latest = SignedTreeHead.objects.order_by("-tree_size", "-id").first()
-        if latest is not None and latest.tree_size == head.seq:
-            return latest
-        root = merkle.frontier_root(list(head.frontier or [])).hex()
-        ts = int(time.time() * 1000)
-        return SignedTreeHead.objects.create(
-            tree_size=head.seq,
-            root_hash=root,
-            timestamp_ms=ts,
-            signature=merkle.sth_sign(hmac_key(), head.seq, root, ts),
-        )
-
-
-def publish_path() -> Path | None:
-    raw = str(getattr(settings, "AUDIT_STH_PUBLISH_PATH", "") or "")
-    return Path(raw) if raw else None
-
-
-def sth_publish() -> SignedTreeHead | None:
-    """Sign the head and append it as one JSON line to ``AUDIT_STH_PUBLISH_PATH`` (outside the DB).
-
-    Point that path at write-once storage (an append-only mount, ``chattr +a``, object-lock
-    bucket sync): ``verify`` then compares the database against the last line, which catches a
-    deleted tail together with a rolled-back head.
-    """
-    path = publish_path()
-    sth = sth_create()
-    if path is None:
-        return sth
-    if sth.published:
-        return sth
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(sth.as_dict(), sort_keys=True) + "\n")
-    SignedTreeHead.objects.filter(pk=sth.pk).update(published=True)
-    return sth
-
-
-def last_published_sth(path: Path | None = None) -> dict[str, Any] | None:
-    path = path or publish_path()
-    if path is None or not path.is_file():
-        return None
-    last = None
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                last = line
-    return json.loads(last) if last else None
+def set_publisher(publish: Callable[[], Any]) -> None:
+    _publisher[:] = [publish]
 
 
 # --- the daemon thread ---------------------------------------------------------------------------
@@ -362,8 +313,8 @@ def _tick(*, publish_sth: bool) -> bool:
         keep_connection_healthy()
         while sequence_pass(wait=False) == BATCH:
             pass
-        if publish_sth:
-            sth_publish()
+        if publish_sth and _publisher:
+            _publisher[0]()
         return True
     except Exception:
         logger.exception("audit sequencer pass failed")

@@ -21,13 +21,15 @@ from django.utils import timezone
 
 from apps.audit import ports
 from apps.audit.chain import content_sha256
+from apps.audit.checkpoints import checkpoint_create, served_note
 from apps.audit.duties import ReleaseRefused, would_release_own
 from apps.audit.events import AuditEventType
+from apps.audit.heads import from_note
 from apps.audit.masking import diff_values, mask_secrets
 from apps.audit.models import AuditEvent, ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.proofs import consistency_proof
-from apps.audit.sequencer import audit_flush, nudge, sth_create
+from apps.audit.sequencer import audit_flush, nudge
 from conductor_web.compiled import db_value, execute
 from conductor_web.request_context import current_request_meta
 
@@ -423,11 +425,12 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
 
 # --- checkpoints and exports --------------------------------------------------------------------
 
-CHECKPOINT_FORMAT = "conductor-audit-checkpoint/2"
+CHECKPOINT_FORMAT = "conductor-audit-checkpoint/3"
 
 
 def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Capture the chain head (seq, digest) and a signed tree head for an auditor to keep outside.
+    """Capture the chain head (seq, digest) and the signed checkpoint (c2sp.org/tlog-checkpoint,
+    with the witnesses' cosignatures) for an auditor to keep outside.
 
     The checkpoint covers the log as it was before this call; the ``audit.checkpoint`` event
     recording it is appended (and sequenced) right after, so the log shows when each was taken.
@@ -435,17 +438,22 @@ def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) 
     from it (``scripts/verify_audit_export.py --consistency OLD NEW`` checks it offline).
     """
 
-    sth = sth_create()
+    sth = checkpoint_create()
     head = AuditEvent.objects.filter(seq=sth.tree_size).values_list("digest", flat=True).first()
     checkpoint: dict[str, Any] = {
         "format": CHECKPOINT_FORMAT,
+        "origin": sth.origin,
         "seq": sth.tree_size,
         "digest": head or "0" * 64,
         "created_at": timezone.now().isoformat(timespec="seconds"),
-        "sth": sth.as_dict(),
+        "checkpoint": served_note(sth),
     }
     if since is not None:
-        old_size = int(since.get("sth", {}).get("tree_size", since.get("seq", 0)))
+        old_size = (
+            from_note(str(since["checkpoint"]), "the earlier checkpoint").size
+            if since.get("checkpoint")
+            else int(since.get("sth", {}).get("tree_size", since.get("seq", 0)))
+        )
         checkpoint["consistency"] = {
             "from_size": old_size,
             "proof": [h.hex() for h in consistency_proof(old_size, sth.tree_size)],

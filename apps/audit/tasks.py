@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.audit.sequencer import sth_publish
+from apps.audit.checkpoints import checkpoint_publish
 from apps.audit.services import audit_retention_sweep as sweep
 from apps.audit.services import hmac_key
 from apps.audit.verify import verify_and_record
@@ -26,7 +26,7 @@ def audit_verify() -> bool:
 
 @shared_task(name="apps.audit.tasks.audit_sth_publish", ignore_result=True)
 def audit_sth_publish() -> int:
-    """Sign the tree head and append it to ``AUDIT_STH_PUBLISH_PATH``; idempotent per tree size."""
+    """Sign the tree head, have the witnesses cosign it and append it to
+    ``AUDIT_STH_PUBLISH_PATH``; idempotent per tree size."""
 
-    sth = sth_publish()
-    return sth.tree_size if sth else 0
+    return checkpoint_publish().tree_size

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps.audit import merkle
+from apps.audit import heads, merkle
 from apps.audit.chain import (
     DIGEST_FIELDS,
     GENESIS_DIGEST,
@@ -43,8 +42,11 @@ from apps.audit.chain import (
     canonical_json,
     compute_digest,
 )
-from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
-from apps.audit.sequencer import audit_flush, last_published_sth
+from apps.audit.checkpoints import log_origin, publish_path
+from apps.audit.heads import Checkpoint
+from apps.audit.logkeys import log_verifiers
+from apps.audit.models import AuditChainHead, AuditEvent
+from apps.audit.sequencer import audit_flush
 
 # The columns a walk needs, in a fixed order (values_list is far cheaper than model instances).
 ROW_FIELDS = (*DIGEST_FIELDS, "prev_digest", "digest")
@@ -52,31 +54,6 @@ CHUNK_SIZE = 5000
 logger = logging.getLogger(__name__)
 
 EDITED, DELETED, REORDERED, INSERTED, REWRITTEN = "edited", "deleted", "reordered", "inserted", "rewritten"
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    seq: int
-    digest: str
-    created_at: str = ""
-    sth: dict[str, Any] | None = None
-
-    @property
-    def tree_size(self) -> int:
-        return int(self.sth["tree_size"]) if self.sth else 0
-
-    @classmethod
-    def load(cls, path: str | Path) -> Checkpoint:
-        data = json.loads(Path(path).read_text())
-        try:
-            return cls(
-                seq=int(data["seq"]),
-                digest=str(data["digest"]),
-                created_at=str(data.get("created_at", "")),
-                sth=data.get("sth") if isinstance(data.get("sth"), dict) else None,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path} is not an audit checkpoint (needs seq and digest): {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -88,11 +65,15 @@ class VerifyResult:
     reason: str = ""
     message: str = ""
     frontier: list[list[Any]] | None = field(default=None, compare=False)
+    # The heads checked and those left unchecked, each naming its source (see apps.audit.heads).
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> str:
         if self.ok:
-            return f"audit chain intact: {self.checked} events verified up to seq {self.last_seq}"
-        return f"audit chain BROKEN at seq {self.broken_seq}: {self.reason} — {self.message}"
+            text = f"audit chain intact: {self.checked} events verified up to seq {self.last_seq}"
+        else:
+            text = f"audit chain BROKEN at seq {self.broken_seq}: {self.reason} — {self.message}"
+        return "; ".join([text, *self.notes])
 
 
 def row_content(row: dict[str, Any]) -> dict[str, Any]:
@@ -421,24 +402,38 @@ def verify_chain(
     *,
     key: bytes,
     checkpoint: Checkpoint | None = None,
-    published: dict[str, Any] | None = None,
+    published_path: str | None = None,
     incremental: bool = False,
     workers: int | None = None,
 ) -> VerifyResult:
-    """Walk the sequenced log: chain links and digests, Merkle leaves, and every signed tree head.
+    """Walk the sequenced log: chain links and digests, Merkle leaves, and every tree head of
+    this log (``apps.audit.heads``), each verdict naming the head's source.
 
-    Read-only apart from numbering pending rows first (``audit_flush``). ``published``: the last
-    STH published outside the database (default: the last line of ``AUDIT_STH_PUBLISH_PATH``);
-    the database must still hold that tree — this is what catches a deleted tail together with a
-    rolled-back head. ``incremental``: resume from the last successful verification (its Merkle
-    frontier is kept on the head row) instead of from seq 1. ``workers`` > 1: chunks of
-    ``CHUNK_LEAVES`` events are walked in forked processes (the CLI does; a server thread does
-    not fork).
+    Read-only apart from numbering pending rows first (``audit_flush``). ``published_path``: the
+    file of heads published outside the database (default ``AUDIT_STH_PUBLISH_PATH``; "" for
+    none); the database must still hold the tree of this log's last one there — this is what
+    catches a deleted tail together with a rolled-back head. ``incremental``: resume from the last
+    successful verification (its Merkle frontier is kept on the head row) instead of from seq 1.
+    ``workers`` > 1: chunks of ``CHUNK_LEAVES`` events are walked in forked processes (the CLI
+    does; a server thread does not fork).
     """
 
     audit_flush()
-    if published is None:
-        published = last_published_sth()
+    origin = log_origin()
+    path = publish_path() if published_path is None else (Path(published_path) if published_path else None)
+    to_check, head_notes = heads.to_check(origin, checkpoint.head() if checkpoint else None, path)
+    result = _verify(key, origin, checkpoint, to_check, incremental, workers)
+    return replace(result, notes=tuple(head_notes))
+
+
+def _verify(
+    key: bytes,
+    origin: str,
+    checkpoint: Checkpoint | None,
+    to_check: list[heads.Head],
+    incremental: bool,
+    workers: int | None,
+) -> VerifyResult:
     head_row = AuditChainHead.objects.filter(pk=1).first()
     head = (head_row.seq, head_row.digest) if head_row else (0, GENESIS_DIGEST)
     last = (
@@ -452,12 +447,7 @@ def verify_chain(
         if at is not None and vs <= last:
             first, start_prev = vs + 1, at
             base_frontier = [(int(n), bytes.fromhex(str(h))) for n, h in head_row.verified_frontier or []]
-    sths = list(SignedTreeHead.objects.filter(tree_size__gte=first).order_by("tree_size").values())
-    sizes = sorted(
-        {s["tree_size"] for s in sths} | {last} | ({int(published["tree_size"])} if published else set())
-    )
-    if checkpoint is not None and checkpoint.tree_size:
-        sizes = sorted(set(sizes) | {checkpoint.tree_size})
+    sizes = sorted({h.size for h in to_check if h.size >= first} | {last})
     chunks = _walk(key, first, last, start_prev, sizes, workers or 1) if last >= first else []
 
     # Stitch the chunks in order: links across boundaries, first failure wins.
@@ -498,7 +488,11 @@ def verify_chain(
             roots[size] = _frontier_root(frontier + part)
         for size, node in chunk.frontier or []:
             _frontier_push(frontier, size, node)
-        if checkpoint is not None and chunk.start <= checkpoint.seq <= chunk.last_seq:
+        if (
+            checkpoint is not None
+            and checkpoint.seq is not None
+            and chunk.start <= checkpoint.seq <= chunk.last_seq
+        ):
             checkpoint_seen = True
             at = AuditEvent.objects.filter(seq=checkpoint.seq).values_list("digest", flat=True).first()
             if at != checkpoint.digest:
@@ -512,8 +506,10 @@ def verify_chain(
                     "history up to it was recomputed",
                 )
         expected_seq, expected_prev = chunk.last_seq + 1, chunk.last_digest
-    if checkpoint is not None and incremental and checkpoint.seq < first:
-        checkpoint_seen = True  # verified by an earlier full walk
+    if checkpoint is not None and (checkpoint.seq in (None, 0) or (incremental and checkpoint.seq < first)):
+        # No chain digest to compare (a bare note; or size 0, the genesis, which every chain
+        # extends), or verified by an earlier full walk.
+        checkpoint_seen = True
 
     head_now = AuditChainHead.objects.filter(pk=1).values_list("seq", "digest").first() or (0, GENESIS_DIGEST)
     if last < head[0]:
@@ -529,47 +525,30 @@ def verify_chain(
             EDITED,
             f"last row's digest differs from the chain head's at seq {last}",
         )
-    if checkpoint is not None and not checkpoint_seen:
+    if checkpoint is not None and checkpoint.seq is not None and not checkpoint_seen:
         return _fail(
             last + 1, DELETED, f"chain ends at seq {last}, before the checkpoint at seq {checkpoint.seq}"
         )
 
-    # Signed tree heads: in the table, in the checkpoint, and the last one published outside.
-    heads: list[tuple[str, dict[str, Any]]] = [
-        (
-            "signed tree head",
-            {
-                "tree_size": s["tree_size"],
-                "root_hash": s["root_hash"],
-                "timestamp": s["timestamp_ms"],
-                "signature": s["signature"],
-            },
-        )
-        for s in sths
-    ]
-    if checkpoint is not None and checkpoint.sth:
-        heads.append(("checkpoint's tree head", checkpoint.sth))
-    if published:
-        heads.append(("PUBLISHED tree head", published))
-    for label, sth in heads:
-        size = int(sth.get("tree_size", -1))
-        if not merkle.sth_valid(key, sth):
+    verifiers = log_verifiers(origin)
+    for tree_head in to_check:
+        if problem := tree_head.problem(origin=origin, verifiers=verifiers, hmac_key=key):
             return _fail(
-                max(size, 1), REWRITTEN, f"{label} for size {size} has a bad signature (forged or wrong key)"
+                max(tree_head.size, 1), REWRITTEN, f"{tree_head.source} for size {tree_head.size} {problem}"
             )
-        if size < first and incremental:
+        if tree_head.size < first and incremental:
             continue
-        if size > last:
+        if tree_head.size > last:
             return _fail(
                 last + 1,
                 DELETED,
-                f"chain ends at seq {last} but the {label} covers {size} events: its tail was deleted",
+                f"chain ends at seq {last} but {tree_head.source} covers {tree_head.size} events: its tail was deleted",
             )
-        if roots.get(size) is None or roots[size].hex() != sth["root_hash"]:
+        if roots.get(tree_head.size) is None or roots[tree_head.size].hex() != tree_head.root_hex:
             return _fail(
-                size,
+                tree_head.size,
                 REWRITTEN,
-                f"the Merkle root at size {size} differs from the {label}: history was rewritten",
+                f"the Merkle root at size {tree_head.size} differs from {tree_head.source}: history was rewritten",
             )
     return VerifyResult(True, last, last, frontier=[[n, h.hex()] for n, h in frontier])
 

@@ -22,7 +22,8 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from apps.audit import export, selectors, services, tasks
+from apps.audit import evidence, export, logkeys, selectors, services, tasks
+from apps.audit.checkpoints import log_origin
 from apps.audit.filters import AuditFilterForm, active_filters, filter_audit_events
 from apps.audit.forms import (
     PAGE_PARAMS,
@@ -33,6 +34,7 @@ from apps.audit.forms import (
     bad_search_response,
     search_param_errors,
 )
+from apps.audit.logkeys import log_verifiers
 from apps.audit.models import AuditEvent
 from apps.audit.selectors import TABS
 from apps.audit.verify import verify_and_record
@@ -80,6 +82,7 @@ def event_list(request: HttpRequest) -> HttpResponse:
             "query": query,
             "has_filters": bool(params),
             "chain": selectors.chain_state(),
+            "log": selectors.log_state(),
             "can_verify": selectors.can_verify_chain(request.user),
             "total": selectors.capped_total(qs) if page.events or page.pending else 0,
             "total_cap": selectors.TOTAL_CAP,
@@ -329,3 +332,88 @@ def _safe_next(request: HttpRequest) -> str:
 
 def _next_url(request: HttpRequest, run: Any) -> str:
     return _safe_next(request) or reverse("runs:detail", args=[run.pk])
+
+
+# --- the log's keys and evidence packs (issue 40) ---------------------------------------------
+
+
+@require_GET
+def log_keys(request: HttpRequest) -> HttpResponse:
+    """``/audit/log/keys``: the verifier keys, to anyone (they are public by design)."""
+    origin = log_origin()
+    lines = [
+        f"# audit log {origin}",
+        "# log keys (c2sp.org/signed-note Ed25519); the first signs new checkpoints",
+        *(k.vkey for k in log_verifiers(origin)),
+        "# witnesses (c2sp.org/tlog-cosignature, cosignature/v1)",
+        *(w.key.vkey for w in logkeys.witnesses()),
+    ]
+    response = HttpResponse("".join(f"{line}\n" for line in lines), content_type="text/plain; charset=utf-8")
+    response["Access-Control-Allow-Origin"] = "*"
+    return response
+
+
+def _pack_response(request: HttpRequest, qs: Any, scope: evidence.Scope, name: str) -> StreamingHttpResponse:
+    chunks = evidence.pack_chunks(qs, scope)
+    streaming = export.as_async(chunks) if isinstance(request, ASGIRequest) else chunks
+    response = StreamingHttpResponse(streaming, content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["X-Audit-Export-Seq"] = str(scope.export_seq)
+    return response
+
+
+def _retention(teams: Any) -> list[tuple[str, int | None]]:
+    return [(t.slug, t.retention_days) for t in teams.order_by("slug")]
+
+
+@require_GET
+def evidence_pack(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """A zip of the filtered selection (a team, a time range, …) with proofs, checkpoints, keys,
+    the verifier and a README: what a reviewer hands an auditor."""
+    if errors := search_param_errors(request.GET):
+        return bad_search_response(errors)
+    params = active_filters(request.GET)
+    try:
+        qs = filter_audit_events(AuditEvent.objects.visible_to(request.user, "view"), params)
+    except ValidationError as exc:
+        return bad_search_response({k: " ".join(v) for k, v in exc.message_dict.items()})
+    recorded = services.audit_export_record(actor=request.user, export_format="evidence", filters=params)
+    assert recorded.seq is not None  # audit_export_record returns the event sequenced
+    teams = (
+        gov.teams_with_audit_visible_to(request.user)
+        if not is_platform_admin(request.user)
+        else Team.objects.all()
+    )
+    if params.get("team"):
+        teams = teams.filter(slug=params["team"])
+    scope = evidence.Scope(
+        title=", ".join(f"{k} {v}" for k, v in params.items()) or "every event you may see",
+        filters=params,
+        retention=_retention(teams),
+        requested_by=request.user.get_username(),
+        export_seq=recorded.seq,
+    )
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    return _pack_response(request, qs.filter(seq__lt=recorded.seq), scope, f"audit-evidence-{stamp}.zip")
+
+
+@require_GET
+def run_evidence_pack(request: HttpRequest, run_id: Any) -> StreamingHttpResponse:
+    """A run's evidence pack (the run's audit events); needs the review right on its team."""
+    run = get_object_or_404(Run.objects.visible_to(request.user, "view").select_related("team"), pk=run_id)
+    if not Run.objects.allows(request.user, "review", run):
+        raise PermissionDenied(
+            "A run's evidence pack needs the reviewer or admin role on its team (permission review_team_runs)."
+        )
+    params = {"run": str(run.pk)}
+    recorded = services.audit_export_record(actor=request.user, export_format="evidence", filters=params)
+    assert recorded.seq is not None
+    qs = AuditEvent.objects.visible_to(request.user, "view").filter(run_id=run.pk, seq__lt=recorded.seq)
+    scope = evidence.Scope(
+        title=f"run {run.pk}",
+        filters=params,
+        retention=_retention(Team.objects.filter(pk=run.team_id)),
+        requested_by=request.user.get_username(),
+        export_seq=recorded.seq,
+    )
+    return _pack_response(request, qs, scope, f"run-{run.pk}-evidence.zip")

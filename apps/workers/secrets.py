@@ -38,6 +38,7 @@ NEVER_KEY_ENV = frozenset(
         "DJANGO_SECRET_KEY",
         "SECRETS_ENCRYPTION_KEY",
         "AUDIT_HMAC_KEY",
+        "AUDIT_SIGNING_KEY",
         "DEMO_PASSWORD",
         "DATABASE_URL",
         "REDIS_URL",

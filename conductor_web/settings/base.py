@@ -7,6 +7,8 @@ each part to its distributed backend independently.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import secrets
 from datetime import timedelta
@@ -54,6 +56,16 @@ def var_secret(filename: str, *, nbytes: int = 32) -> str:
         path.write_text(secrets.token_urlsafe(nbytes))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def signing_key_ok(value: str) -> bool:
+    """An Ed25519 private key as AUDIT_SIGNING_KEY holds it: base64 (standard or URL-safe, padding
+    optional) of 32 bytes. apps.audit.logkeys decodes it the same way."""
+    text = value.strip().replace("-", "+").replace("_", "/")
+    try:
+        return len(base64.b64decode(text + "=" * (-len(text) % 4), validate=True)) == 32
+    except (binascii.Error, ValueError):
+        return False
 
 
 DEBUG = strict_bool("DEBUG", False)
@@ -298,6 +310,14 @@ AUDIT_SEQUENCER_MIN_GAP_MS = env.int("AUDIT_SEQUENCER_MIN_GAP_MS", default=50)
 # Distributed mode: web processes sequence only when a row has waited this long (the Celery
 # workers' sequencers are the active ones); 0 makes them active sequencers too.
 AUDIT_SEQUENCER_STANDBY_S = env.float("AUDIT_SEQUENCER_STANDBY_S", default=1.0)
+# The log's name: its checkpoints' origin is "<name>/<random id>", the id created with the log.
+AUDIT_LOG_NAME = env.str("AUDIT_LOG_NAME", default="") or (
+    SITE_URL.split("://", 1)[-1].split("/", 1)[0] + "/audit"
+)
+# Witnesses cosigning checkpoints (c2sp.org/tlog-witness), comma-separated "<vkey> <url>" entries:
+# the witness's cosigner key (type 0x04) and its submission prefix (POST <url>/add-checkpoint).
+AUDIT_WITNESSES = env.list("AUDIT_WITNESSES", default=[])
+AUDIT_WITNESS_TIMEOUT_S = env.float("AUDIT_WITNESS_TIMEOUT_S", default=5.0)
 CELERY_BEAT_SCHEDULE["audit-sth-publish"] = {
     "task": "apps.audit.tasks.audit_sth_publish",
     "schedule": float(AUDIT_STH_INTERVAL_S),
@@ -329,6 +349,11 @@ CELERY_BEAT_SCHEDULE["reap-runs"] = {"task": "apps.runs.tasks.reap_runs", "sched
 
 # --- Secrets -----------------------------------------------------------------------------------
 AUDIT_HMAC_KEY = env.str("AUDIT_HMAC_KEY", default="") or var_secret("audit_hmac.key")
+# Ed25519 key signing the audit log's checkpoints (base64 of a 32-byte seed; apps.audit.logkeys).
+# Verifiers need only its public key (manage.py audit_keys). Embedded: var/audit_signing.key.
+AUDIT_SIGNING_KEY = env.str("AUDIT_SIGNING_KEY", default="") or var_secret("audit_signing.key", nbytes=32)
+# Public keys (base64, 32 bytes) of earlier signing keys: their checkpoints stay verifiable.
+AUDIT_SIGNING_KEYS_RETIRED = env.list("AUDIT_SIGNING_KEYS_RETIRED", default=[])
 # Fernet key for provider credentials stored in the database (urlsafe base64, 32 bytes).
 SECRETS_ENCRYPTION_KEY = env.str("SECRETS_ENCRYPTION_KEY", default="")
 if not SECRETS_ENCRYPTION_KEY:

@@ -13,6 +13,9 @@ _suffix = f"_{TEST_ID}" if TEST_ID else ""
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 AUDIT_HMAC_KEY = "test-audit-hmac-key-not-secret"
+# A fixed Ed25519 seed (base64 of 32 bytes), not secret: tests verify with its public key.
+AUDIT_SIGNING_KEY = "dGVzdC1hdWRpdC1zaWduaW5nLWtleS0zMi1ieXRlcyE="
+AUDIT_LOG_NAME = "testserver/audit"
 SECRETS_ENCRYPTION_KEY = "dGVzdC1mZXJuZXQta2V5LTMyLWJ5dGVzLWxvbmchISE="
 WHITENOISE_AUTOREFRESH = True
 RUN_SWEEP_INTERVAL_S = 3600  # tests call the sweep directly

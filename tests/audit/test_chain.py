@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 
-from apps.audit import merkle
+from apps.audit import merkle, notes
 from apps.audit.chain import (
     GENESIS_DIGEST,
     PG_CREATED_US,
@@ -22,7 +22,9 @@ from apps.audit.chain import (
     column_mac,
     compute_digest,
 )
+from apps.audit.checkpoints import log_origin
 from apps.audit.events import AuditEventType
+from apps.audit.logkeys import log_signer
 from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.services import audit_flush, audit_record, audit_record_standalone, event_content, hmac_key
 from apps.audit.verify import verify_chain
@@ -220,8 +222,8 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
     assert recorded.payload == {"checkpoint_seq": chain[-1].seq, "checkpoint_digest": chain[-1].digest}
     assert run_verify("--checkpoint", str(cp_file))[0] == 0
 
-    # An insider with the HMAC key edits seq 3 and recomputes every digest, Merkle leaf and
-    # signed tree head stored in the database after it.
+    # An insider with the HMAC key edits seq 3 and recomputes every digest, Merkle leaf and the
+    # head after it.
     key = hmac_key()
     tamper.set_payload(chain[2].seq, json.dumps({"i": 2, "note": "quietly changed"}))
     prev = chain[1].digest
@@ -248,17 +250,27 @@ def test_checkpoint_proves_a_rewrite_by_a_key_holder(
         bytes.fromhex(h) for h in AuditEvent.objects.order_by("seq").values_list("leaf_hash", flat=True)
     ]
     tree = merkle.Tree(leaves)
-    for sth in SignedTreeHead.objects.all():
-        root = tree.root(sth.tree_size).hex()
-        sig = merkle.sth_sign(key, sth.tree_size, root, sth.timestamp_ms)
-        SignedTreeHead.objects.filter(pk=sth.pk).update(root_hash=root, signature=sig)
     frontier: list[list[object]] = []
     for leaf_bytes in leaves:
         frontier = merkle.frontier_append(frontier, leaf_bytes)
     AuditChainHead.objects.filter(pk=1).update(digest=prev, frontier=frontier)
 
+    # The HMAC key alone no longer signs tree heads (issue 40): the checkpoints in the database,
+    # signed with the Ed25519 key, still commit to the old tree.
     code, output = run_verify()
-    assert code == 0, "a full recomputation is invisible without a checkpoint"
+    assert code == 1 and "reason=rewritten" in output
+    assert "checkpoint #" in output and "in the database: history was rewritten" in output
+
+    # An operator holding the signing key too re-signs them: then only a head kept outside the
+    # database (or a witness, tests/audit/test_witness.py) tells.
+    signer = log_signer(log_origin())
+    for sth in SignedTreeHead.objects.all():
+        root = tree.root(sth.tree_size)
+        body = notes.Checkpoint(sth.origin, sth.tree_size, root).text
+        note = body + "\n" + signer.signature_line(body)
+        SignedTreeHead.objects.filter(pk=sth.pk).update(root_hash=root.hex(), note=note)
+    code, output = run_verify()
+    assert code == 0, "a full recomputation with both keys is invisible without an outside head"
     code, output = run_verify("--checkpoint", str(cp_file))
     assert code == 1
     assert f"seq={checkpoint['seq']}" in output and "reason=rewritten" in output

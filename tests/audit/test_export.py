@@ -1,41 +1,25 @@
-"""Streamed exports, verified offline by scripts/verify_audit_export.py run as a subprocess."""
+"""Streamed exports, verified offline by scripts/verify_audit_export.py with the log's public key
+only (issue 40): no AUDIT_HMAC_KEY, no database, no project code."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
+import secrets
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.http import StreamingHttpResponse
 
+from apps.audit import notes
+from apps.audit.checkpoints import log_origin
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_checkpoint
+from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
-
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "verify_audit_export.py"
-
-
-def verify_offline(path: Path, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "AUDIT_HMAC_KEY"}
-    env["AUDIT_HMAC_KEY"] = key if key is not None else settings.AUDIT_HMAC_KEY
-    # -I: isolated, so the script cannot lean on this project's modules.
-    return subprocess.run(
-        [sys.executable, "-I", str(SCRIPT), str(path), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def download(client: Any, fmt: str, tmp_path: Path, **params: str) -> Path:
@@ -46,6 +30,11 @@ def download(client: Any, fmt: str, tmp_path: Path, **params: str) -> Path:
     path = tmp_path / f"export.{fmt}"
     path.write_bytes(b"".join(response.streaming_content))
     return path
+
+
+def impostor_vkey() -> str:
+    """A key with the log's name that is not the log's key."""
+    return notes.Signer(log_origin(), secrets.token_bytes(32)).verifier.vkey
 
 
 @pytest.mark.django_db
@@ -62,15 +51,21 @@ def test_full_export_verifies_offline_and_is_recorded(
 
     result = verify_offline(path, "--contiguous")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{last_before_export.seq} rows verified" in result.stdout
+    # Cut from the checkpoint taken with the export, whose own record (the next seq) is left out.
+    assert (
+        f"OK: {last_before_export.seq} rows verified in the tree of {last_before_export.seq + 1}"
+        in result.stdout
+    )
+    assert f"of log {log_origin()}" in result.stdout
 
     exported = AuditEvent.objects.order_by("-seq").first()
     assert exported is not None and exported.event_type == AuditEventType.AUDIT_EXPORTED
     assert exported.actor_id == superuser.pk and exported.payload["format"] == fmt
     assert exported.seq == last_before_export.seq + 1  # the export covers everything before its record
 
-    # The wrong key fails every row.
-    assert verify_offline(path, key="wrong-key").returncode == 1
+    # Another key under the log's name proves nothing: no trusted signature.
+    result = verify_offline(path, vkeys=[impostor_vkey()])
+    assert result.returncode == 1 and "no signature from a trusted key" in result.stderr
 
 
 @pytest.mark.django_db
@@ -87,7 +82,7 @@ def test_tampered_jsonl_export_fails_offline(client: Any, superuser: Any, alpha:
     path.write_text("\n".join(lines) + "\n")
     result = verify_offline(path, "--contiguous")
     assert result.returncode == 1
-    assert f"seq {row['seq']}: digest does not verify" in result.stderr
+    assert f"seq {row['seq']}: its inclusion proof does not reach the checkpoint's root" in result.stderr
 
     # Dropping a row breaks contiguity.
     lines = path.read_text().splitlines()
@@ -102,6 +97,7 @@ def test_edited_display_column_in_csv_fails_offline(
     append_events(5, team=alpha)
     client.force_login(superuser)
     path = download(client, "csv", tmp_path)
+    assert verify_offline(path).returncode == 0
     rows = list(csv.reader(io.StringIO(path.read_text(), newline="")))
     header = rows[0]
     rows[3][header.index("actor_label")] = "someone-else"
@@ -109,7 +105,53 @@ def test_edited_display_column_in_csv_fails_offline(
     csv.writer(buffer).writerows(rows)
     path.write_text(buffer.getvalue())
     result = verify_offline(path)
-    assert result.returncode == 1 and "'actor_label' differs" in result.stderr
+    assert (
+        result.returncode == 1 and "column 'actor_label' differs from the committed content" in result.stderr
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_removed_middle_row_of_a_filtered_export_is_detected(
+    client: Any, reviewer: Any, alpha: Any, tmp_path: Path, fmt: str
+) -> None:
+    """A filtered export has gaps between seqs by nature, so links cannot tell a removed row:
+    the end record, signed by the log, counts and hashes every row (issue 40)."""
+    for _ in range(4):
+        append_events(1, team=alpha, event_type=AuditEventType.POOL_UPDATED)
+        append_events(1, team=alpha, event_type=AuditEventType.TEAM_UPDATED)
+    client.force_login(reviewer)
+    path = download(client, fmt, tmp_path, type="pool.updated")
+    assert verify_offline(path).returncode == 0
+    lines = path.read_text().splitlines(keepends=True)
+    first_row = 2 if fmt == "csv" else 1
+    middle = first_row + 1
+    path.write_text("".join(lines[:middle] + lines[middle + 1 :]))
+    result = verify_offline(path)
+    assert result.returncode == 1
+    assert "the end record says 'rows 4" in result.stderr and "rows were removed or changed" in result.stderr
+
+
+@pytest.mark.django_db
+def test_a_checkpoint_signed_with_another_key_is_refused(
+    client: Any, superuser: Any, alpha: Any, tmp_path: Path
+) -> None:
+    """Someone who rewrites an export and signs its checkpoint and end record with a key of
+    their own (under the log's name, even) fails against the log's public key."""
+    append_events(6, team=alpha)
+    client.force_login(superuser)
+    path = download(client, "jsonl", tmp_path)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    forger = notes.Signer(log_origin(), secrets.token_bytes(32))
+    for record, field in ((records[0], "checkpoint"), (records[-1], "note")):
+        text = notes.parse_note(record[field]).text
+        record[field] = text + "\n" + forger.signature_line(text)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = verify_offline(path)
+    assert result.returncode == 1
+    assert "no signature from a trusted key" in result.stderr
+    # With the forger's key it would pass: the trust is in the key, nothing else.
+    assert verify_offline(path, vkeys=[forger.verifier.vkey]).returncode == 0
 
 
 @pytest.mark.django_db
@@ -121,7 +163,7 @@ def test_filtered_export_respects_visibility_and_filters(
     client.force_login(reviewer)
     path = download(client, "jsonl", tmp_path, type="pool.updated")
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [records[0]["type"], records[-1]["type"]] == ["sth", "end"]  # cut from a signed tree head
+    assert [records[0]["type"], records[-1]["type"]] == ["checkpoint", "end"]  # cut from a checkpoint
     rows = records[1:-1]
     assert len(rows) == 6
     assert {r["content"]["team_id"] for r in rows} == {alpha.pk}
@@ -139,10 +181,11 @@ def test_checkpoint_in_offline_verification(client: Any, superuser: Any, tmp_pat
     (tmp_path / "cp.json").write_text(json.dumps(checkpoint))
     client.force_login(superuser)
     path = download(client, "jsonl", tmp_path)
-    assert verify_offline(path, "--checkpoint", str(tmp_path / "cp.json")).returncode == 0
+    result = verify_offline(path, "--checkpoint", tmp_path / "cp.json")
+    assert result.returncode == 0, result.stderr
     (tmp_path / "cp.json").write_text(json.dumps({**checkpoint, "digest": "b" * 64}))
-    result = verify_offline(path, "--checkpoint", str(tmp_path / "cp.json"))
-    assert result.returncode == 1 and "checkpoint" in result.stderr
+    result = verify_offline(path, "--checkpoint", tmp_path / "cp.json")
+    assert result.returncode == 1 and "differs from your checkpoint" in result.stderr
 
 
 @pytest.mark.django_db

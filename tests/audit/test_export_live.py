@@ -11,7 +11,7 @@ from django.test import Client
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
-from tests.audit.test_export import verify_offline
+from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
 
 

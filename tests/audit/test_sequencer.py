@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,10 +16,12 @@ import pytest
 from django.db import DatabaseError, IntegrityError, close_old_connections, connection, transaction
 from django.db.backends.signals import connection_created
 
-from apps.audit import merkle
+from apps.audit import merkle, notes
+from apps.audit.checkpoints import checkpoint_publish, log_origin
 from apps.audit.events import AuditEventType
+from apps.audit.logkeys import log_signer, log_verifiers
 from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
-from apps.audit.proofs import load_tree
+from apps.audit.proofs import StreamedTree
 from apps.audit.sequencer import (
     ADVISORY_KEY,
     _lock,
@@ -29,15 +30,13 @@ from apps.audit.sequencer import (
     batch_pause,
     sequencer_lag,
     standby_look,
-    sth_publish,
 )
 from apps.audit.services import audit_checkpoint, audit_record, hmac_key
 from apps.audit.verify import verify_chain
+from tests.audit.offline import verify_offline
 from tests.factories.audit import append_events
 from tests.fixtures.core import ROOT, subprocess_env
 from tests.fixtures.waits import wait_until
-
-SCRIPT = ROOT / "scripts" / "verify_audit_export.py"
 
 
 def _rfc_mth(leaves: list[bytes]) -> bytes:
@@ -131,10 +130,12 @@ def test_tail_deletion_with_head_rollback_is_caught_by_the_published_head(
 ) -> None:
     settings.AUDIT_STH_PUBLISH_PATH = str(tmp_path / "sth.jsonl")
     events = append_events(6)
-    published = sth_publish()
-    assert published is not None and published.tree_size == 6
+    published = checkpoint_publish()
+    assert published.tree_size == 6
     line = json.loads((tmp_path / "sth.jsonl").read_text().splitlines()[-1])
-    assert line["tree_size"] == 6 and merkle.sth_valid(hmac_key(), line)
+    assert (line["origin"], line["tree_size"]) == (log_origin(), 6)
+    opened = notes.open_note(line["checkpoint"], log_verifiers(log_origin()))  # a C2SP checkpoint
+    assert notes.parse_checkpoint(opened.note.text).size == 6
     assert verify_chain(key=hmac_key()).ok
     # The attacker deletes the two newest events, rolls the head back and drops the DB's STHs.
     tamper.delete(events[-1].seq)
@@ -148,11 +149,11 @@ def test_tail_deletion_with_head_rollback_is_caught_by_the_published_head(
     for leaf in leaves:
         frontier = merkle.frontier_append(frontier, leaf)
     AuditChainHead.objects.filter(pk=1).update(seq=four.seq, digest=four.digest, frontier=frontier)
-    result = verify_chain(key=hmac_key(), published={})  # without the published head: passes
+    result = verify_chain(key=hmac_key(), published_path="")  # without the published head: passes
     assert result.ok
     result = verify_chain(key=hmac_key())  # with it (read from AUDIT_STH_PUBLISH_PATH)
     assert (result.ok, result.reason) == (False, "deleted")
-    assert "PUBLISHED tree head covers 6" in result.message
+    assert f"published checkpoint ({tmp_path / 'sth.jsonl'}, line 1) covers 6 events" in result.message
 
 
 @pytest.mark.django_db
@@ -171,11 +172,7 @@ def test_incremental_verify_resumes_from_the_last_verification(tamper: Any) -> N
 
 
 def _offline(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "AUDIT_HMAC_KEY"}
-    env["AUDIT_HMAC_KEY"] = hmac_key().decode()
-    return subprocess.run(
-        [sys.executable, "-I", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=120
-    )
+    return verify_offline(*args)
 
 
 @pytest.mark.django_db
@@ -188,25 +185,21 @@ def test_checkpoints_carry_a_consistency_proof_verified_offline(tamper: Any, tmp
     (tmp_path / "new.json").write_text(json.dumps(new))
     result = _offline("--consistency", str(tmp_path / "old.json"), str(tmp_path / "new.json"))
     assert result.returncode == 0, result.stderr
-    assert f"tree of {new['sth']['tree_size']} is an append-only extension" in result.stdout
-    # A proof against a rewritten old tree fails (re-signed with the key: only the proof can tell).
-    forged_root = "ab" * 32
-    ts = old["sth"]["timestamp"]
-    forged = {
-        **old,
-        "sth": {
-            **old["sth"],
-            "root_hash": forged_root,
-            "signature": merkle.sth_sign(hmac_key(), 5, forged_root, ts),
-        },
-    }
+    assert f"tree of {new['seq']} is an append-only extension" in result.stdout
+    # A proof against a rewritten old tree fails (re-signed with the log's own key, as its
+    # operator could: only the proof can tell).
+    size = notes.parse_checkpoint(notes.parse_note(old["checkpoint"]).text).size
+    body = notes.Checkpoint(log_origin(), size, b"\xab" * 32).text
+    forged = {**old, "checkpoint": body + "\n" + log_signer(log_origin()).signature_line(body)}
     (tmp_path / "forged.json").write_text(json.dumps(forged))
     result = _offline("--consistency", str(tmp_path / "forged.json"), str(tmp_path / "new.json"))
-    assert result.returncode == 1 and "does not verify" in result.stderr
+    assert result.returncode == 1 and "history was rewritten" in result.stderr
     # A forged signature fails too.
-    (tmp_path / "badsig.json").write_text(json.dumps({**old, "sth": {**old["sth"], "signature": "0" * 64}}))
+    note = notes.parse_note(old["checkpoint"])
+    bad = note.text + "\n" + note.signatures[0].line[:-10] + "AAAAAAAAA=\n"
+    (tmp_path / "badsig.json").write_text(json.dumps({**old, "checkpoint": bad}))
     result = _offline("--consistency", str(tmp_path / "badsig.json"), str(tmp_path / "new.json"))
-    assert result.returncode == 1 and "signature does not verify" in result.stderr
+    assert result.returncode == 1 and "does not verify" in result.stderr
 
 
 def _export(client: Any, tmp_path: Path, fmt: str = "jsonl") -> Path:
@@ -225,7 +218,7 @@ def test_export_tail_truncation_fails_offline(client: Any, superuser: Any, tmp_p
     path = _export(client, tmp_path, fmt)
     result = _offline(str(path), "--contiguous")
     assert result.returncode == 0, result.stderr
-    assert "12 rows verified in a tree of" in result.stdout
+    assert "12 rows verified in the tree of 13" in result.stdout
     lines = path.read_text().splitlines()
     # (b) cut the file short: the last two rows and the end record are gone.
     path.write_text("\n".join(lines[:-3]) + "\n")
@@ -234,7 +227,7 @@ def test_export_tail_truncation_fails_offline(client: Any, superuser: Any, tmp_p
     # Drop the last two rows but keep the end record: the count and span no longer match.
     path.write_text("\n".join([*lines[:-3], lines[-1]]) + "\n")
     result = _offline(str(path))
-    assert result.returncode == 1 and "rows were removed" in result.stderr
+    assert result.returncode == 1 and "the end record says 'rows 12 1 12'" in result.stderr
 
 
 @pytest.mark.django_db
@@ -256,15 +249,17 @@ def test_export_inclusion_proofs_fail_on_each_tamper_kind(
     edited = dict(rows[4])
     edited["canonical"] = edited["canonical"].replace('"note":"event', '"note":"changed')
     edited["content"] = json.loads(edited["canonical"])
-    check([*rows[:4], edited, *rows[5:]], "inclusion proof does not verify")
+    check([*rows[:4], edited, *rows[5:]], "inclusion proof does not reach")
     check([*rows[:4], *rows[5:]], "rows were removed")  # delete
     check([*rows[:3], rows[4], rows[3], *rows[5:]], "out of order")  # swap
     forged = {**rows[2], "proof": rows[3]["proof"]}  # insert a copy claiming another proof
-    check([*rows[:3], forged, *rows[3:]], "inclusion proof does not verify")
+    check([*rows[:3], forged, *rows[3:]], "inclusion proof does not reach")
     bad_head = json.loads(lines[0])
-    bad_head["root_hash"] = "cd" * 32
+    note = notes.parse_note(bad_head["checkpoint"])
+    origin, size, _root = note.text.split("\n")[:3]
+    bad_head["checkpoint"] = note.with_lines([]).replace(note.text, f"{origin}\n{size}\n{'zQ' * 21}zQ=\n")
     path.write_text("\n".join([json.dumps(bad_head), *lines[1:]]) + "\n")
-    assert "signature does not verify" in _offline(str(path)).stderr
+    assert "does not verify" in _offline(str(path)).stderr
 
 
 # --- several processes -----------------------------------------------------------------------------
@@ -334,8 +329,8 @@ def test_writer_processes_give_one_gap_free_sequence_with_a_valid_tree() -> None
     for n in range(writers):  # each writer's own events keep their order
         mine = [r[3]["i"] for r in rows if r[3]["writer"] == n]
         assert mine == list(range(per_writer))
-    sth = sth_publish()
-    assert sth is not None and load_tree(sth.tree_size).root().hex() == sth.root_hash
+    sth = checkpoint_publish()
+    assert StreamedTree(sth.tree_size).root().hex() == sth.root_hash
     assert verify_chain(key=hmac_key()).ok
 
 
@@ -479,7 +474,7 @@ def test_parallel_chunked_verify_finds_the_same_first_break(monkeypatch: pytest.
 
     monkeypatch.setattr(verify_module, "CHUNK_LEAVES", 4)  # 19 events: five chunks, two processes
     events = append_events(19)
-    sth_publish()
+    checkpoint_publish()
     result = verify_chain(key=hmac_key(), workers=2)
     assert result.ok and result.last_seq == 19, result
     with Tamper() as tamper:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GOOD = {
     "DJANGO_SECRET_KEY": "x" * 50,
     "AUDIT_HMAC_KEY": "k" * 32,
+    "AUDIT_SIGNING_KEY": "c2lnbmluZy1rZXktb2YtdGhpcy10ZXN0LTMyLWJ5dGU=",
     "SECRETS_ENCRYPTION_KEY": "dGVzdC1mZXJuZXQta2V5LTMyLWJ5dGVzLWxvbmchISE=",
     "ALLOWED_HOSTS": "conductor.example.com",
 }
@@ -41,12 +42,20 @@ def test_production_starts_with_its_secrets() -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("missing", ["DJANGO_SECRET_KEY", "AUDIT_HMAC_KEY", "SECRETS_ENCRYPTION_KEY"])
+@pytest.mark.parametrize(
+    "missing", ["DJANGO_SECRET_KEY", "AUDIT_HMAC_KEY", "AUDIT_SIGNING_KEY", "SECRETS_ENCRYPTION_KEY"]
+)
 def test_production_refuses_missing_secret(missing: str) -> None:
     env = {k: v for k, v in GOOD.items() if k != missing}
     out = _load("conductor_web.settings.production", env)
     assert out.returncode != 0
     assert f"{missing} is required in production" in out.stderr
+
+
+def test_production_refuses_a_signing_key_that_is_not_32_bytes() -> None:
+    out = _load("conductor_web.settings.production", {**GOOD, "AUDIT_SIGNING_KEY": "c2hvcnQ="})
+    assert out.returncode != 0
+    assert "AUDIT_SIGNING_KEY must be the base64 of a 32-byte Ed25519 private key" in out.stderr
 
 
 def test_production_refuses_debug() -> None:

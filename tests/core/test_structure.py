@@ -43,6 +43,7 @@ APPS_PY = "apps.py is imported while the app registry loads: a models import at 
 # (module, function) -> why the import stays inside the function.
 ALLOWED: dict[tuple[str, str], str] = {
     ("apps.api.apps", "ApiConfig.ready"): READY,
+    ("apps.audit.apps", "AuditConfig.ready"): READY,
     ("apps.audit.apps", "_start_in_worker"): f"a Celery signal receiver connected in ready(); {APPS_PY}",
     ("apps.experiments.apps", "ExperimentsConfig.ready"): READY,
     ("apps.feedback.apps", "FeedbackConfig.ready"): READY,

@@ -6,9 +6,13 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from apps.audit import merkle, notes
+from apps.audit.chain import PG_CREATED_US, PG_DISPLAY_ROW, canonical_json, column_mac, compute_digest
+from apps.audit.checkpoints import log_origin
 from apps.audit.events import AuditEventType
-from apps.audit.models import AuditEvent
-from apps.audit.services import audit_flush, audit_record
+from apps.audit.logkeys import log_signer
+from apps.audit.models import AuditChainHead, AuditEvent, SignedTreeHead
+from apps.audit.services import audit_flush, audit_record, event_content, hmac_key
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.workers.models import Pool
 
@@ -150,3 +154,47 @@ class Tamper:
             f"SELECT {col_list}, %s, {self._json}, %s, %s FROM {{t}} WHERE seq = %s",
             [seq, payload_json, prev_digest, digest, like_seq],
         )
+
+    def rewrite_from(self, seq: int, payload_json: str, *, resign_witnessed: bool = True) -> None:
+        """What an operator holding both keys (AUDIT_HMAC_KEY and AUDIT_SIGNING_KEY) can do: edit
+        ``seq`` and recompute every digest, entry, Merkle leaf, column MAC and the head after it,
+        then re-sign every checkpoint in the database over the rewritten tree (``resign_witnessed``
+        False: not those a witness cosigned, which would carry a cosignature of another head).
+        Only a head kept outside (a published file, an auditor's checkpoint, a witness) can tell."""
+        key = hmac_key()
+        self.set_payload(seq, payload_json)
+        prev = AuditEvent.objects.filter(seq=seq - 1).values_list("digest", flat=True).first() or "0" * 64
+        for event in AuditEvent.objects.filter(seq__gte=seq).order_by("seq"):
+            digest = compute_digest(key, event_content(event), prev)
+            entry = canonical_json(event_content(event)).encode()
+            self.sql(
+                "UPDATE {t} SET prev_digest = %s, digest = %s, leaf_hash = %s, entry = %s WHERE seq = %s",
+                [prev, digest, merkle.leaf_hash(entry).hex(), entry, event.seq],
+            )
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cur:
+                    cur.execute(
+                        f"SELECT {PG_CREATED_US}, {PG_DISPLAY_ROW} FROM {self.table} WHERE seq = %s",
+                        [event.seq],
+                    )
+                    created_us, display = cur.fetchone()
+                mac = column_mac(key, digest, event.seq, created_us, bytes(display))
+                self.sql("UPDATE {t} SET colmac = %s WHERE seq = %s", [mac, event.seq])
+            prev = digest
+        leaves = [
+            bytes.fromhex(h) for h in AuditEvent.objects.order_by("seq").values_list("leaf_hash", flat=True)
+        ]
+        frontier: merkle.Frontier = []
+        for leaf in leaves:
+            frontier = merkle.frontier_append(frontier, leaf)
+        AuditChainHead.objects.filter(pk=1).update(digest=prev, frontier=frontier)
+        tree, origin = merkle.Tree(leaves), log_origin()
+        rows = SignedTreeHead.objects.filter(origin=origin)
+        if not resign_witnessed:
+            rows = rows.filter(cosignatures__isnull=True)
+        for sth in rows:
+            body = notes.Checkpoint(origin, sth.tree_size, tree.root(sth.tree_size)).text
+            note = body + "\n" + log_signer(origin).signature_line(body)
+            SignedTreeHead.objects.filter(pk=sth.pk).update(
+                root_hash=tree.root(sth.tree_size).hex(), note=note
+            )

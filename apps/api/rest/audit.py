@@ -6,13 +6,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.handlers.asgi import ASGIRequest
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,9 +21,12 @@ from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView, SeqCursorPagination
 from apps.audit import export
+from apps.audit.checkpoints import checkpoint_create, served_note
 from apps.audit.filters import FILTER_PARAMS, AuditEventFilterSet, active_filters, filter_audit_events
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_export_record
+from apps.governance.selectors import teams_with_audit_visible_to
+from apps.governance.visibility import is_platform_admin
 
 
 class AuditEventOutput(serializers.ModelSerializer):
@@ -128,3 +131,29 @@ class AuditExport(ApiView):
         response["Content-Disposition"] = f'attachment; filename="audit-{stamp}-upto{recorded.seq - 1}.{ext}"'
         response["X-Audit-Export-Seq"] = str(recorded.seq)
         return response
+
+
+class LogCheckpoint(ApiView):
+    """``/audit/log/checkpoint``: the log's latest checkpoint as a C2SP signed note (text), with
+    the witnesses' cosignatures, as a tlog-tiles log serves ``<prefix>/checkpoint``.
+
+    For who reviews the audit trail (``view_team_audit`` on a team, or a platform administrator)
+    and for API keys with ``audit:read``; anyone else gets 403 naming the rule."""
+
+    key_scopes = {"GET": ApiScope.AUDIT_READ}
+    content_negotiation_class = AnyAccept  # text/plain, whatever the client accepts
+
+    @extend_schema(responses={(200, "text/plain"): OpenApiTypes.STR})
+    def get(self, request: Request) -> HttpResponse:
+        if self.key is None and not can_read_audit_log(request.user):
+            raise PermissionDenied(
+                "Reading the log's checkpoint needs the audit trail of a team (permission "
+                "view_team_audit: reviewers, admins, policy admins) or an API key with audit:read."
+            )
+        response = HttpResponse(served_note(checkpoint_create()), content_type="text/plain; charset=utf-8")
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+def can_read_audit_log(user: Any) -> bool:
+    return is_platform_admin(user) or teams_with_audit_visible_to(user).exists()

@@ -16,6 +16,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from apps.audit.checkpoints import log_origin
+from apps.audit.logkeys import log_verifiers
 from apps.governance.demo import DEMO_TEAMS, seed_teams
 from apps.governance.models import Team
 from apps.policies.demo import seed_policies
@@ -84,3 +86,9 @@ class Command(BaseCommand):
         else:
             note = " (generated now)" if generated else ""
             self.stdout.write(f"  password: {password}{note}  — kept in var/demo-credentials.txt")
+        # The audit log's public key (its signing key was generated into var/audit_signing.key):
+        # what an auditor gives scripts/verify_audit_export.py.
+        origin = log_origin()
+        self.stdout.write(
+            f"  audit log {origin}, verifier key (manage.py audit_keys): {log_verifiers(origin)[0].vkey}"
+        )
