@@ -28,7 +28,7 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from apps.runs.models import Run, RunStatus
+from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.ws_access import CLOSE_ACCESS_LOST, CLOSE_SESSION_ENDED, CLOSE_WITHHELD
 from conductor_web.ws_origin import CLOSE_ORIGIN_REFUSED
 from tests.factories.policies import publish_policy
@@ -116,8 +116,16 @@ def _until_step_waits(ws: ClientConnection) -> list[dict[str, Any]]:
     """The snapshot and every event up to the gated solver's ``step.started``."""
     got = [_recv(ws)]
     assert got[0]["type"] == "snapshot", got
-    if any(step["index"] == 0 for step in got[0]["steps"]):
-        return got  # it already waits
+    # The snapshot's steps may be newer than its ``last_seq`` (it reads ``last_seq`` first so that
+    # nothing is skipped): events up to the step's start then follow it as a catch-up, already on
+    # the wire before the test changes anything. Drain them by seq, not by time.
+    started = (
+        RunEvent.objects.filter(run_id=got[0]["run"]["id"], type="step.started", data__index=0)
+        .values_list("seq", flat=True)
+        .first()
+    )
+    if started is not None and got[0].get("last_seq", 0) >= started:
+        return got  # it already waits, and the snapshot covers the event
     while not (got[-1].get("type") == "step.started" and got[-1]["data"].get("index") == 0):
         got.append(_recv(ws))
     return got
