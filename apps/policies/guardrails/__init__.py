@@ -78,7 +78,7 @@ def own_patterns(name: str, cfg: object) -> bool:
     return False
 
 
-def _scan(name: str, cfg: object, text: str, env: StageEnv) -> list[Finding]:
+def _scan(name: str, cfg: object, text: str, env: StageEnv, gate_checks: list[CheckResult]) -> list[Finding]:
     scan = detector(name, cfg)
     if scan is not None:
         return detect(text, scan, also_original=own_patterns(name, cfg))
@@ -96,6 +96,7 @@ def _scan(name: str, cfg: object, text: str, env: StageEnv) -> list[Finding]:
                 resolve=env.resolve_worker,
                 timeout_s=env.judge_timeout_s,
             )
+            gate_checks.extend(verdict.outbound)  # the gate's redactions of the judge's request
             if not verdict.passed:
                 found.append(
                     Finding(
@@ -144,8 +145,9 @@ def run_stage(
             )
             continue
         t0 = time.perf_counter()
+        gate_checks: list[CheckResult] = []
         try:
-            findings = _scan(name, cfg, current, env)
+            findings = _scan(name, cfg, current, env, gate_checks)
         except Exception as err:
             ms = (time.perf_counter() - t0) * 1000
             # The message of a broken check must not echo the text; CheckBroken messages are ours.
@@ -172,6 +174,7 @@ def run_stage(
                 blocked, block_reason = True, f"the {name} check could not run"
             continue
         ms = (time.perf_counter() - t0) * 1000
+        results.extend(gate_checks)
         if not findings:
             results.append(CheckResult(name, stage, CheckStatus.PASSED, "none", "", ms))
             continue

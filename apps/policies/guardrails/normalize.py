@@ -2,7 +2,7 @@
 
 Ordinary Unicode defeats ASCII patterns: a card grouped with a no-break space (U+00A0) or the
 French narrow no-break space (U+202F), digits joined by zero-width joiners, full-width digits or
-a full-width ``＠``, a Cyrillic ``ѕ`` inside ``sk-proj-…``. The detectors therefore scan a
+a full-width at sign (U+FF20), a Cyrillic dze (U+0455, drawn like s) inside ``sk-proj-…``. The detectors therefore scan a
 *canonical* form of the text, character by character:
 
 - format characters (Unicode category Cf: zero-width space/joiners, word joiner, soft hyphen,
@@ -11,10 +11,10 @@ a full-width ``＠``, a Cyrillic ``ѕ`` inside ``sk-proj-…``. The detectors th
   paragraph separators ``"\\n"``, other controls ``" "``;
 - decimal digits of every script become ASCII digits (``unicodedata.decimal``);
 - dashes (Pd, U+2212 minus) become ``-``; middle dots and bullets ``.``;
-- the rest is NFKD-decomposed (full-width and other compatibility forms: ``４`` → ``4``,
-  ``＠`` → ``@``, ``ﬁ`` → ``fi``) and every non-ASCII letter that the Unicode confusables table
-  (UTS #39, through ``confusable_homoglyphs``) lists as a look-alike of an ASCII letter or digit
-  becomes that letter (Cyrillic ``ѕ`` → ``s``, Greek ``ο`` → ``o``).
+- the rest is NFKD-decomposed (full-width and other compatibility forms: U+FF14 → ``4``,
+  U+FF20 → ``@``, the ligature U+FB01 → ``fi``) and every non-ASCII letter that the Unicode
+  confusables table (UTS #39, through ``confusable_homoglyphs``) lists as a look-alike of an
+  ASCII letter or digit becomes that letter (Cyrillic U+0455 → ``s``, Greek U+03BF → ``o``).
 
 Case is kept (secret patterns are case-sensitive). Each canonical character comes from exactly
 one original character, so ``Canonical.span`` maps a finding back to the original span and

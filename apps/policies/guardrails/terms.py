@@ -19,7 +19,6 @@ from apps.policies.guardrails import regex as safe_regex
 from apps.policies.guardrails.base import Finding
 from apps.policies.guardrails.normalize import canonical_text
 
-
 # Between the words of a keyword: any run of separators, or none ("insider trading" also
 # finds "insider-trading", "insider_trading", "insider  trading" and "insidertrading").
 _SEPARATORS = re.compile(r"[\W_]+")
