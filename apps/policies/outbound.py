@@ -9,7 +9,8 @@ span replaced), ``block`` refuses the whole request naming the field and the rul
 ``require_review`` flag the run. The length limit and model judges stay on the question (a judge
 is a provider call itself; the length of our own prompts is not the user's). Detectors read the
 canonical form of each field (``guardrails.normalize``), and message contents are also read
-joined together, so a card split across two messages is found and masked in both.
+joined together (and the turns of a chat made one question for a conductor model, apart), so a
+card split across two messages is found and masked in both halves.
 
 Checks that break follow ``guardrails.on_check_error`` as at every stage: ``fail_closed`` refuses
 the request, ``fail_open`` records the check as bypassed.
@@ -18,6 +19,7 @@ the request, ``fail_open`` records the check as bypassed.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -146,26 +148,44 @@ def _across_messages(
 ) -> dict[str, list[Finding]]:
     """Findings that only exist when the messages' contents are read together (a card number
     split across two user messages), as spans of each content they cover."""
-    pieces: list[tuple[str, int, int]] = []  # (path, start, end) in the joined text
+    # (path, offset of the piece in its field, start, end in the joined text)
+    pieces: list[tuple[str, int, int, int]] = []
     parts: list[str] = []
     pos = 0
     for f in fields:
         if f.message is None:
             continue
         text = texts[f.path]
-        pieces.append((f.path, pos, pos + len(text)))
-        parts.append(text)
-        pos += len(text) + len(JOIN)
+        for offset, piece in _turns(text):
+            pieces.append((f.path, offset, pos, pos + len(piece)))
+            parts.append(piece)
+            pos += len(piece) + len(JOIN)
     if len(pieces) < 2:
         return {}
     out: dict[str, list[Finding]] = {}
     for finding in scan(JOIN.join(parts)):
-        covered = [(path, s, e) for path, s, e in pieces if finding.start < e and s < finding.end]
+        covered = [p for p in pieces if finding.start < p[3] and p[2] < finding.end]
         if len(covered) < 2:
-            continue  # inside one content: the per-field pass has it
-        for path, s, e in covered:
-            part = replace(finding, start=max(finding.start, s) - s, end=min(finding.end, e) - s)
-            out.setdefault(path, []).append(part)
+            continue  # inside one piece: the per-field pass has it
+        for path, offset, s, e in covered:
+            start, end = max(finding.start, s) - s + offset, min(finding.end, e) - s + offset
+            out.setdefault(path, []).append(replace(finding, start=start, end=end))
+    return out
+
+
+# A chat sent to a conductor model is one question whose turns are labelled by role
+# (apps.api.v1.requests.question_from_turns): its turns are read apart like messages.
+TURN = re.compile(r"\n\n(?:System|User|Assistant|Tool): ")
+
+
+def _turns(text: str) -> list[tuple[int, str]]:
+    """(offset, text) of each turn of a content (the whole content when it has one turn)."""
+    out: list[tuple[int, str]] = []
+    pos = 0
+    for m in TURN.finditer(text):
+        out.append((pos, text[pos : m.start()]))
+        pos = m.end()
+    out.append((pos, text[pos:]))
     return out
 
 
