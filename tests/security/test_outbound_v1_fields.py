@@ -54,7 +54,11 @@ def _history(call_id: str, name: str) -> list[dict[str, Any]]:
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": '{"city":"Paris"}'}}
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": '{"city":"Paris"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": call_id, "content": "sunny"},
@@ -79,9 +83,13 @@ CHAT_FIELDS: dict[str, Callable[[str], dict[str, Any]]] = {
             },
         },
     },
-    "messages[1].tool_calls[0].id": lambda v: {"messages": _history(f"call {v}", "get_weather"), "tools": [TOOL]},
+    "messages[1].tool_calls[0].id": lambda v: {
+        "messages": _history(f"call {v}", "get_weather"),
+        "tools": [TOOL],
+    },
     "messages[1].tool_calls[0].function.name": lambda v: {
-        "messages": _history("call_1", f"get {v}")[:2] + [{"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+        "messages": _history("call_1", f"get {v}")[:2]
+        + [{"role": "tool", "tool_call_id": "call_1", "content": "x"}],
         "tools": [TOOL],
     },
     "messages[2].tool_call_id": lambda v: {
