@@ -157,13 +157,18 @@ def _across_messages(
             continue
         text = texts[f.path]
         for offset, piece in _turns(text):
+            # One space between pieces, none where one already ends or starts with a space: a
+            # value split after its separator ("4111 1111 " + "1111 1111") reads as it was.
+            if parts and not (parts[-1][-1:].isspace() or piece[:1].isspace()):
+                parts.append(JOIN)
+                pos += len(JOIN)
             pieces.append((f.path, offset, pos, pos + len(piece)))
             parts.append(piece)
-            pos += len(piece) + len(JOIN)
+            pos += len(piece)
     if len(pieces) < 2:
         return {}
     out: dict[str, list[Finding]] = {}
-    for finding in scan(JOIN.join(parts)):
+    for finding in scan("".join(parts)):
         covered = [p for p in pieces if finding.start < p[3] and p[2] < finding.end]
         if len(covered) < 2:
             continue  # inside one piece: the per-field pass has it

@@ -88,8 +88,10 @@ CHAT_FIELDS: dict[str, Callable[[str], dict[str, Any]]] = {
         "tools": [TOOL],
     },
     "messages[1].tool_calls[0].function.name": lambda v: {
-        "messages": _history("call_1", f"get {v}")[:2]
-        + [{"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+        "messages": [
+            *_history("call_1", f"get {v}")[:2],
+            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        ],
         "tools": [TOOL],
     },
     "messages[2].tool_call_id": lambda v: {

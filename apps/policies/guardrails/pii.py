@@ -19,7 +19,7 @@ EMAIL_RE = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-
 # Look-arounds on every position are slow; plain \b here plus `_isolated` on the few matches.
 CARD_RE = re.compile(r"\b(?:\d[ .-]?){12,18}\d\b")
 CARD_SEPARATORS = re.compile(r"[ .-]")
-IBAN_RE = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b")
+IBAN_RE = re.compile(r"\b[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]){11,30}\b")
 SSN_RE = re.compile(r"\b(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}\b")
 UK_NI_RE = re.compile(r"\b[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
 UK_NI_BAD_PREFIXES = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
@@ -47,7 +47,7 @@ def luhn_ok(digits: str) -> bool:
 
 
 def iban_ok(iban: str) -> bool:
-    s = iban.replace(" ", "").upper()
+    s = iban.replace(" ", "").replace("-", "").upper()
     if not 15 <= len(s) <= 34:
         return False
     rearranged = s[4:] + s[:4]
@@ -85,7 +85,7 @@ def _ibans(text: str) -> Iterable[Finding]:
                 "iban",
                 m.start(),
                 m.start() + len(raw),
-                f"IBAN ({raw[:2]}) ending {raw.replace(' ', '')[-4:]}",
+                f"IBAN ({raw[:2]}) ending {raw.replace(' ', '').replace('-', '')[-4:]}",
             )
 
 
