@@ -79,7 +79,11 @@ class EgressClient(httpx2.Client):
         if admitted_on_wire() is None:
             # Only a request the outbound gate admitted leaves (apps.engine.providers.gate): an SDK
             # client reached any other way opens no socket.
-            raise EgressConnectError("not sent: the request did not pass the outbound gate") from (
+            # A transport error the SDKs know (a connection that was never made), caused by the
+            # refusal: ``connection_error`` names it like an egress denial.
+            raise httpx2.ConnectError(
+                "not sent: the request did not pass the outbound gate", request=request
+            ) from (
                 OutboundNotAdmitted(
                     "the request did not pass the outbound gate (apps.engine.providers.gate), so it was not sent"
                 )

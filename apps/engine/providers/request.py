@@ -7,7 +7,9 @@ policy's redactions back with ``rewritten``; the providers turn only the admitte
 their wire format (adding nothing but their own constants: model, token limit, the forced tool
 that carries a JSON schema on Anthropic).
 
-The reader knows the shape of every field it accepts. Anything else (a key it does not know, a
+Paths name fields as the client would (``messages[2].name``, ``tools[0].function.description``);
+inside a JSON value, object members are named by position (``parameters[#0][#1]``), never by
+their keys, which are user text too. The reader knows the shape of every field it accepts. Anything else (a key it does not know, a
 value that is not text where text belongs, bytes) raises ``UnreadableField`` naming the field: a
 field the gate cannot read is refused, never passed on unchecked.
 """
@@ -128,11 +130,12 @@ def _json(out: list[_Found], path: str, value: Any, where: Locator, depth: int) 
     if isinstance(value, str):
         _text(out, path, value, where)
     elif isinstance(value, Mapping):
-        for key, item in value.items():
+        # Members by position, not by name: a key is user text too, and paths are recorded.
+        for n, (key, item) in enumerate(value.items()):
             if not isinstance(key, str):
                 raise UnreadableField(path, "an object key that is not text")
-            _text(out, f"{path}.{key} (key)", key, (*where, key, KEY))
-            _json(out, f"{path}.{key}", item, (*where, key), depth + 1)
+            _text(out, f"{path}[#{n} key]", key, (*where, key, KEY))
+            _json(out, f"{path}[#{n}]", item, (*where, key), depth + 1)
     elif isinstance(value, (list, tuple)):
         for j, item in enumerate(value):
             _json(out, f"{path}[{j}]", item, (*where, j), depth + 1)
