@@ -39,9 +39,9 @@ from apps.policies.spec import EffectivePolicy, Guardrails
 
 logger = logging.getLogger(__name__)
 
-# A run sends the same texts many times (the question to every step, a step's output to each
-# step that reads it): each is scanned once per check. Bounded; cleared when full.
-CACHE_ENTRIES = 1024
+# A request retried, or sent again by a fallback worker, is scanned once per check. Bounded;
+# cleared when full.
+CACHE_ENTRIES = 256
 JOIN = " "  # between message contents when they are read together
 
 
@@ -79,21 +79,11 @@ class OutboundChecks:
         order = [f.path for f in fields]
         for name, cfg in self.checks:
             rule = f"guardrails.input.{name}"
-
-            def scan(text: str, name: str = name, cfg: Any = cfg) -> list[Finding]:
-                return self._scan(name, cfg, text)
-
             try:
-                # Field by field, then (as this check left them) the message contents together.
-                for step in ("fields", "across"):
-                    if step == "fields":
-                        found = {path: hit for path in order if (hit := scan(texts[path]))}
-                    else:
-                        found = _across_messages(fields, texts, scan)
-                    for path in (p for p in order if p in found):
-                        self._apply(verdict, texts, name, cfg.action, rule, path, found[path])
-                    if verdict.blocked:
-                        break
+                # One scan of the whole request per check (as earlier checks left it): a request
+                # has many small fields, and a scan costs about as much for 40 bytes as for 4 KB.
+                joined, pieces = _join(fields, texts)
+                found = _per_field(self._scan(name, cfg, joined), pieces)
             except Exception as err:
                 # Our own words only: the message of an unexpected error may quote the text.
                 why = str(err) if isinstance(err, CheckBroken) else f"{type(err).__name__} in the check"
@@ -109,6 +99,9 @@ class OutboundChecks:
                 verdict.block_reason = (
                     f"the {name} check could not run on the request ({rule}); nothing was sent"
                 )
+                break
+            for path in (p for p in order if p in found):
+                self._apply(verdict, texts, name, cfg.action, rule, path, found[path])
             if verdict.blocked:
                 break
         verdict.texts = {f.path: texts[f.path] for f in fields if texts[f.path] != f.text}
@@ -143,38 +136,52 @@ class OutboundChecks:
         verdict.checks.append(CheckResult(name, "outbound", CheckStatus.INTERVENED, action, detail))
 
 
-def _across_messages(
-    fields: Sequence[OutboundField], texts: dict[str, str], scan: Any
-) -> dict[str, list[Finding]]:
-    """Findings that only exist when the messages' contents are read together (a card number
-    split across two user messages), as spans of each content they cover."""
-    # (path, offset of the piece in its field, start, end in the joined text)
-    pieces: list[tuple[str, int, int, int]] = []
+# Between two fields that are not consecutive message contents: a blank line stops every
+# pattern that reads within a line (cards, keys, e-mails, the injection phrases). Keywords may
+# still join across it, as across messages: a blocked term split over two fields is found.
+# ASCII, so a request with no other non-ASCII character keeps the canonical form's fast path.
+FIELD_SEP = "\n\n"
+
+# (path, offset of the piece in its field, start, end in the joined text)
+Piece = tuple[str, int, int, int]
+
+
+def _join(fields: Sequence[OutboundField], texts: dict[str, str]) -> tuple[str, list[Piece]]:
+    """The request's texts as one, and where each piece of it came from. Message contents (and
+    the turns of a chat made one question for a conductor model) follow each other as text does,
+    so a value split across messages reads whole; other fields stand apart."""
     parts: list[str] = []
+    pieces: list[Piece] = []
     pos = 0
+    previous_was_message = False
     for f in fields:
-        if f.message is None:
-            continue
         text = texts[f.path]
-        for offset, piece in _turns(text):
-            # One space between pieces, none where one already ends or starts with a space: a
-            # value split after its separator ("4111 1111 " + "1111 1111") reads as it was.
-            if parts and not (parts[-1][-1:].isspace() or piece[:1].isspace()):
-                parts.append(JOIN)
-                pos += len(JOIN)
+        turns = _turns(text) if f.message is not None else [(0, text)]
+        for offset, piece in turns:
+            if parts:
+                if f.message is not None and previous_was_message:
+                    # One space, none where one already ends or starts with a space: a value
+                    # split after its separator ("4111 1111 " + "1111 1111") reads as it was.
+                    sep = "" if parts[-1][-1:].isspace() or piece[:1].isspace() else JOIN
+                else:
+                    sep = FIELD_SEP
+                parts.append(sep)
+                pos += len(sep)
             pieces.append((f.path, offset, pos, pos + len(piece)))
             parts.append(piece)
             pos += len(piece)
-    if len(pieces) < 2:
-        return {}
+            previous_was_message = f.message is not None
+    return "".join(parts), pieces
+
+
+def _per_field(findings: list[Finding], pieces: list[Piece]) -> dict[str, list[Finding]]:
+    """Each finding as spans of the fields it covers (a split card: a span in each message)."""
     out: dict[str, list[Finding]] = {}
-    for finding in scan("".join(parts)):
-        covered = [p for p in pieces if finding.start < p[3] and p[2] < finding.end]
-        if len(covered) < 2:
-            continue  # inside one piece: the per-field pass has it
-        for path, offset, s, e in covered:
-            start, end = max(finding.start, s) - s + offset, min(finding.end, e) - s + offset
-            out.setdefault(path, []).append(replace(finding, start=start, end=end))
+    for finding in findings:
+        for path, offset, s, e in pieces:
+            if finding.start < e and s < finding.end:
+                start, end = max(finding.start, s) - s + offset, min(finding.end, e) - s + offset
+                out.setdefault(path, []).append(replace(finding, start=start, end=end))
     return out
 
 

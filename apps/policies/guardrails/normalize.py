@@ -199,13 +199,33 @@ def canonical_text(text: str) -> str:
 
 Scanner = Callable[[str], Iterable[Finding]]
 
+# The detectors of one stage (or of the outbound gate) read the same text one after the other:
+# its canonical form is made once. A few entries, by value; never extended.
+_RECENT = 8
+_recent_forms: dict[str, Canonical] = {}
+_recent_lock = threading.Lock()
+
+
+def _recent(text: str) -> Canonical:
+    with _recent_lock:
+        hit = _recent_forms.get(text)
+    if hit is not None:
+        return hit
+    canon = canonical(text)
+    if not canon.identical:
+        with _recent_lock:
+            if len(_recent_forms) >= _RECENT:
+                _recent_forms.pop(next(iter(_recent_forms)))
+            _recent_forms[text] = canon
+    return canon
+
 
 def detect(text: str, scan: Scanner, *, also_original: bool = False) -> list[Finding]:
     """``scan``'s findings on the canonical form of ``text``, with spans in ``text``.
 
     ``also_original``: scan the original too and keep both (for the policy's own regular
     expressions, which may be written for accented or non-Latin text the canonical form folds)."""
-    canon = canonical(text)
+    canon = _recent(text)
     if canon.identical:
         return list(scan(text))
     found = [_moved(f, canon) for f in scan(canon.text)]
