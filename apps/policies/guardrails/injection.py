@@ -81,7 +81,7 @@ _RULES: list[tuple[str, str, tuple[str, ...]]] = [
         r"\b(?:revele[rz]?|affiche[rz]?|montre[rz]?|donne[rz]?|repete[rz]?)\b[^.\n]{0,30}?"
         r"\b(?:prompt|instructions?|consignes?|message)\s+(?:systeme|initia(?:l|les?|ux)|cache(?:s|es)?)\b",
         "system prompt extraction (fr)",
-        ("prompt", "instruction", "consigne", "message"),
+        ("revel", "affich", "montre", "donne", "repete"),
     ),
     (
         r"\b(?:zeige?|gib|verrate|wiederhole|nenne)\b[^.\n]{0,30}?"
