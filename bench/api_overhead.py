@@ -102,6 +102,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from apps.api.services import apikey_create  # noqa: E402
+from apps.engine.providers.gate import gate_without_policy  # noqa: E402
 from apps.governance.services import membership_set, team_create  # noqa: E402
 from apps.workers.services import pool_create  # noqa: E402
 from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
@@ -260,7 +261,7 @@ def engine_level(pool: Any, concurrency: int, total: int) -> list[float]:
     from apps.engine.strategies import build_strategy
     from apps.runs import integration
 
-    engine_pool = integration.build_pool(pool)
+    engine_pool = integration.build_pool(pool, gate=gate_without_policy())
 
     def one(_: int) -> float:
         started = time.perf_counter()

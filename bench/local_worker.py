@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from apps.engine import WorkerInfo, build_worker
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.providers.local import LocalWorker
 
 PROMPT = [{"role": "user", "content": "Write a detailed story about a lighthouse keeper and a storm."}]
@@ -37,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
 
     info = WorkerInfo("smol", "SmolLM2", "smollm2-135m-instruct", "local", timeout_s=600)
-    worker = build_worker(info, temperature=0.0, n_threads=args.threads)
+    worker = build_worker(info, temperature=0.0, n_threads=args.threads, gate=gate_without_policy())
     assert isinstance(worker, LocalWorker)
     llm = worker.load().llm
     n = args.max_tokens

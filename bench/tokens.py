@@ -36,6 +36,7 @@ from apps.engine import (
     build_worker,
     run_request,
 )
+from apps.engine.providers.gate import gate_without_policy
 
 QUESTIONS = [
     "What is the capital of Australia?",
@@ -59,7 +60,7 @@ def local_pool(max_tokens: int, threads: int) -> WorkerPool:
             max_output_tokens=max_tokens,
             timeout_s=900,
         )
-        return build_worker(info, temperature=0.0, n_threads=threads)
+        return build_worker(info, temperature=0.0, n_threads=threads, gate=gate_without_policy())
 
     workers = [
         w("smol-fast", "short factual answers", 1),

@@ -53,6 +53,10 @@ class AuditEventType(models.TextChoices):
     RUN_STEP_FINISHED = "run.step_finished"
     RUN_STEP_OUTPUT_CHECKED = "run.step_output_checked"
     RUN_OUTPUT_CHECKED = "run.output_checked"
+    # Issue 39: the outbound gate redacted, flagged or refused a provider request of a run (its
+    # sink) or of a call outside one (an evaluator's judge, a health check). Field + rule only.
+    RUN_OUTBOUND_CHECKED = "run.outbound_checked"
+    OUTBOUND_CHECKED = "outbound.checked"
     RUN_FINISHED = "run.finished"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
     RUN_TIMED_OUT = "run.timed_out"
@@ -71,6 +75,8 @@ class AuditEventType(models.TextChoices):
     BUDGET_ALERT_DELIVERED = "budget.alert_delivered"  # its webhook's final outcome
     # Issue 19: feedback as data (metrics, feedback items, automatic evaluators)
     FEEDBACK_RECORDED = "feedback.recorded"
+    # Issue 39: a run's answer is held, so its team's evaluators did not score it.
+    FEEDBACK_EVALUATION_SKIPPED = "feedback.evaluation_skipped"
     FEEDBACK_METRIC_CREATED = "feedback.metric_created"
     FEEDBACK_EVALUATOR_CREATED = "feedback.evaluator_created"
     # The learned router (issue 19): a run's routing decision, and the router's lifecycle
@@ -94,8 +100,12 @@ class AuditEventType(models.TextChoices):
 
     @property
     def kind(self) -> str:
-        if self.value.startswith("run.") or self.value == "feedback.recorded":
-            return AuditKind.RUN  # feedback on a run is part of that run's record
+        if self.value.startswith("run.") or self.value in (
+            "feedback.recorded",
+            "feedback.evaluation_skipped",
+            "outbound.checked",
+        ):
+            return AuditKind.RUN  # feedback on a run, and the gate's record of a call, are decisions
         if self.value.startswith(("audit.", "auth.", "budget.")):
             return AuditKind.SYSTEM
         return AuditKind.CONFIG

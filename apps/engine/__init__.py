@@ -7,8 +7,9 @@ Public API (everything below is re-exported here):
 
 types          Message, Usage, WorkerInfo, WorkerResult, Limits, Totals
 providers      Worker (protocol: `info` + `complete(messages, *, max_tokens, timeout, on_delta,
-               json_schema) -> WorkerResult`), build_worker(info, *, kind, base_url, api_key,
-               model, model_path, ...), PROVIDER_KINDS, ProviderError and subclasses
+               json_schema) -> WorkerResult`), build_worker(info, *, gate, kind, base_url,
+               api_key, model, model_path, ...), OutboundGate (every request passes it before a
+               socket opens; issue 39), gate_without_policy, ProviderRequestRefused, PROVIDER_KINDS, ProviderError and subclasses
                ProviderAuthError / ProviderModelNotFound / ProviderContextTooLong /
                ProviderRateLimited / ProviderUnavailable / ProviderTimeout / ProviderBadRequest,
                call_with_retries, price_call, default_model_path
@@ -18,7 +19,7 @@ plan           Plan, PlanStep, PlanError, CONDUCTOR_SELF (= -1; the conductor ma
 events         EventType, Event, EventSink, Emitter, ListSink, NullSink, StepStatus,
                RunStatus, CheckStatus (payload shapes: see apps.engine.events docstring)
 hooks          GovernanceHooks, NoGovernance, RunContext, CheckResult, GuardrailOutcome,
-               PlanValidation, Violation, StepGate
+               PlanValidation, Violation, StepGate, OutboundPolicy, OutboundField, OutboundVerdict
 pool           WorkerPool(workers, default_index=0, conductor=None)
 session        RunSession (what a Strategy works with), CancelToken (subclass `is_cancelled()`
                to poll the DB), RunAborted, StepRecord
@@ -32,7 +33,8 @@ runner         run_request(*, run_id, question, pool, strategy, sink, hooks=None
 Typical use from the Django side::
 
     info = WorkerInfo(key=row.slug, name=row.name, model=row.model, provider=row.kind, ...)
-    worker = build_worker(info, kind=row.kind, base_url=row.base_url, api_key=secret)
+    gate = OutboundGate(policy_hooks)  # the team's policy on every field of every request
+    worker = build_worker(info, gate=gate, kind=row.kind, base_url=row.base_url, api_key=secret)
     pool = WorkerPool([worker, ...], default_index=0, conductor=conductor_worker)
     result = run_request(run_id=str(run.pk), question=q, pool=pool,
                          strategy=build_strategy("conductor", preset="mini"),
@@ -57,6 +59,9 @@ from apps.engine.hooks import (
     GovernanceHooks,
     GuardrailOutcome,
     NoGovernance,
+    OutboundField,
+    OutboundPolicy,
+    OutboundVerdict,
     PlanValidation,
     RunContext,
     StepGate,
@@ -89,6 +94,7 @@ from apps.engine.providers.base import (
     call_with_retries,
 )
 from apps.engine.providers.factory import PROVIDER_KINDS, build_worker
+from apps.engine.providers.gate import OutboundGate, ProviderRequestRefused, gate_without_policy
 from apps.engine.providers.local import default_model_path
 from apps.engine.providers.pricing import price_call
 from apps.engine.runner import RunResult, run_request
@@ -124,6 +130,10 @@ __all__ = [
     "MixtureOfAgentsStrategy",
     "NoGovernance",
     "NullSink",
+    "OutboundField",
+    "OutboundGate",
+    "OutboundPolicy",
+    "OutboundVerdict",
     "Plan",
     "PlanError",
     "PlanStep",
@@ -135,6 +145,7 @@ __all__ = [
     "ProviderError",
     "ProviderModelNotFound",
     "ProviderRateLimited",
+    "ProviderRequestRefused",
     "ProviderTimeout",
     "ProviderUnavailable",
     "RunAborted",
@@ -161,6 +172,7 @@ __all__ = [
     "call_with_retries",
     "default_model_path",
     "execute_plan",
+    "gate_without_policy",
     "parse_plan",
     "plan_from_dict",
     "plan_json_schema",

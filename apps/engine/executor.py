@@ -27,11 +27,12 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from apps.engine import threads
+from apps.engine import outbound, threads
 from apps.engine.events import EventType, RunStatus, StepStatus
 from apps.engine.generation import StepEnding, final_index, step_call_kwargs
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
+from apps.engine.providers.gate import ProviderRequestRefused
 from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
 from apps.engine.types import Message, Usage, WorkerResult
 
@@ -233,6 +234,16 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         return fb if gate.allowed else None
 
     def on_failure(att: _Attempt, error: ProviderError, elapsed_ms: float) -> None:
+        if isinstance(error, ProviderRequestRefused):
+            # The outbound gate refused the request (issue 39): nothing was sent, the step is
+            # blocked naming the field and rule, and no fallback gets the same request.
+            outbound.report(session, step=att.step.index, checks=error.checks, blocked=True)
+            finish(StepRecord(att.step, round, StepStatus.BLOCKED, att.worker.info.key, error=str(error)))
+            if state.abort is None:
+                state.abort = RunAborted(
+                    RunStatus.BLOCKED, outbound.BLOCKED_REASON, f"Step {att.step.index} was blocked: {error}"
+                )
+            return
         fb = fallback_for(att)
         if fb is not None and state.abort is None and not session.is_cancelled():
             logger.info(
@@ -271,6 +282,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
             )
 
     def on_success(att: _Attempt, result: WorkerResult, elapsed_ms: float) -> None:
+        outbound.report(session, step=att.step.index, checks=result.outbound, blocked=False)
         session.add_usage(result.usage, result.cost_usd, result.priced)
         session.ctx.endings[att.step.index] = StepEnding(result.finish_reason, list(result.tool_calls))
         guard = session.hooks.check_step_output(session.ctx, att.step, result.text)

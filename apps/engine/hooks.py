@@ -14,13 +14,20 @@ from the run's thread — implementations must be thread-safe):
 5. `check_output(ctx, answer)`       at the end: may redact or block the answer.
 
 Never report `passed` for a check that did not run: use `not_run` (NoGovernance does).
+
+The outbound gate (``apps.engine.providers.gate``) takes a separate port, `OutboundPolicy`
+(``apps.engine.checks``, re-exported here):
+every request to a model provider is read field by field (`OutboundField`) and the policy
+rewrites or refuses it (`OutboundVerdict`) before a socket opens. `PolicyHooks` implements both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from apps.engine.checks import CheckResult, OutboundField, OutboundPolicy, OutboundVerdict, Stage
 from apps.engine.events import CheckStatus
 from apps.engine.generation import GenerationOptions, StepEnding
 from apps.engine.plan import Plan, PlanStep
@@ -29,7 +36,6 @@ from apps.engine.types import Limits, Totals, WorkerInfo
 if TYPE_CHECKING:
     from apps.engine.pool import WorkerPool
 
-Stage = Literal["input", "step_output", "output"]
 # "held": the plan waits for an approver; the run pauses (run.awaiting_approval) before any
 # worker is called and resumes, re-planning from its journal, once approved.
 PlanAction = Literal["accepted", "repaired", "blocked", "held"]
@@ -51,27 +57,6 @@ class RunContext:
     # and how each step's call ended (finish reason, tool calls), by step index.
     generation: GenerationOptions | None = None
     endings: dict[int, StepEnding] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class CheckResult:
-    name: str
-    stage: Stage
-    status: CheckStatus | str
-    action: str = "none"  # e.g. none, redact, block, warn, flag
-    detail: str = ""
-    latency_ms: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        status = self.status.value if isinstance(self.status, CheckStatus) else self.status
-        return {
-            "name": self.name,
-            "stage": self.stage,
-            "status": status,
-            "action": self.action,
-            "detail": self.detail,
-            "latency_ms": round(self.latency_ms, 3),
-        }
 
 
 @dataclass(slots=True)
@@ -158,3 +143,23 @@ class NoGovernance:
 
     def check_output(self, ctx: RunContext, answer: str) -> GuardrailOutcome:
         return self._not_run("output", answer)
+
+    def check_outbound(self, fields: Sequence[OutboundField]) -> OutboundVerdict:
+        return OutboundVerdict()  # no policy: the gate still reads every field, and rewrites none
+
+
+__all__ = [
+    "CheckResult",
+    "GovernanceHooks",
+    "GuardrailOutcome",
+    "NoGovernance",
+    "OutboundField",
+    "OutboundPolicy",
+    "OutboundVerdict",
+    "PlanAction",
+    "PlanValidation",
+    "RunContext",
+    "Stage",
+    "StepGate",
+    "Violation",
+]

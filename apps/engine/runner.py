@@ -7,7 +7,7 @@ Whatever happens — a provider outage, a blocked plan, cancellation, a bug — 
 exactly one `run.finished` event in a defined terminal state, and `run_request` returns a
 `RunResult` instead of raising. Reasons (`RunResult.reason`, `run.finished.reason`):
 completed, input_blocked, plan_blocked, step_blocked[:<cap>], step_output_blocked,
-output_blocked, step_failed, step_timed_out, no_answer, cancelled, run_timeout, provider_error,
+outbound_blocked (the outbound gate refused a provider request), output_blocked, step_failed, step_timed_out, no_answer, cancelled, run_timeout, provider_error,
 internal_error.
 """
 

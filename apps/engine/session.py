@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from apps.engine import threads
+from apps.engine import outbound, threads
 from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
 from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
 from apps.engine.plan import CONDUCTOR_SELF, Plan, PlanError, PlanStep, plan_to_dict, validate_plan
 from apps.engine.pool import WorkerPool
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
+from apps.engine.providers.gate import ProviderRequestRefused
 from apps.engine.types import Limits, Message, Totals, Usage, WorkerResult
 
 if TYPE_CHECKING:
@@ -269,9 +270,16 @@ class RunSession:
                 cancelled=self.is_cancelled,
                 poll=self.limits.cancel_poll_s,
             )
+        except ProviderRequestRefused as refused:
+            # The outbound gate refused the planning request (issue 39): the run is blocked.
+            outbound.report(self, step=None, checks=refused.checks, blocked=True)
+            raise RunAborted(
+                RunStatus.BLOCKED, outbound.BLOCKED_REASON, f"The planning request was blocked: {refused}"
+            ) from None
         except ProviderTimeout:
             self.checkpoint()  # the run deadline, not just the call, may be what ran out
             raise
+        outbound.report(self, step=None, checks=result.outbound, blocked=False)
         self.add_usage(result.usage, result.cost_usd, result.priced)
         return result
 

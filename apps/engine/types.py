@@ -68,6 +68,9 @@ class WorkerResult:
     # made (OpenAI's shape: id, type, function {name, arguments}) when given tools (issue 22).
     finish_reason: str = "stop"
     tool_calls: tuple[dict[str, Any], ...] = ()
+    # The outbound gate's interventions on this call's request (``apps.engine.hooks.CheckResult``:
+    # field and rule, no content), for the caller to record (issue 39).
+    outbound: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,8 @@ def _arm_stats(rows: list[ExperimentRun]) -> dict[str, Any]:
         "n": len(rows),
         "done": len(done),
         "succeeded": sum(1 for r in done if r.status == "succeeded"),
+        # answers held for review: not scored until released (issue 39)
+        "held": sum(1 for r in done if r.status == "held"),
         "scored": len(scores),
         "accuracy": _mean(scores),
         "tokens_mean": _mean([float(t) for t in tokens]),

@@ -46,6 +46,7 @@ TEACH_PERMISSION = "governance.manage_team"
 COMPOSITE_ARMS = ("moa", "pev", "conductor-mini", "conductor-ultra", "learned")
 MAX_RUNS_PER_EXPERIMENT = 5_000
 TERMINAL_RUN = ("succeeded", "failed", "blocked", "cancelled", "timed_out")
+HELD = "held"  # an experiment row whose run's answer is held for review: not scored (issue 39)
 
 
 class ExperimentError(ValueError):
@@ -244,16 +245,23 @@ def score_answer(evaluator: str, answer: str, reference: str | None) -> float | 
 
 
 def _score(er: ExperimentRun, run: Any) -> bool:
-    """Record a finished run's outcome on its row; False when someone else already did."""
-    succeeded = run.status == "succeeded"
+    """Record a finished run's outcome on its row; False when someone else already did.
+
+    A held answer is not scored (issue 39): a score compares the answer with a reference the
+    experimenter wrote, so it would tell a member the held answer one guess per dataset row. The
+    row says ``held``; ``experiment_refresh`` scores it once a reviewer releases the answer."""
+    held = run.status == "succeeded" and bool(getattr(run, "answer_held", False))
+    succeeded = run.status == "succeeded" and not held
     score = score_answer(er.experiment.evaluator, run.answer or "", er.item.reference) if succeeded else None
     if run.status != "succeeded" and run.status != "cancelled" and er.item.reference is not None:
         # A failed, blocked or timed-out run answered nothing: wrong, not unknown. A cancelled
         # one was never allowed to answer, so it does not count against its strategy.
         score = 0.0
     tokens = (run.input_tokens or 0) + (run.output_tokens or 0)
-    updated = ExperimentRun.objects.filter(pk=er.pk, scored_at__isnull=True).update(
-        status=run.status,
+    # Claimed once; a held row again once its answer is released (then it gets its score).
+    unscored = Q(scored_at__isnull=True) | Q(status=HELD)
+    updated = ExperimentRun.objects.filter(unscored, pk=er.pk).update(
+        status=HELD if held else run.status,
         score=score,
         cost_usd=run.cost_usd if run.priced else None,
         tokens=tokens,
@@ -269,7 +277,9 @@ def _maybe_finish(experiment_id: int) -> None:
         return
     rows = ExperimentRun.objects.filter(experiment_id=experiment_id)
     status = (
-        ExperimentStatus.SUCCEEDED if rows.filter(status="succeeded").exists() else ExperimentStatus.FAILED
+        ExperimentStatus.SUCCEEDED
+        if rows.filter(status__in=("succeeded", HELD)).exists()
+        else ExperimentStatus.FAILED
     )
     with transaction.atomic():
         claimed = Experiment.objects.filter(pk=experiment_id, status=ExperimentStatus.RUNNING).update(
@@ -318,7 +328,10 @@ def experiment_refresh(experiment: Experiment) -> None:
         .filter(experiment=experiment, scored_at__isnull=True)
         .filter(Q(run__isnull=True) | Q(run__status__in=TERMINAL_RUN))
     )
-    for er in pending:
+    released = ExperimentRun.objects.select_related("experiment", "item", "run").filter(
+        experiment=experiment, status=HELD, run__answer_held=False
+    )
+    for er in [*pending, *released]:
         if er.run is None:  # the run was deleted (retention): count it as failed
             ExperimentRun.objects.filter(pk=er.pk, scored_at__isnull=True).update(
                 status="failed", scored_at=timezone.now()

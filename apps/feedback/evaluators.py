@@ -3,7 +3,8 @@ answer and records ``source=evaluator`` feedback.
 
 Registered as an after-commit run observer (``FeedbackConfig.ready``): it runs once the run's
 final row committed and can never break or slow the run itself. A held answer is never
-evaluated (a judge would send it to a model before a reviewer released it). Regex and exact-match
+evaluated (a judge would send it to a model before a reviewer released it, and a score is read
+one guess at a time); the run's audit trail says so (``feedback.evaluation_skipped``). Regex and exact-match
 evaluators compare with a reference answer: ``reference`` in the request's metadata
 (``Run.api_request["metadata"]``); without one they skip.
 """
@@ -16,16 +17,24 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
+
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_run_event
+from apps.engine.providers import ProviderRequestRefused
 from apps.feedback.models import Evaluator, EvaluatorKind, FeedbackSource, MetricKind
 from apps.feedback.services import feedback_record
 from apps.governance.access_version import AccessCache
 from apps.policies.guardrails.json_schema import scan
 from apps.policies.guardrails.regex import UnsafePattern, compile_pattern
+from apps.policies.outbound import audit_outbound, outbound_gate
+from apps.runs.integration import policy_in_force
 from apps.runs.models import Run, RunStatus
 from apps.workers.engine_adapter import build_engine_pool
 
 logger = logging.getLogger(__name__)
 
+HELD_NOTE = "the answer is held for review: evaluators do not score it"
 JUDGE_MAX_TOKENS = 200
 JUDGE_TIMEOUT_S = 60.0
 JUDGE_SYSTEM = (
@@ -96,18 +105,28 @@ def judge_prompt(question: str, answer: str, rubric: str, reference: str | None)
 
 
 def evaluate_judge(run: Any, config: dict[str, Any], reference: str | None) -> Outcome:
-    """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score."""
+    """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score.
 
-    pool = build_engine_pool(run.pool)
+    The judge's request passes the team's outbound gate like every provider call (issue 39): the
+    question, answer and reference reach the judge model as the run's workers would see them
+    (redacted), or not at all (blocked); what the gate did is audited on the run."""
+
+    gate = outbound_gate(policy_in_force(run.team).effective)
+    pool = build_engine_pool(run.pool, gate=gate)
     slug = config.get("worker")
     worker = pool.get(slug) if slug else pool.workers[pool.default_index]
     if worker is None:
         return Outcome(None, f"the pool has no worker '{slug}'")
-    result = worker.complete(  # type: ignore[attr-defined]
-        judge_prompt(run.question, run.answer, str(config.get("rubric") or ""), reference),
-        max_tokens=JUDGE_MAX_TOKENS,
-        timeout=JUDGE_TIMEOUT_S,
-    )
+    try:
+        result = worker.complete(  # type: ignore[attr-defined]
+            judge_prompt(run.question, run.answer, str(config.get("rubric") or ""), reference),
+            max_tokens=JUDGE_MAX_TOKENS,
+            timeout=JUDGE_TIMEOUT_S,
+        )
+    except ProviderRequestRefused as refused:
+        audit_outbound(purpose="evaluator", checks=refused.checks, blocked=True, team=run.team, run_id=run.pk)
+        return Outcome(None, f"the judge's request was refused: {refused}")
+    audit_outbound(purpose="evaluator", checks=result.outbound, blocked=False, team=run.team, run_id=run.pk)
     score = parse_score(result.text or "")
     if score is None:
         return Outcome(None, "the judge's reply held no score between 0 and 1")
@@ -162,7 +181,15 @@ def run_evaluators(run_id: Any, team_id: int | None = None, stamp: int | None = 
     if not evaluators:
         return []
     if run.answer_held:
+        # Nothing is computed from a held answer (a score is read one guess at a time); the run's
+        # record says which evaluators skipped it and why.
         logger.info("run %s: answer held for review, %d evaluator(s) skipped", run.pk, len(evaluators))
+        with transaction.atomic():
+            audit_run_event(
+                event_type=AuditEventType.FEEDBACK_EVALUATION_SKIPPED,
+                run=run,
+                payload={"evaluators": [e.name for e in evaluators], "reason": HELD_NOTE},
+            )
         return []
     recorded = []
     for evaluator in evaluators:

@@ -23,6 +23,8 @@ from apps.engine.events import CheckStatus
 from apps.engine.hooks import (
     CheckResult,
     GuardrailOutcome,
+    OutboundField,
+    OutboundVerdict,
     PlanValidation,
     RunContext,
     StepGate,
@@ -35,6 +37,7 @@ from apps.policies.budgets import budget_status
 from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
 from apps.policies.forecast import forecast_plan, forecast_violations
 from apps.policies.guardrails import StageEnv, run_stage
+from apps.policies.outbound import OutboundChecks
 from apps.policies.spec import EffectivePolicy
 
 if TYPE_CHECKING:
@@ -72,6 +75,8 @@ class PolicyHooks:
         self._labels: set[str] = set()
         # Digests of the plans an approver let through (set by the executor on a resumed run).
         self.approved_digests: set[str] = set()
+        # The outbound gate's port (issue 39): every provider request of the run is checked here.
+        self.outbound = OutboundChecks(self.spec.guardrails)
         if budget_rooms is None:
             budget_rooms, budget_warnings = self._load_budgets()
         self.budget_rooms = list(budget_rooms)
@@ -290,6 +295,11 @@ class PolicyHooks:
 
     def check_output(self, ctx: RunContext, answer: str) -> GuardrailOutcome:
         return self._stage("output", answer)
+
+    # ------------------------------------------------------------------ OutboundPolicy
+
+    def check_outbound(self, fields: Sequence[OutboundField]) -> OutboundVerdict:
+        return self.outbound.check_outbound(fields)
 
 
 def hooks_for_test_box(effective: EffectivePolicy) -> PolicyHooks:

@@ -461,8 +461,12 @@ def _drive_engine(
     journal = CallJournal(run.id, attempt=run.attempts or 1)
     if journal.loaded:
         logger.info("run %s attempt %s resumes with %s journaled calls", run.id, run.attempts, journal.loaded)
-    engine_pool = journal_pool(integration.build_pool(run.pool, stamp), journal)
     policy = integration.policy_in_force(run.team, stamp)
+    hooks = integration.governance_hooks(run.team, policy, str(run.id), run.classification or "")
+    # Every provider call of the run passes its policy at the outbound gate (issue 39).
+    engine_pool = journal_pool(
+        integration.build_pool(run.pool, stamp, gate=integration.run_gate(hooks)), journal
+    )
     remaining = (
         max(1.0, (run.deadline_at - timezone.now()).total_seconds())
         if run.deadline_at
@@ -479,7 +483,6 @@ def _drive_engine(
     )
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)
-    hooks = integration.governance_hooks(run.team, policy, str(run.id), run.classification or "")
     if (run.attempts or 1) > 1 and hasattr(hooks, "approved_digests"):
         # Only a later attempt can carry an approval (approving re-queues the run).
         hooks.approved_digests = approved_digests(run.id)  # plans an approver let through

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from apps.engine.providers.gate import OutboundGate
 from apps.engine.types import Limits
 from apps.policies.budgets import BudgetExceeded, budget_check
 from apps.policies.hooks import PolicyHooks
@@ -45,13 +46,14 @@ class PolicyInForce:
     version_id: int | None
 
 
-def build_pool(pool: Pool, stamp: int | None = None) -> WorkerPool:
-    """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason).
-    ``stamp``: the access version read with ``pool`` (apps.governance.access_version)."""
+def build_pool(pool: Pool, stamp: int | None = None, *, gate: OutboundGate) -> WorkerPool:
+    """The engine pool for ``pool`` (raises PoolUnavailableError with a plain reason), every
+    worker sending through ``gate`` (``run_gate``). ``stamp``: the access version read with
+    ``pool`` (apps.governance.access_version)."""
     if not pool.enabled:
         raise PoolUnavailableError(f"The pool “{pool.name}” is disabled.")
     try:
-        return build_engine_pool(pool, pool_rows(pool, stamp))
+        return build_engine_pool(pool, pool_rows(pool, stamp), gate=gate)
     except PoolUnavailable as exc:
         raise PoolUnavailableError(str(exc)) from None
 
@@ -98,6 +100,11 @@ def governance_hooks(
 ) -> GovernanceHooks:
     """``classification``: the run's own, when the caller holds the row (None: read it)."""
     return PolicyHooks(effective=policy.effective, team=team, run_id=run_id, classification=classification)
+
+
+def run_gate(hooks: GovernanceHooks) -> OutboundGate:
+    """The outbound gate of one run: its own policy hooks check every provider request."""
+    return OutboundGate(hooks)  # type: ignore[arg-type]  # PolicyHooks is an OutboundPolicy
 
 
 def engine_limits(policy: PolicyInForce, *, run_timeout_s: float) -> Limits:

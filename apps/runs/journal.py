@@ -41,6 +41,8 @@ def call_digest(worker_key: str, messages: Any, options: dict[str, Any]) -> str:
 def result_to_json(result: WorkerResult) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(result):
+        if f.name == "outbound":
+            continue  # the gate's record of the call is already an event; a replay sends nothing
         value = getattr(result, f.name)
         if isinstance(value, Usage):
             value = value.to_dict()

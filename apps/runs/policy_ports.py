@@ -1,5 +1,6 @@
 """What runs (and, through runs, workers) provide to policies (below them): run history for
-budgets, classifications and forecasts, and the engine view of a worker (`apps.policies.ports`)."""
+budgets, classifications and forecasts, and the engine view of a worker (`apps.policies.ports`);
+and to workers: the outbound gate with a team's policy, for health checks (`apps.workers.ports`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 
 from django.db.models import Sum
 
+from apps.engine.providers.gate import OutboundGate
 from apps.policies import ports
+from apps.policies.outbound import outbound_gate
+from apps.policies.selectors import effective_policy_cached
 from apps.runs.models import Run, Step
+from apps.workers import ports as workers_ports
 from apps.workers.engine_adapter import worker_info
 
 
@@ -35,6 +40,11 @@ def recent_output_tokens(worker_key: str, limit: int) -> Sequence[int]:
     )
 
 
+def team_outbound_gate(team: Any) -> OutboundGate:
+    """The outbound gate with ``team``'s effective policy (None: the platform default)."""
+    return outbound_gate(effective_policy_cached(team))
+
+
 def install_policy_ports() -> None:
     ports.register_run_history(
         ports.RunHistoryPort(
@@ -44,3 +54,5 @@ def install_policy_ports() -> None:
         )
     )
     ports.register_workers(ports.WorkersPort(worker_info=worker_info))
+    # Health checks call providers too: through the gate, with the provider's team's policy.
+    workers_ports.register_outbound_gate(team_outbound_gate)

@@ -603,6 +603,7 @@ class RunSink:
         stage_events: dict[str | None, AuditEventType] = {
             "input": AuditEventType.RUN_INPUT_CHECKED,
             "step_output": AuditEventType.RUN_STEP_OUTPUT_CHECKED,
+            "outbound": AuditEventType.RUN_OUTBOUND_CHECKED,  # the outbound gate (issue 39)
         }
         event_type = stage_events.get(stage, AuditEventType.RUN_OUTPUT_CHECKED)
         checks = [

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from apps.engine.pool import WorkerPool
+from apps.engine.providers import OutboundGate, build_worker
 from apps.engine.providers import Worker as EngineWorker
-from apps.engine.providers import build_worker
 from apps.engine.types import WorkerInfo
 from apps.workers.egress import egress_policy, static_url_refusal
 from apps.workers.secrets import SecretError, key_status, resolve_api_key
@@ -60,8 +60,11 @@ def worker_info(worker: Worker, *, fallback_key: str | None = None) -> WorkerInf
     )
 
 
-def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> EngineWorker:
-    """An engine worker for one DB worker. Raises ``PoolUnavailable`` when it cannot be used."""
+def build_engine_worker(
+    worker: Worker, *, gate: OutboundGate, fallback_key: str | None = None
+) -> EngineWorker:
+    """An engine worker for one DB worker, whose every request passes ``gate`` (the team's
+    outbound policy, issue 39). Raises ``PoolUnavailable`` when it cannot be used."""
     reason = worker_unavailable_reason(worker)
     if reason:
         raise PoolUnavailable(reason)
@@ -78,6 +81,7 @@ def build_engine_worker(worker: Worker, *, fallback_key: str | None = None) -> E
     try:
         return build_worker(
             worker_info(worker, fallback_key=fallback_key),
+            gate=gate,
             kind=provider.kind,
             base_url=provider.base_url or None,
             api_key=api_key,
@@ -118,10 +122,10 @@ def _preset_workers(pool: Pool, rows: PoolRows | None) -> dict[str, Worker]:
     return dict(rows.presets) if rows is not None else pool.own_preset_conductors()
 
 
-def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> PresetWorkerPool:
+def build_engine_pool(pool: Pool, rows: PoolRows | None = None, *, gate: OutboundGate) -> PresetWorkerPool:
     """The engine pool for ``pool``: workers in position order (their plan ids), default, conductor
-    (and each preset's own conductor). ``rows``: the pool's worker rows already read
-    (``apps.workers.selectors.pool_rows``)."""
+    (and each preset's own conductor), every one sending through ``gate``. ``rows``: the pool's
+    worker rows already read (``apps.workers.selectors.pool_rows``)."""
     if not pool.enabled:
         raise PoolUnavailable(f"The pool “{pool.name}” is disabled.")
     entries = (
@@ -141,19 +145,19 @@ def build_engine_pool(pool: Pool, rows: PoolRows | None = None) -> PresetWorkerP
     for i, entry in enumerate(entries):
         w = entry.worker
         fallback_key = w.fallback.slug if w.fallback_id and w.fallback and w.fallback.slug in slugs else None
-        workers.append(build_engine_worker(w, fallback_key=fallback_key))
+        workers.append(build_engine_worker(w, gate=gate, fallback_key=fallback_key))
         if pool.default_worker_id == w.pk:
             default_index = i
     conductor = None
     if pool.conductor_worker_id:
         own = rows.conductor if rows is not None else pool.conductor_worker
-        conductor = build_engine_worker(own)  # type: ignore[arg-type]
+        conductor = build_engine_worker(own, gate=gate)  # type: ignore[arg-type]
     presets: dict[str, EngineWorker] = {}
     unavailable: dict[str, str] = {}
     for preset, worker in _preset_workers(pool, rows).items():
         # A preset conductor that cannot run takes down its preset only, not the pool.
         try:
-            presets[preset] = build_engine_worker(worker)
+            presets[preset] = build_engine_worker(worker, gate=gate)
         except PoolUnavailable as err:
             unavailable[preset] = f"The conductor of conductor-{preset}: {err.reason}"
     return PresetWorkerPool(

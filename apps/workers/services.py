@@ -25,7 +25,7 @@ from apps.engine.providers import ProviderError
 from apps.governance.models import Team
 from apps.governance.services import pool_grant
 from apps.governance.visibility import is_platform_admin
-from apps.workers import selectors
+from apps.workers import ports, selectors
 from apps.workers.egress import base_url_refusal, url_shape_refusal
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker, worker_unavailable_reason
 from apps.workers.models import (
@@ -681,7 +681,9 @@ def _probe(worker: Worker) -> HealthResult:
         worker = Worker(**{f.attname: getattr(worker, f.attname) for f in Worker._meta.concrete_fields})
         worker.enabled = True
     try:
-        engine_worker = build_engine_worker(worker)
+        # No user text, but the same gate as every provider call (issue 39): the policy of the
+        # provider's team (the platform's for a platform provider) reads the probe too.
+        engine_worker = build_engine_worker(worker, gate=ports.outbound_gate(worker.provider.team))
     except PoolUnavailable as err:
         return HealthResult(HealthStatus.UNAVAILABLE, None, err.reason)
     started = time.perf_counter()

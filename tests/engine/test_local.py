@@ -15,6 +15,7 @@ from apps.engine.plan import PlanError, parse_plan, plan_json_schema
 from apps.engine.pool import WorkerPool
 from apps.engine.providers import build_worker
 from apps.engine.providers.base import ProviderContextTooLong, ProviderTimeout
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.providers.local import LocalWorker, default_model_path
 from apps.engine.runner import run_request
 from apps.engine.strategies import ConductorStrategy
@@ -34,7 +35,7 @@ def local(key: str = "smol", **kw: object) -> LocalWorker:
         max_output_tokens=32,
         timeout_s=300,
     )  # the CI box may be busy
-    worker = build_worker(info, temperature=0.0, seed=7, **kw)  # type: ignore[arg-type]
+    worker = build_worker(info, temperature=0.0, seed=7, **kw, gate=gate_without_policy())  # type: ignore[arg-type]
     assert isinstance(worker, LocalWorker)
     return worker
 

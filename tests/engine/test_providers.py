@@ -23,6 +23,7 @@ from apps.engine.providers.base import (
     parse_retry_after,
     redact,
 )
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.providers.pricing import price_call
 from apps.engine.types import Usage, WorkerInfo
 from tests.fakes.anthropic_server import FakeAnthropicServer, anthropic_error
@@ -38,12 +39,14 @@ def oa_worker(
     server: FakeOpenAIServer, *, kind: str = "openai_compatible", model: str = "gpt-4o-mini", **kw: object
 ):
     info = WorkerInfo(key="oa", name="OA", model=model, provider=kind, timeout_s=5.0)
-    return build_worker(info, kind=kind, base_url=server.base_url, api_key=KEY, **kw)  # type: ignore[arg-type]
+    return build_worker(
+        info, kind=kind, base_url=server.base_url, api_key=KEY, **kw, gate=gate_without_policy()
+    )  # type: ignore[arg-type]
 
 
 def an_worker(server: FakeAnthropicServer, *, model: str = "claude-haiku-4-5", **kw: object):
     info = WorkerInfo(key="an", name="AN", model=model, provider="anthropic", timeout_s=5.0)
-    return build_worker(info, base_url=server.base_url, api_key=ANT_KEY, **kw)  # type: ignore[arg-type]
+    return build_worker(info, base_url=server.base_url, api_key=ANT_KEY, **kw, gate=gate_without_policy())  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- OpenAI
@@ -135,7 +138,9 @@ def test_anthropic_clients_are_shared_per_key() -> None:
         first, second = an_worker(server), an_worker(server)
         assert first._client is second._client
         info = WorkerInfo(key="an", name="AN", model="claude-haiku-4-5", provider="anthropic", timeout_s=5.0)
-        right = build_worker(info, base_url=server.base_url, api_key="sk-ant-right")
+        right = build_worker(
+            info, base_url=server.base_url, api_key="sk-ant-right", gate=gate_without_policy()
+        )
         assert right._client is not first._client
         server.responder = lambda req: FakeReply("ok")
         assert right.complete(MSGS).text == "ok"
@@ -187,7 +192,12 @@ def test_openai_connection_refused() -> None:
     server = FakeOpenAIServer().start()
     url = server.base_url
     server.stop()
-    w = build_worker(WorkerInfo("x", "X", "m", "openai_compatible"), base_url=url, max_retries=0)
+    w = build_worker(
+        WorkerInfo("x", "X", "m", "openai_compatible"),
+        base_url=url,
+        max_retries=0,
+        gate=gate_without_policy(),
+    )
     with pytest.raises(ProviderUnavailable, match="Could not connect"):
         w.complete(MSGS)
 
@@ -360,10 +370,10 @@ def test_pricing_rules() -> None:
 def test_factory_rejects_unknown_kind_and_missing_base_url() -> None:
     info = WorkerInfo("x", "X", "m", "openai_compatible")
     with pytest.raises(ValueError, match="base_url"):
-        build_worker(info)
+        build_worker(info, gate=gate_without_policy())
     with pytest.raises(ValueError, match="unknown provider kind"):
-        build_worker(info, kind="nope")
-    w = build_worker(info, kind="local", model="other")
+        build_worker(info, kind="nope", gate=gate_without_policy())
+    w = build_worker(info, kind="local", model="other", gate=gate_without_policy())
     assert w.info.model == "other" and w.info.provider == "local"
 
 
@@ -384,12 +394,14 @@ def test_workers_share_one_http_client_per_sdk(openai_fake: FakeOpenAIServer) ->
         kind="openai_compatible",
         base_url=openai_fake.base_url,
         api_key="k",
+        gate=gate_without_policy(),
     )
     b = build_worker(
         WorkerInfo(key="b", name="B", model="m", provider="openai_compatible"),
         kind="openai_compatible",
         base_url=openai_fake.base_url,
         api_key="k",
+        gate=gate_without_policy(),
     )
     assert a._client._client is b._client._client is shared_http_client("openai")  # type: ignore[attr-defined]
     assert a.complete([{"role": "user", "content": "hi"}]).text

@@ -12,6 +12,7 @@ from apps.engine.events import EventType, ListSink, RunStatus
 from apps.engine.plan import CONDUCTOR_SELF
 from apps.engine.pool import WorkerPool
 from apps.engine.providers import build_worker
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.runner import RunResult, run_request
 from apps.engine.strategies import (
     ConductorStrategy,
@@ -46,6 +47,7 @@ def make_pool(
             base_url=server.base_url,
             api_key="sk-test",
             max_retries=0,
+            gate=gate_without_policy(),
         )
         for i in range(n)
     ]
@@ -56,6 +58,7 @@ def make_pool(
             api_key="sk-test",
             max_retries=0,
             structured_outputs=structured,
+            gate=gate_without_policy(),
         )
     return WorkerPool(workers, default_index=0, conductor=conductor)
 
@@ -316,6 +319,7 @@ def test_anthropic_conductor_uses_a_forced_tool(
         WorkerInfo("claude", "Claude", "claude-haiku-4-5", "anthropic"),
         base_url=anthropic_fake.base_url,
         api_key="sk-ant-x",
+        gate=gate_without_policy(),
     )
     result, _ = go(openai_fake, ConductorStrategy(), make_pool(openai_fake, conductor=conductor))
     assert result.answer == "worker-1 says: Compute it"

@@ -62,6 +62,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     json: dict[str, Any] | None
+    raw: bytes = b""  # the body exactly as it arrived on the socket (security tests search it)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -154,7 +155,7 @@ class FakeServerBase:
                     body = None
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with server._arrived:
-                    server.requests.append(RecordedRequest(method, self.path, headers, body))
+                    server.requests.append(RecordedRequest(method, self.path, headers, body, raw))
                     server._arrived.notify_all()
                 # The client may give up mid-reply (timeout tests): that is not a server error.
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -223,6 +224,11 @@ class FakeServerBase:
             if not self._arrived.wait_for(lambda: check(list(self.requests)), timeout):
                 raise AssertionError(f"{type(self).__name__}: requests never matched in {timeout}s")
             return list(self.requests)
+
+    def received(self) -> bytes:
+        """Every request body this server received, as the bytes that arrived, one per line."""
+        with self._lock:
+            return b"\n".join(r.raw for r in self.requests)
 
     def posts(self, path_suffix: str = "") -> list[RecordedRequest]:
         with self._lock:

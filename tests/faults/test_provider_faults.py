@@ -28,6 +28,7 @@ from apps.engine.providers.base import (
     ProviderUnavailable,
 )
 from apps.engine.providers.factory import build_worker
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.types import WorkerInfo
 from tests.fakes.base import FAKE_HOST
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -183,6 +184,7 @@ def worker_for(server: RawServer, kind: str) -> Any:
         api_key=KEY,
         max_retries=0,
         egress=egress_policy(),
+        gate=gate_without_policy(),
     )
 
 
@@ -287,7 +289,9 @@ def test_nothing_listening_is_still_could_not_connect() -> None:
         probe.bind((FAKE_HOST, 0))
         url = f"http://{FAKE_HOST}:{probe.getsockname()[1]}/v1"
     info = WorkerInfo("w", "W", "m", "openai_compatible")
-    worker = build_worker(info, base_url=url, api_key=KEY, max_retries=0, egress=egress_policy())
+    worker = build_worker(
+        info, base_url=url, api_key=KEY, max_retries=0, egress=egress_policy(), gate=gate_without_policy()
+    )
     with pytest.raises(ProviderError, match="Could not connect"):
         worker.complete(MSGS, timeout=5)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from apps.engine.providers.gate import gate_without_policy
 from apps.learning.models import Decision
 from apps.learning.services import learn_from_feedback, route
 from apps.policies.services import effective_policy
@@ -80,7 +81,7 @@ def test_router_learns_the_right_worker_per_task_and_never_the_forbidden_one(
             "constraints": {"workers": {"denied_workers": ["banned"]}},
         },
     )
-    engine_pool = build_engine_pool(pool)
+    engine_pool = build_engine_pool(pool, gate=gate_without_policy())
     history = _drive(alpha, engine_pool, 300, seed=19)
 
     # Never offered, never chosen: the worker the policy denies.
@@ -110,7 +111,7 @@ def test_router_prefers_the_cheaper_of_two_equally_right_workers(alpha: Any, ser
             "constraints": {"workers": {"denied_workers": ["banned"]}},
         },
     )
-    history = _drive(alpha, build_engine_pool(pool), 300, seed=7, equal=True)
+    history = _drive(alpha, build_engine_pool(pool, gate=gate_without_policy()), 300, seed=7, equal=True)
     tail = [d.chosen_arm for _, d in history[-200:]]
     assert sum(a == "single:arith" for a in tail) / len(tail) >= 0.8, tail
     assert sum(d.explored for _, d in history) <= 0.1 * len(history)
@@ -125,7 +126,7 @@ def test_cost_cap_and_confidential_rule_remove_arms(alpha: Any, server: ArithGeo
         run_id=uuid.uuid4(),
         team_id=alpha.pk,
         question="What is the capital of Peru?",
-        pool=build_engine_pool(pool),
+        pool=build_engine_pool(pool, gate=gate_without_policy()),
         effective=effective_policy(alpha),
     )
     offered = {a["arm"] for a in decision.arms}
@@ -138,5 +139,5 @@ def test_exploration_never_exceeds_the_share_even_when_set_to_zero(
 ) -> None:
     pool = build_pool(alpha, server)
     publish_policy(alpha, {"learning": {"enabled": True, "max_exploration": 0}})
-    history = _drive(alpha, build_engine_pool(pool), 40, seed=3)
+    history = _drive(alpha, build_engine_pool(pool, gate=gate_without_policy()), 40, seed=3)
     assert not any(d.explored for _, d in history)

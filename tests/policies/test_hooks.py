@@ -12,6 +12,7 @@ from apps.engine.events import EventType, ListSink, RunStatus
 from apps.engine.hooks import GovernanceHooks
 from apps.engine.pool import WorkerPool
 from apps.engine.providers import build_worker
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.runner import run_request
 from apps.engine.strategies import ConductorStrategy
 from apps.engine.types import WorkerInfo
@@ -183,6 +184,7 @@ def test_model_judge_through_the_openai_provider_against_the_fake_server() -> No
             base_url=server.base_url,
             api_key="sk-judge-test",
             max_retries=0,
+            gate=gate_without_policy(),
         )
         pool, _workers, conductor = make_pool(
             plan_text([0], pool_size=4), replies={"cloud-a": "Buy ACME shares now."}

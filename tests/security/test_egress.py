@@ -32,6 +32,7 @@ from apps.engine.egress import (
     resolve_checked,
 )
 from apps.engine.providers import ProviderEgressDenied, ProviderRedirect, build_worker
+from apps.engine.providers.gate import gate_without_policy
 from apps.engine.types import WorkerInfo
 from apps.runs.models import Run
 from apps.workers.models import Pool, Provider, Worker
@@ -371,12 +372,20 @@ def test_egress_allow_opens_a_self_hosted_server_by_port(listener: Listener) -> 
     with FakeOpenAIServer(host="127.0.0.1") as local:
         opened = EgressPolicy.parse(f"127.0.0.1:{local.port}")
         worker = build_worker(
-            info, base_url=f"http://127.0.0.1:{local.port}/v1", egress=opened, max_retries=0
+            info,
+            base_url=f"http://127.0.0.1:{local.port}/v1",
+            egress=opened,
+            max_retries=0,
+            gate=gate_without_policy(),
         )
         assert worker.complete([{"role": "user", "content": "hi"}]).text == "ok"
         # The same rule does not open another port on the same address.
         other = build_worker(
-            info, base_url=f"http://localhost:{listener.port}/v1", egress=opened, max_retries=0
+            info,
+            base_url=f"http://localhost:{listener.port}/v1",
+            egress=opened,
+            max_retries=0,
+            gate=gate_without_policy(),
         )
         with pytest.raises(ProviderEgressDenied, match=rf"127\.0\.0\.1:{listener.port}"):
             other.complete([{"role": "user", "content": "hi"}])
@@ -400,7 +409,12 @@ def test_socket_level_check_refuses_every_spelling_the_http_stack_accepts(
     for url, _fragment in cases:
         try:
             worker = build_worker(
-                info, base_url=url, api_key="sk-must-not-travel", egress=strict, max_retries=0
+                info,
+                base_url=url,
+                api_key="sk-must-not-travel",
+                egress=strict,
+                max_retries=0,
+                gate=gate_without_policy(),
             )
         except Exception:  # the SDK's URL parser refused the spelling outright: nothing connects
             continue

@@ -16,6 +16,7 @@ from django.test import Client
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
+from apps.engine.providers.gate import gate_without_policy
 from apps.runs.models import RunStatus
 from apps.runs.services import run_create, run_wait
 from apps.workers.models import Pool
@@ -251,13 +252,13 @@ def test_learned_arms_use_the_preset_conductor_and_drop_a_broken_one(
     from apps.runs.integration import build_pool
 
     pool_update(actor=None, pool=fake_pool.pool, ultra_conductor=tuned["ultra"].worker)
-    engine_pool = build_pool(_fresh(fake_pool.pool))
+    engine_pool = build_pool(_fresh(fake_pool.pool), gate=gate_without_policy())
     assert engine_pool.preset_conductors["ultra"].info.key == "ultra-conductor"
     arms, _ = candidate_arms(question="Q?", pool=engine_pool, constraints=Constraints())
     assert {"conductor-mini", "conductor-ultra"} <= {a.id for a in arms}
 
     worker_update(actor=None, worker=tuned["ultra"].worker, enabled=False)
-    engine_pool = build_pool(_fresh(fake_pool.pool))
+    engine_pool = build_pool(_fresh(fake_pool.pool), gate=gate_without_policy())
     arms, excluded = candidate_arms(question="Q?", pool=engine_pool, constraints=Constraints())
     assert "conductor-ultra" not in {a.id for a in arms} and "conductor-mini" in {a.id for a in arms}
     assert any(e.arm == "conductor-ultra" and "disabled" in e.reason for e in excluded)
@@ -285,7 +286,7 @@ def test_a_preset_conductor_is_journaled_even_when_the_pool_has_no_conductor(
     from apps.workers.engine_adapter import use_preset_conductor
 
     pool_update(actor=None, pool=fake_pool.pool, conductor_worker=None, mini_conductor=tuned["mini"].worker)
-    engine_pool = build_pool(_fresh(fake_pool.pool))
+    engine_pool = build_pool(_fresh(fake_pool.pool), gate=gate_without_policy())
     journal_pool(engine_pool, CallJournal(uuid.uuid4(), 1))
     use_preset_conductor(engine_pool, "mini")
     assert isinstance(engine_pool.conductor, JournaledWorker)

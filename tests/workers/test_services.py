@@ -11,6 +11,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
 from apps.engine.pool import WorkerPool
+from apps.engine.providers.gate import gate_without_policy
 from apps.workers import secrets
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_pool, pool_unavailable_reason
 from apps.workers.models import HealthStatus, Provider
@@ -152,7 +153,7 @@ def test_pool_rules(alpha: Any) -> None:
 
 
 def test_build_engine_pool(fake_pool: Any) -> None:
-    engine_pool = build_engine_pool(fake_pool.pool)
+    engine_pool = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
     assert isinstance(engine_pool, WorkerPool)
     assert engine_pool.keys == ["fake-planner", "fake-solver", "fake-critic"]
     assert engine_pool.default_index == 1
@@ -168,8 +169,8 @@ def test_build_engine_pool(fake_pool: Any) -> None:
 def test_each_run_builds_with_the_key_stored_now(fake_pool: Any, settings: Any) -> None:
     # SDK clients and decrypted keys are shared between runs; a re-entered key, or an encryption
     # key that no longer opens the stored one, must still be what the next build sees.
-    first = build_engine_pool(fake_pool.pool)
-    again = build_engine_pool(fake_pool.pool)
+    first = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
+    again = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
     assert first.default._client is again.default._client  # one SDK client per configuration
     fake_pool.server.script("old")
     assert again.default.complete([{"role": "user", "content": "q"}], max_tokens=5).text == "old"
@@ -178,7 +179,7 @@ def test_each_run_builds_with_the_key_stored_now(fake_pool: Any, settings: Any) 
     provider_update(actor=None, provider=fake_pool.provider, api_key=new_key)
     fake_pool.server.api_key = new_key  # the upstream now refuses the old key
     fake_pool.pool.refresh_from_db()
-    rotated = build_engine_pool(fake_pool.pool)
+    rotated = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
     assert rotated.default._client is not first.default._client
     fake_pool.server.script("new")
     assert rotated.default.complete([{"role": "user", "content": "q"}], max_tokens=5).text == "new"
@@ -186,7 +187,7 @@ def test_each_run_builds_with_the_key_stored_now(fake_pool: Any, settings: Any) 
 
     settings.SECRETS_ENCRYPTION_KEY = Fernet.generate_key().decode()  # not the key it was stored with
     with pytest.raises(PoolUnavailable, match="cannot be decrypted with the current SECRETS_ENCRYPTION_KEY"):
-        build_engine_pool(fake_pool.pool)
+        build_engine_pool(fake_pool.pool, gate=gate_without_policy())
 
 
 def test_build_engine_pool_refuses_in_plain_words(alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,16 +198,16 @@ def test_build_engine_pool_refuses_in_plain_words(alpha: Any, monkeypatch: pytes
     w = WorkerFactory(provider=provider, display_name="GPT")
     pool = PoolFactory(team=alpha, workers=[w])
     with pytest.raises(PoolUnavailable) as exc:
-        build_engine_pool(pool)
+        build_engine_pool(pool, gate=gate_without_policy())
     assert "CONDUCTOR_PROVIDER_KEY_MISSING is not set" in exc.value.reason and "GPT" in exc.value.reason
     assert pool_unavailable_reason(pool) == exc.value.reason
     ok = WorkerFactory(display_name="Off")
     worker_update(actor=None, worker=ok, enabled=False)
     with pytest.raises(PoolUnavailable, match="disabled"):
-        build_engine_pool(PoolFactory(team=alpha, workers=[ok]))
+        build_engine_pool(PoolFactory(team=alpha, workers=[ok]), gate=gate_without_policy())
     pool_update(actor=None, pool=pool, enabled=False)
     with pytest.raises(PoolUnavailable, match=r"pool .* is disabled"):
-        build_engine_pool(pool)
+        build_engine_pool(pool, gate=gate_without_policy())
 
 
 def test_health_check_ok_error_and_unavailable(

@@ -44,6 +44,7 @@ from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.requests import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
+from apps.engine.providers.gate import unreadable_field
 from apps.runs import execution
 from apps.runs import services as run_services
 from apps.runs.ends import RunEndListener, run_end_listener
@@ -128,6 +129,17 @@ def _start_run(
         raise deny(key, 403, "insufficient_scope", refusal, detail=ApiScope.RUNS_WRITE)
     if prepare is not None:
         req = prepare(req, key)
+    unreadable = unreadable_field(req.messages, options=req.options)
+    if unreadable is not None:
+        # Every provider request passes the outbound gate, which refuses a field it cannot read
+        # (issue 39): the client hears which one now, before a run starts.
+        raise OpenAIError(
+            400,
+            f"The field {unreadable.path} cannot be checked by the policy ({unreadable.why}); "
+            "no run was started.",
+            param=unreadable.path,
+            code="unreadable_field",
+        )
     target = resolve_model(key, req.model)
     check_capabilities(target, req)
     tokens = request_state(request).tokens or ratelimit.check_tokens(

@@ -18,9 +18,17 @@ from apps.engine.providers.base import (
     call_with_retries,
 )
 from apps.engine.providers.factory import PROVIDER_KINDS, build_worker
+from apps.engine.providers.gate import (
+    Admitted,
+    OutboundGate,
+    ProviderRequestRefused,
+    gate_without_policy,
+)
 
 __all__ = [
     "PROVIDER_KINDS",
+    "Admitted",
+    "OutboundGate",
     "ProviderAuthError",
     "ProviderBadRequest",
     "ProviderContextTooLong",
@@ -29,9 +37,11 @@ __all__ = [
     "ProviderModelNotFound",
     "ProviderRateLimited",
     "ProviderRedirect",
+    "ProviderRequestRefused",
     "ProviderTimeout",
     "ProviderUnavailable",
     "Worker",
     "build_worker",
     "call_with_retries",
+    "gate_without_policy",
 ]

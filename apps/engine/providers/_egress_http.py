@@ -5,7 +5,8 @@
 cannot change between the check and the connection. TLS still verifies the certificate against
 the host name (httpcore passes the URL's host as SNI / server_hostname after ``connect_tcp``).
 
-``EgressClient.send`` forces ``follow_redirects=False`` whatever the SDK asks per request: a
+``EgressClient.send`` refuses a request sent outside an admitted request's ``on_wire()`` (the
+outbound gate, issue 39) and forces ``follow_redirects=False`` whatever the SDK asks per request: a
 3xx reaches the SDK as a status error (mapped to ``ProviderRedirect``) and the Authorization
 header goes nowhere else. ``trust_env=False`` keeps HTTP(S)_PROXY from routing around the check.
 
@@ -22,6 +23,7 @@ import httpcore2
 import httpx2
 
 from apps.engine.egress import EgressDenied, EgressPolicy, resolve_checked
+from apps.engine.providers.gate import OutboundNotAdmitted, admitted_on_wire
 
 # The SDKs' own defaults for their shared clients (many concurrent steps, keep-alive).
 LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=5.0)
@@ -74,6 +76,18 @@ class EgressTransport(httpx2.HTTPTransport):
 
 class EgressClient(httpx2.Client):
     def send(self, request: httpx2.Request, *, stream: bool = False, **kwargs: Any) -> httpx2.Response:
+        if admitted_on_wire() is None:
+            # Only a request the outbound gate admitted leaves (apps.engine.providers.gate): an SDK
+            # client reached any other way opens no socket.
+            # A transport error the SDKs know (a connection that was never made), caused by the
+            # refusal: ``connection_error`` names it like an egress denial.
+            raise httpx2.ConnectError(
+                "not sent: the request did not pass the outbound gate", request=request
+            ) from (
+                OutboundNotAdmitted(
+                    "the request did not pass the outbound gate (apps.engine.providers.gate), so it was not sent"
+                )
+            )
         kwargs["follow_redirects"] = False
         return super().send(request, stream=stream, **kwargs)
 

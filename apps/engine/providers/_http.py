@@ -31,6 +31,7 @@ from apps.engine.providers.base import (
     parse_retry_after,
     redact,
 )
+from apps.engine.providers.gate import Admitted, OutboundGate
 from apps.engine.providers.pricing import price_call
 from apps.engine.types import Usage, WorkerInfo, WorkerResult
 
@@ -235,6 +236,7 @@ class SdkWorker:
     info: WorkerInfo
     max_retries: int
     base_url: str | None
+    gate: OutboundGate  # every request passes it (apps.engine.providers.gate)
     timeout_message = "The provider did not answer in time."
 
     def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
@@ -247,17 +249,22 @@ class SdkWorker:
         self,
         params: dict[str, Any],
         *,
+        admitted: Admitted,
         t0: float,
         deadline: float,
         on_delta: Callable[[str], None] | None,
     ) -> WorkerResult:
+        """Send ``params`` (built from ``admitted`` only): the HTTP client refuses any request
+        sent outside ``admitted.on_wire()`` (see ``apps.engine.providers.gate``)."""
+
         def once() -> CallOutput:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ProviderTimeout(self.timeout_message)
-            if on_delta is None:
-                return self._plain(params, left)
-            return self._stream(params, left, on_delta)
+            with admitted.on_wire():
+                if on_delta is None:
+                    return self._plain(params, left)
+                return self._stream(params, left, on_delta)
 
         text, usage, model, *rest = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
         ending: dict[str, Any] = rest[0] if rest else {}
@@ -271,4 +278,5 @@ class SdkWorker:
             priced,
             finish_reason=str(ending.get("finish_reason") or "stop"),
             tool_calls=tuple(ending.get("tool_calls") or ()),
+            outbound=admitted.checks,
         )

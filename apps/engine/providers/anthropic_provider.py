@@ -35,6 +35,7 @@ from apps.engine.providers.base import (
     timeout_error,
     transport_failure,
 )
+from apps.engine.providers.gate import OutboundGate, require_gate
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 TOOL_NAME = "respond"
@@ -71,9 +72,11 @@ class AnthropicWorker(SdkWorker):
         api_key: str | None = None,
         max_retries: int = 2,
         default_headers: dict[str, str] | None = None,
+        gate: OutboundGate,
         egress: EgressPolicy | None = None,
         client: anthropic.Anthropic | None = None,
     ) -> None:
+        self.gate = require_gate(gate)
         self.info = info
         self.base_url = base_url
         self.max_retries = max_retries
@@ -142,6 +145,9 @@ class AnthropicWorker(SdkWorker):
     ) -> WorkerResult:
         if self._client is None:
             raise ProviderAuthError(self._client_error or "The Anthropic client is not configured.")
+        # Nothing below reads the caller's values: only what the gate admitted is sent.
+        admitted = self.gate.admit(messages, json_schema=json_schema, options=options)
+        messages, json_schema, options = admitted.messages, admitted.json_schema, admitted.options
         t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
         deadline = time.monotonic() + timeout
@@ -176,7 +182,7 @@ class AnthropicWorker(SdkWorker):
             ]
             params["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
 
-        return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
+        return self._call(params, admitted=admitted, t0=t0, deadline=deadline, on_delta=on_delta)
 
     def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         assert self._client is not None

@@ -7,6 +7,7 @@ from typing import Any
 
 from apps.engine.egress import EgressPolicy
 from apps.engine.providers.base import Worker
+from apps.engine.providers.gate import OutboundGate
 from apps.engine.providers.local import LocalWorker
 from apps.engine.types import WorkerInfo
 
@@ -16,6 +17,7 @@ PROVIDER_KINDS = ("openai", "openai_compatible", "anthropic", "local")
 def build_worker(
     info: WorkerInfo,
     *,
+    gate: OutboundGate,
     kind: str | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
@@ -28,6 +30,9 @@ def build_worker(
     **options: Any,
 ) -> Worker:
     """`kind` defaults to `info.provider`; `model` (if given) overrides `info.model`.
+
+    - `gate`: the outbound gate every request of this worker passes (``apps.engine.providers.gate``);
+      there is no default: a worker that could call a provider without it cannot be built.
 
     - openai: api.openai.com (or `base_url`), structured outputs on.
     - openai_compatible: `base_url` required (vLLM, Ollama, Gemini's OpenAI endpoint,
@@ -57,6 +62,7 @@ def build_worker(
             default_headers=default_headers,
             structured_outputs=structured_outputs,
             egress=egress,
+            gate=gate,
         )
     if kind == "anthropic":
         # Lazy: the anthropic SDK loads only in a process that builds an Anthropic worker.
@@ -69,7 +75,8 @@ def build_worker(
             max_retries=max_retries,
             default_headers=default_headers,
             egress=egress,
+            gate=gate,
         )
     if kind == "local":
-        return LocalWorker(info, model_path=model_path, **options)
+        return LocalWorker(info, gate=gate, model_path=model_path, **options)
     raise ValueError(f"unknown provider kind {kind!r}; expected one of {', '.join(PROVIDER_KINDS)}")

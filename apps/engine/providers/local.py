@@ -34,6 +34,7 @@ from apps.engine.providers.base import (
     ProviderModelNotFound,
     ProviderTimeout,
 )
+from apps.engine.providers.gate import OutboundGate, require_gate
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -161,12 +162,14 @@ class LocalWorker:
         self,
         info: WorkerInfo,
         *,
+        gate: OutboundGate,
         model_path: str | None = None,
         n_ctx: int = DEFAULT_N_CTX,
         n_threads: int = DEFAULT_N_THREADS,
         temperature: float = 0.2,
         seed: int | None = None,
     ) -> None:
+        self.gate = require_gate(gate)
         self.info = info
         self.model_path = model_path
         self.n_ctx = n_ctx
@@ -190,6 +193,9 @@ class LocalWorker:
         json_schema: dict | None = None,
         options: GenerationOptions | None = None,
     ) -> WorkerResult:
+        # No socket here, but the same rule: only what the gate admitted reaches the model.
+        admitted = self.gate.admit(messages, json_schema=json_schema, options=options)
+        messages, json_schema, options = admitted.messages, admitted.json_schema, admitted.options
         t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
         deadline = time.monotonic() + timeout
@@ -265,6 +271,7 @@ class LocalWorker:
             cost_usd=Decimal(0),  # runs on our own CPU
             priced=True,
             finish_reason="length" if finish_reason == "length" else "stop",
+            outbound=admitted.checks,
         )
 
 

@@ -36,6 +36,7 @@ from apps.engine.providers.base import (
     timeout_error,
     transport_failure,
 )
+from apps.engine.providers.gate import OutboundGate, require_gate
 from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,12 @@ class OpenAIWorker(SdkWorker):
         api_key: str | None = None,
         max_retries: int = 2,
         default_headers: dict[str, str] | None = None,
+        gate: OutboundGate,
         egress: EgressPolicy | None = None,
         structured_outputs: bool | None = None,
         client: openai.OpenAI | None = None,
     ) -> None:
+        self.gate = require_gate(gate)
         self.info = info
         self.base_url = base_url
         self.max_retries = max_retries
@@ -139,6 +142,9 @@ class OpenAIWorker(SdkWorker):
     ) -> WorkerResult:
         if self._client is None:
             raise ProviderAuthError(self._client_error or "The OpenAI client is not configured.")
+        # Nothing below reads the caller's values: only what the gate admitted is sent.
+        admitted = self.gate.admit(messages, json_schema=json_schema, options=options)
+        messages, json_schema, options = admitted.messages, admitted.json_schema, admitted.options
         t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
         deadline = time.monotonic() + timeout
@@ -155,7 +161,7 @@ class OpenAIWorker(SdkWorker):
         if options is not None:
             params.update(openai_options(options))
 
-        return self._call(params, t0=t0, deadline=deadline, on_delta=on_delta)
+        return self._call(params, admitted=admitted, t0=t0, deadline=deadline, on_delta=on_delta)
 
     def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         assert self._client is not None

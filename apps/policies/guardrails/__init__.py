@@ -7,6 +7,10 @@ Order within a stage: secrets → pii → injection → blocked_terms → length
 model_judge. Each check sees the text as earlier checks left it, so a `redact` happens before
 anything later — including a model judge, which is a worker too — sees the text.
 
+The detectors (secrets, pii, injection, blocked_terms) read the canonical form of the text
+(``normalize``: NFKC-style folding, zero-width characters removed, Unicode spaces, digits and
+confusable letters mapped); their findings are mapped back, so a redaction masks the original.
+
 Per check, the recorded status is:
 
 - ``passed``      the check ran and found nothing;
@@ -31,11 +35,14 @@ from apps.engine.events import CheckStatus
 from apps.engine.hooks import CheckResult, GuardrailOutcome, Stage
 from apps.policies.guardrails import injection, json_schema, judge, length, pii, secrets, terms
 from apps.policies.guardrails.base import CheckBroken, Finding, apply_redactions, summarise
+from apps.policies.guardrails.normalize import detect
 from apps.policies.spec import StageGuardrails
 
 logger = logging.getLogger(__name__)
 
 CHECK_ORDER = ("secrets", "pii", "injection", "blocked_terms", "length", "json_schema", "model_judge")
+# The check families that find spans in a text (what the outbound gate applies to every field).
+DETECTORS = ("secrets", "pii", "injection", "blocked_terms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +55,33 @@ class StageEnv:
     judge_timeout_s: float = 60.0
 
 
-def _scan(name: str, cfg: object, text: str, env: StageEnv) -> list[Finding]:
+def detector(name: str, cfg: object) -> Callable[[str], list[Finding]] | None:
+    """The text detector of a check family (None for checks that are not detectors). Callers
+    run it through ``normalize.detect``: detectors read the canonical form of a text."""
     if name == "secrets":
-        return secrets.scan(text, cfg.types)  # type: ignore[attr-defined]
+        return lambda text: secrets.scan(text, cfg.types)  # type: ignore[attr-defined]
     if name == "pii":
-        return pii.scan(text, cfg.types)  # type: ignore[attr-defined]
+        return lambda text: pii.scan(text, cfg.types)  # type: ignore[attr-defined]
     if name == "injection":
-        return injection.scan(text, cfg.extra_patterns)  # type: ignore[attr-defined]
+        return lambda text: injection.scan(text, cfg.extra_patterns)  # type: ignore[attr-defined]
     if name == "blocked_terms":
-        return terms.scan(text, cfg.terms)  # type: ignore[attr-defined]
+        return lambda text: terms.scan(text, cfg.terms)  # type: ignore[attr-defined]
+    return None
+
+
+def own_patterns(name: str, cfg: object) -> bool:
+    """The check runs the policy's own regular expressions (scanned on the original text too)."""
+    if name == "injection":
+        return bool(cfg.extra_patterns)  # type: ignore[attr-defined]
+    if name == "blocked_terms":
+        return any(t.kind == "regex" for t in cfg.terms)  # type: ignore[attr-defined]
+    return False
+
+
+def _scan(name: str, cfg: object, text: str, env: StageEnv, gate_checks: list[CheckResult]) -> list[Finding]:
+    scan = detector(name, cfg)
+    if scan is not None:
+        return detect(text, scan, also_original=own_patterns(name, cfg))
     if name == "length":
         return length.scan(text, cfg.max_chars)  # type: ignore[attr-defined]
     if name == "json_schema":
@@ -71,6 +96,7 @@ def _scan(name: str, cfg: object, text: str, env: StageEnv) -> list[Finding]:
                 resolve=env.resolve_worker,
                 timeout_s=env.judge_timeout_s,
             )
+            gate_checks.extend(verdict.outbound)  # the gate's redactions of the judge's request
             if not verdict.passed:
                 found.append(
                     Finding(
@@ -119,8 +145,9 @@ def run_stage(
             )
             continue
         t0 = time.perf_counter()
+        gate_checks: list[CheckResult] = []
         try:
-            findings = _scan(name, cfg, current, env)
+            findings = _scan(name, cfg, current, env, gate_checks)
         except Exception as err:
             ms = (time.perf_counter() - t0) * 1000
             # The message of a broken check must not echo the text; CheckBroken messages are ours.
@@ -147,6 +174,7 @@ def run_stage(
                 blocked, block_reason = True, f"the {name} check could not run"
             continue
         ms = (time.perf_counter() - t0) * 1000
+        results.extend(gate_checks)
         if not findings:
             results.append(CheckResult(name, stage, CheckStatus.PASSED, "none", "", ms))
             continue
@@ -166,4 +194,4 @@ def run_stage(
     return GuardrailOutcome(results, current, blocked, block_reason, flags)
 
 
-__all__ = ["CHECK_ORDER", "StageEnv", "run_stage"]
+__all__ = ["CHECK_ORDER", "DETECTORS", "StageEnv", "detector", "own_patterns", "run_stage"]

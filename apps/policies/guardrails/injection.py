@@ -1,8 +1,11 @@
 """Prompt-injection and jailbreak heuristics, for requests and for worker outputs that later
 steps read (an injected web page or document must not steer the next worker).
 
-Heuristics, not a classifier: they catch the common phrasings cheaply and deterministically; a
-model-judged check can back them up. Policies add their own patterns (`extra_patterns`).
+Heuristics, not a classifier: they catch the common phrasings (in English, French, German,
+Spanish and Italian) cheaply and deterministically, on the canonical form of the text
+(``normalize``: a zero-width space inside "ignore" does not hide it). A paraphrase, or another
+language, is a judgement call no pattern makes: a model-judged check can back them up (see
+docs/security.md). Policies add their own patterns (`extra_patterns`).
 Each built-in rule has lower-case "needles": its regex only runs when one occurs in the text,
 which keeps a 100 KB clean text cheap."""
 
@@ -54,6 +57,38 @@ _RULES: list[tuple[str, str, tuple[str, ...]]] = [
         ("<", "[inst]", "[/inst]"),
     ),
     (r"\bnew\s+instructions?\s*:", "injected instructions", ("instruction",)),
+    # The same attacks in French, German, Spanish and Italian. The detectors read the canonical
+    # form (normalize): accents are gone there, so "précédentes" is matched as "precedentes".
+    (
+        r"\b(?:ignore[rsz]|ignore\s+(?:les|tes|vos|toutes|ces|mes)|oublie[rsz]?|ne\s+tien[st]?\s+pas\s+compte|ne\s+tenez\s+pas\s+compte)\b"
+        r"[^.\n]{0,40}?\b(?:instructions?|consignes?|regles|directives|prompts?)\b",
+        "instruction override (fr)",
+        ("ignor", "oubli", "pas compte"),
+    ),
+    (
+        r"\b(?:ignorier(?:e|en|t)?|vergiss|vergessen|missachte[nt]?|uberschreibe|verwirf)\b"
+        r"[^.\n]{0,40}?\b(?:anweisungen|anweisung|instruktionen|regeln|vorgaben|befehle|richtlinien)\b",
+        "instruction override (de)",
+        ("ignorier", "vergiss", "vergessen", "missacht", "uberschreib", "verwirf"),
+    ),
+    (
+        r"\b(?:ignora|ignore|ignorad|olvida|olvide|omite|dimentica|ignorate)\b"
+        r"[^.\n]{0,40}?\b(?:instrucciones|instruccion|reglas|indicaciones|istruzioni|regole)\b",
+        "instruction override (es/it)",
+        ("ignora", "ignore", "olvid", "omite", "dimentic"),
+    ),
+    (
+        r"\b(?:revele[rz]?|affiche[rz]?|montre[rz]?|donne[rz]?|repete[rz]?)\b[^.\n]{0,30}?"
+        r"\b(?:prompt|instructions?|consignes?|message)\s+(?:systeme|initia(?:l|les?|ux)|cache(?:s|es)?)\b",
+        "system prompt extraction (fr)",
+        ("revel", "affich", "montre", "donne", "repete"),
+    ),
+    (
+        r"\b(?:zeige?|gib|verrate|wiederhole|nenne)\b[^.\n]{0,30}?"
+        r"\b(?:system-?prompt|systemanweisung(?:en)?|systemnachricht|versteckten?\s+anweisungen)\b",
+        "system prompt extraction (de)",
+        ("systemprompt", "system-prompt", "systemanweisung", "systemnachricht", "versteckte"),
+    ),
 ]
 
 # A compiled `re` pattern (built-in rules) or an RE2 one (the policy's own patterns).

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
+from apps.engine.providers.gate import ProviderRequestRefused
 from apps.policies.guardrails import pii, secrets
 from apps.policies.guardrails.base import CheckBroken, apply_redactions
 from apps.policies.spec import PII_TYPES, SECRET_TYPES
@@ -38,6 +40,9 @@ _WORD = re.compile(r"^\W*(pass|fail)\b\W*(.*)", re.I | re.S)
 class Verdict:
     passed: bool
     reason: str
+    # What the outbound gate did to the judge's request (apps.engine.hooks.CheckResult): the
+    # judge is a provider call like any other (issue 39).
+    outbound: tuple[Any, ...] = ()
 
 
 def parse_verdict(text: str) -> Verdict:
@@ -81,6 +86,10 @@ def judge(
     ]
     try:
         result = worker.complete(messages, max_tokens=200, timeout=timeout_s, json_schema=VERDICT_SCHEMA)  # type: ignore[attr-defined]
+    except ProviderRequestRefused as refused:
+        # The outbound gate's words name the request field and the rule, never the content.
+        raise CheckBroken(f"the judge's request was refused by the outbound gate: {refused}") from None
     except Exception as err:  # provider errors are typed, but any failure breaks the check
         raise CheckBroken(f"the judge call failed: {type(err).__name__}") from None
-    return parse_verdict(result.text)
+    verdict = parse_verdict(result.text)
+    return replace(verdict, outbound=tuple(getattr(result, "outbound", ()) or ()))

@@ -14,10 +14,12 @@ from collections.abc import Iterable
 from apps.policies.guardrails.base import Finding
 
 EMAIL_RE = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.)+[A-Za-z]{2,24}\b")
-# 13-19 digits, optionally grouped by single spaces or dashes.
+# 13-19 digits, optionally grouped by single spaces, dashes or dots (the detectors read the
+# canonical form: NBSP, U+202F and other spaces are plain spaces there, zero-width joiners gone).
 # Look-arounds on every position are slow; plain \b here plus `_isolated` on the few matches.
-CARD_RE = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
-IBAN_RE = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}\b")
+CARD_RE = re.compile(r"\b(?:\d[ .-]?){12,18}\d\b")
+CARD_SEPARATORS = re.compile(r"[ .-]")
+IBAN_RE = re.compile(r"\b[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]){11,30}\b")
 SSN_RE = re.compile(r"\b(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}\b")
 UK_NI_RE = re.compile(r"\b[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z] ?\d{2} ?\d{2} ?\d{2} ?[A-D]\b")
 UK_NI_BAD_PREFIXES = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
@@ -45,7 +47,7 @@ def luhn_ok(digits: str) -> bool:
 
 
 def iban_ok(iban: str) -> bool:
-    s = iban.replace(" ", "").upper()
+    s = iban.replace(" ", "").replace("-", "").upper()
     if not 15 <= len(s) <= 34:
         return False
     rearranged = s[4:] + s[:4]
@@ -66,11 +68,11 @@ def _isolated(text: str, start: int, end: int, chars: str) -> bool:
 def _cards(text: str) -> Iterable[Finding]:
     for m in CARD_RE.finditer(text):
         start = m.start()
-        if not _isolated(text, start, m.end(), "-") or (
-            start > 1 and text[start - 1] in " -" and text[start - 2].isdigit()
+        if not _isolated(text, start, m.end(), "-.") or (
+            start > 1 and text[start - 1] in " -." and text[start - 2].isdigit()
         ):
             continue  # the tail of a longer digit run (an account number, an IBAN) is not a card
-        digits = re.sub(r"[ -]", "", m.group())
+        digits = CARD_SEPARATORS.sub("", m.group())
         if 13 <= len(digits) <= 19 and len(set(digits)) > 1 and luhn_ok(digits):
             yield Finding("card", m.start(), m.end(), f"payment card ending {digits[-4:]}")
 
@@ -83,7 +85,7 @@ def _ibans(text: str) -> Iterable[Finding]:
                 "iban",
                 m.start(),
                 m.start() + len(raw),
-                f"IBAN ({raw[:2]}) ending {raw.replace(' ', '')[-4:]}",
+                f"IBAN ({raw[:2]}) ending {raw.replace(' ', '').replace('-', '')[-4:]}",
             )
 
 
