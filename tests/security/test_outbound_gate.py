@@ -64,6 +64,10 @@ ALLOWED_IMPORTS = {
     ("apps/engine/providers/_egress_http.py", "httpcore2"): "its connection pool (egress check at connect)",
     ("apps/engine/providers/local.py", "llama_cpp"): "the local worker: admits before generating",
     ("apps/insights/services.py", "httpx"): "budget-alert webhooks to an operator's URL: no model, no prompt",
+    (
+        "apps/audit/witnessing.py",
+        "urllib.request",
+    ): "checkpoints to the operator's configured witnesses (AUDIT_WITNESSES): tree heads, no content",
 }
 
 # Calls that build something able to reach a provider: each must be given a gate.
