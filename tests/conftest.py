@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.phases import PHASES, current_phase, selected
 from tests.runtime import MODE, describe_mode, require_services
 
 pytest_plugins = [
@@ -32,9 +33,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only_runtime = os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1"
-    # The local-model tests exercise llama-cpp, not the runtime: make test runs them once, in the
-    # embedded phase (the embedded default is where the local model is the worker).
+    # make test's phase (tests/phases.py): the distributed phase runs only the runtime tests, the
+    # embedded phase everything. CONDUCTOR_ONLY_RUNTIME=1 is the distributed phase's selection.
+    phase = current_phase(os.environ.get("CONDUCTOR_PHASE"))
+    if phase is None and os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1":
+        phase = PHASES["distributed"]
+    # The local-model tests exercise llama-cpp, not the runtime: skipped wherever this is set.
     skip_slow = os.environ.get("CONDUCTOR_SLOW") == "skip"
     skip_distributed = pytest.mark.skip(
         reason="needs the distributed mode (PostgreSQL, Redis, Celery); runs in make test's distributed phase"
@@ -45,9 +49,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if MODE != "distributed" and item.get_closest_marker("distributed"):
             item.add_marker(skip_distributed)
         slow = skip_slow and item.get_closest_marker("slow")
-        if slow or (
-            only_runtime and not (item.get_closest_marker("runtime") or item.get_closest_marker("browser"))
-        ):
+        if slow or (phase is not None and not selected(item, phase)):
             deselected.append(item)
         else:
             kept.append(item)
