@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -30,9 +33,35 @@ from tests.fakes.anthropic_server import FakeAnthropicServer, anthropic_error
 from tests.fakes.base import FakeReply
 from tests.fakes.openai_server import FakeOpenAIServer, openai_error
 
+from .workers import HOLD_LIMIT_S
+
 KEY = "sk-proj-SuperSecretKey1234567890"
 ANT_KEY = "sk-ant-api03-SuperSecretKey1234567890"
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The delays ``call_with_retries`` waits between attempts, recorded instead of slept: the
+    retry tests check the delay chosen, not how long this machine took."""
+    recorded: list[float] = []
+    defaults = dict(call_with_retries.__kwdefaults__ or {})
+    monkeypatch.setattr(call_with_retries, "__kwdefaults__", {**defaults, "sleep": recorded.append})
+    return recorded
+
+
+@contextlib.contextmanager
+def held_reply() -> Iterator[threading.Event]:
+    """An event holding a fake's reply until the test sets it. Released at the end, or after a
+    safety net so a client that never gives up fails the test instead of hanging it (not a pace)."""
+    hold = threading.Event()
+    net = threading.Timer(HOLD_LIMIT_S, hold.set)
+    net.start()
+    try:
+        yield hold
+    finally:
+        net.cancel()
+        hold.set()
 
 
 def oa_worker(
@@ -163,13 +192,11 @@ def test_openai_unknown_model_via_model_list() -> None:
             oa_worker(server, model="gpt-9").complete(MSGS)
 
 
-def test_openai_retry_honours_retry_after(openai_fake: FakeOpenAIServer) -> None:
+def test_openai_retry_honours_retry_after(openai_fake: FakeOpenAIServer, sleeps: list[float]) -> None:
     openai_fake.script(openai_error("rate_limited", retry_after=1), "after the wait")
-    t0 = time.monotonic()
     r = oa_worker(openai_fake).complete(MSGS)
-    elapsed = time.monotonic() - t0
     assert r.text == "after the wait"
-    assert 0.9 <= elapsed < 3.0, elapsed
+    assert sleeps == [1.0]  # the server's Retry-After, not our own jittered backoff
     assert len(openai_fake.chat_requests()) == 2
 
 
@@ -181,11 +208,11 @@ def test_openai_retries_exhausted(openai_fake: FakeOpenAIServer) -> None:
 
 
 def test_openai_timeout(openai_fake: FakeOpenAIServer) -> None:
-    openai_fake.responder = lambda req: FakeReply("late", delay=2.0)
-    t0 = time.monotonic()
-    with pytest.raises(ProviderTimeout):
-        oa_worker(openai_fake, max_retries=0).complete(MSGS, timeout=0.3)
-    assert time.monotonic() - t0 < 1.5
+    with held_reply() as hold:
+        openai_fake.responder = lambda req: FakeReply("late", hold=hold)
+        with pytest.raises(ProviderTimeout):
+            oa_worker(openai_fake, max_retries=0).complete(MSGS, timeout=0.3)
+        assert not hold.is_set()  # the client gave up on its own: the reply was never sent
 
 
 def test_openai_connection_refused() -> None:
@@ -298,11 +325,11 @@ def test_anthropic_errors(
     assert len(anthropic_fake.message_requests()) == 1 + retries
 
 
-def test_anthropic_retry_after(anthropic_fake: FakeAnthropicServer) -> None:
+def test_anthropic_retry_after(anthropic_fake: FakeAnthropicServer, sleeps: list[float]) -> None:
     anthropic_fake.script(anthropic_error("rate_limited", retry_after=1), "ok")
-    t0 = time.monotonic()
     assert an_worker(anthropic_fake).complete(MSGS).text == "ok"
-    assert time.monotonic() - t0 >= 0.9
+    assert sleeps == [1.0]
+    assert len(anthropic_fake.message_requests()) == 2
 
 
 # ----------------------------------------------------------------------------- helpers & pricing
@@ -378,11 +405,11 @@ def test_factory_rejects_unknown_kind_and_missing_base_url() -> None:
 
 
 def test_anthropic_timeout(anthropic_fake: FakeAnthropicServer) -> None:
-    anthropic_fake.responder = lambda req: FakeReply("late", delay=2.0)
-    t0 = time.monotonic()
-    with pytest.raises(ProviderTimeout):
-        an_worker(anthropic_fake, max_retries=0).complete(MSGS, timeout=0.3)
-    assert time.monotonic() - t0 < 1.5
+    with held_reply() as hold:
+        anthropic_fake.responder = lambda req: FakeReply("late", hold=hold)
+        with pytest.raises(ProviderTimeout):
+            an_worker(anthropic_fake, max_retries=0).complete(MSGS, timeout=0.3)
+        assert not hold.is_set()
 
 
 def test_workers_share_one_http_client_per_sdk(openai_fake: FakeOpenAIServer) -> None:

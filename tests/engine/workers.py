@@ -86,13 +86,13 @@ class FnWorker:
         # Held: until release(). Delay: the simulated latency the scheduling tests measure (a
         # release() cuts it short). A worker that honours its timeout gives up at it, like a provider.
         hold = HOLD_LIMIT_S if self.held else self.delay
-        if hold:
-            if self.honour_timeout and timeout is not None and timeout < hold:
-                if not self.released.wait(timeout):
-                    raise ProviderTimeout(f"{self.info.key} timed out")
-            else:
-                self.released.wait(hold)
         try:
+            if hold:
+                if self.honour_timeout and timeout is not None and timeout < hold:
+                    if not self.released.wait(timeout):
+                        raise ProviderTimeout(f"{self.info.key} timed out")
+                else:
+                    self.released.wait(hold)
             if self.fail is not None:
                 raise self.fail
             text = self.reply(messages) if callable(self.reply) else self.reply
