@@ -46,17 +46,19 @@ def test_overhead_header_is_total_less_the_provider_wait(solo_pool: Any, fake_po
     provider_ms = finished["provider_ms"]
     assert provider_ms >= PROVIDER_DELAY_S * 1000
     assert 0 <= overhead_ms <= total_ms - PROVIDER_DELAY_S * 1000
-    # openai-processing-ms is truncated to whole ms; the overhead is measured to 0.1 ms.
-    assert abs((total_ms - provider_ms) - overhead_ms) < 1.5
+    # Both headers come from one elapsed time E: processing = floor(E), overhead = E - provider
+    # rounded to 0.1 ms. So provider + overhead lies in [floor(E), floor(E) + 1) give or take that
+    # rounding: arithmetic on the headers, no bound on this machine's speed.
+    assert total_ms - 0.05 <= provider_ms + overhead_ms < total_ms + 1.05
 
 
 def test_overhead_header_on_an_error_is_the_whole_time(client: Any) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         client.chat.completions.create(model="no-such-pool", messages=PROMPT)
     headers = caught.value.response.headers
-    assert float(headers["x-conductor-overhead-ms"]) == pytest.approx(
-        float(headers["openai-processing-ms"]), abs=1.0
-    )
+    total_ms = float(headers["openai-processing-ms"])
+    # No provider wait: the overhead is the same elapsed time, to 0.1 ms instead of floored to 1 ms.
+    assert total_ms - 0.05 <= float(headers["x-conductor-overhead-ms"]) < total_ms + 1.05
 
 
 def test_a_one_worker_pool_by_slug_passes_the_chat_through(

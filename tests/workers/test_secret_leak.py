@@ -25,29 +25,73 @@ def _assert_clean(text: str, where: str) -> None:
         assert marker not in text, f"the planted key leaked into {where}"
 
 
-def _get_urls(ctx: AccessContext) -> list[str]:
-    """Every URL with a GET rule in the access matrix (pages and API endpoints alike)."""
+# The routes the sweep does not GET, each with the reason. Listing them is the point: the sweep
+# fails on any route it could not check that is not here, and on a route here that it could check.
+# A POST-only route has no page to GET (405); its POST answers are not swept here (the provider
+# form's re-render above is the one this test posts).
+POST_ONLY = "no GET rule (POST only)"
+NOT_SWEPT: dict[str, str] = {
+    "api:apikey_revoke": POST_ONLY,
+    "api:key_revoke": POST_ONLY,
+    "api:policy_version_publish": POST_ONLY,
+    "api:run_approval": POST_ONLY,
+    "api:run_cancel": POST_ONLY,
+    "api:run_review": POST_ONLY,
+    "api:v1_chat_completions": POST_ONLY,
+    "api:v1_feedback": POST_ONLY,
+    "api:v1_messages": POST_ONLY,
+    "api:v1_responses": POST_ONLY,
+    "api:worker_health_check": POST_ONLY,
+    "audit:flag_resolve": POST_ONLY,
+    "audit:review_bulk": POST_ONLY,
+    "audit:run_review": POST_ONLY,
+    "audit:verify": POST_ONLY,
+    "experiments:cancel": POST_ONLY,
+    "experiments:dataset_upload": POST_ONLY,
+    "experiments:teach": POST_ONLY,
+    "governance:default_pool": POST_ONLY,
+    "governance:member_add": POST_ONLY,
+    "governance:member_remove": POST_ONLY,
+    "governance:member_role": POST_ONLY,
+    "learning:router_action": POST_ONLY,
+    "logout": POST_ONLY,
+    "policies:policy_rollback": POST_ONLY,
+    "runs:cancel": POST_ONLY,
+    "runs:plan_decide": POST_ONLY,
+    "runs:step_replay": POST_ONLY,
+    "workers:pool_toggle": POST_ONLY,
+    "workers:pool_worker_remove": POST_ONLY,
+    "workers:worker_test": POST_ONLY,
+}
+
+
+def _get_urls(ctx: AccessContext) -> tuple[list[str], dict[str, str]]:
+    """Every URL with a GET rule in the access matrix (pages and API endpoints alike), and the
+    routes without one, with why. Building a URL that fails fails the sweep: nothing is dropped
+    silently."""
     urls = []
+    not_swept = {}
     for entry in ENTRIES:
         if entry.kind != "http":
             continue
         rule = rule_for(entry, RULES)
-        for r in (rule if isinstance(rule, list) else [rule]) if rule else []:
-            if r.get("method", "GET").upper() != "GET":
-                continue
-            try:
-                if "path" in r:
-                    urls.append(r["path"](ctx) if callable(r["path"]) else r["path"])
-                else:
-                    kwargs = r.get("kwargs") or {}
-                    urls.append(
-                        reverse(
-                            r.get("sample") or entry.name, kwargs=kwargs(ctx) if callable(kwargs) else kwargs
-                        )
-                    )
-            except Exception:
-                continue
-    return sorted(set(urls))
+        rules = (rule if isinstance(rule, list) else [rule]) if rule else []
+        if not rules:
+            not_swept[entry.key] = "no access-matrix rule"
+            continue
+        gets = [r for r in rules if r.get("method", "GET").upper() == "GET"]
+        if not gets:
+            methods = sorted({r["method"].upper() for r in rules})
+            not_swept[entry.key] = f"no GET rule ({', '.join(methods)} only)"
+        for r in gets:
+            if "path" in r:
+                urls.append(r["path"](ctx) if callable(r["path"]) else r["path"])
+            else:
+                kwargs = r.get("kwargs") or {}
+                name = r.get("sample") or entry.name
+                assert name, f"{entry.key}: an unnamed route needs a rule with a path"
+                urls.append(reverse(name, kwargs=kwargs(ctx) if callable(kwargs) else kwargs))
+    return sorted(set(urls)), not_swept
 
 
 def test_planted_key_never_leaks(
@@ -95,7 +139,11 @@ def test_planted_key_never_leaks(
     )  # it was really used
 
     ctx = AccessContext(users=named_users, alpha=alpha, beta=beta, fake=fake_pool)
-    urls = _get_urls(ctx)
+    urls, not_swept = _get_urls(ctx)
+    changed = sorted(set(not_swept.items()) ^ set(NOT_SWEPT.items()))
+    assert not changed, (
+        f"the routes the sweep cannot check changed; list them in NOT_SWEPT with why: {changed}"
+    )
     assert "/pools/providers/" in urls and "/pools/fake/" in urls
     checked = 0
     for user in (policy_admin, superuser):
