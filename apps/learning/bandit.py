@@ -9,8 +9,8 @@ Why ``--cb_adf`` plus our own epsilon layer instead of ``--cb_explore_adf --epsi
 reduction returns only its probability vector, which hides the per-arm scores "why this arm" must
 show, and its epsilon is baked into the saved model, while the policy's ``max_exploration`` may
 change between two requests and bounds the *realised* share of explored runs per team. The layer
-below computes exactly the distribution ``cb_explore_adf --epsilon`` would (greedy arm 1-eps, the
-rest eps/(K-1)) and logs the probability of the chosen arm for VW's IPS/MTR update.
+below is epsilon-greedy whose exploring step goes to the least-tried arms (see ``choose``), and it
+logs, for VW's IPS/MTR update, the probability that this policy gave the arm it chose.
 """
 
 from __future__ import annotations
@@ -167,23 +167,31 @@ def choose(
     """Epsilon-greedy over the arms (epsilon already capped by the policy and the team's share).
 
     An exploring step goes to the arm tried least often in a context like this one (``tried``:
-    arm id -> count, read only when exploring; ties at random), not to a uniformly random one:
+    arm id -> count, read whenever epsilon > 0; ties at random), not to a uniformly random one:
     the policy's exploration share is small (a few percent), and a uniform draw can spend all of
     it on arms already known to be poor while the right one, never tried for this kind of
-    request, stays behind a greedy arm that merely looks fair."""
+    request, stays behind a greedy arm that merely looks fair.
+
+    ``probs`` is the distribution this policy drew from: the greedy arm 1 - epsilon, each of the
+    m arms an exploring step picks among epsilon/m, every other arm 0. VW's importance weight is
+    1/p of the chosen arm, so p must be the one actually used, not the uniform eps/(K-1)."""
     n = len(arms)
     best = greedy_index(scores, arms)
     if n == 1 or epsilon <= 0:
         probs = tuple(1.0 if i == best else 0.0 for i in range(n))
         return Choice(best, False, probs, best)
     epsilon = min(1.0, epsilon)
-    probs = tuple((1.0 - epsilon) if i == best else epsilon / (n - 1) for i in range(n))
+    others = [i for i in range(n) if i != best]
+    if tried is not None:
+        counts = tried()
+        fewest = min(counts.get(arms[i].id, 0) for i in others)
+        others = [i for i in others if counts.get(arms[i].id, 0) == fewest]
+    probs = tuple(
+        (1.0 - epsilon) if i == best else (epsilon / len(others) if i in others else 0.0) for i in range(n)
+    )
+    # The draws (one to explore or not, one among the least-tried) are as before: a replay of a
+    # request explores the way it did.
     if rng.random() < epsilon:
-        others = [i for i in range(n) if i != best]
-        if tried is not None:
-            counts = tried()
-            fewest = min(counts.get(arms[i].id, 0) for i in others)
-            others = [i for i in others if counts.get(arms[i].id, 0) == fewest]
         return Choice(rng.choice(others), True, probs, best)
     return Choice(best, False, probs, best)
 
