@@ -30,12 +30,12 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 
+from apps.engine.text import BAD_CHARS, has_bad_chars
 from conductor_web.middleware import InlineHooks
 
 DEFAULT_MAX_DEPTH = 64
 DEFAULT_MAX_BYTES = 2_621_440  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE default (2.5 MiB)
 
-_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
 # Only bodies with one of these can decode to a bad character; the rest skip the string walk.
 _ESCAPE_BYTES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 _SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")  # UTF-8-encoded surrogates (invalid UTF-8)
@@ -87,11 +87,6 @@ class TooManyFields(InputRefused):
     code = "too_many_fields"
 
 
-def has_bad_chars(text: str) -> bool:
-    """NUL (PostgreSQL text cannot hold it) or an unpaired surrogate (not encodable as UTF-8)."""
-    return _BAD_CHARS.search(text) is not None
-
-
 def _bad_chars_error(where: str) -> BadCharacters:
     return BadCharacters(
         f"{where} contains a NUL character or an unpaired surrogate (\\u0000, \\ud800-\\udfff), "
@@ -115,14 +110,14 @@ def _render_path(path: Any) -> str:
         if isinstance(key, int):
             out += f"[{key}]"
         else:
-            key = _BAD_CHARS.sub("?", str(key)[:100])  # never echo the offending character
+            key = BAD_CHARS.sub("?", str(key)[:100])  # never echo the offending character
             out += f".{key}" if out else key
     return out or "(root)"
 
 
 def _has_problem(data: Any, limit: int, check_strings: bool) -> bool:
     """Fast pass: raise `TooDeep`, or return whether some key or string holds a bad character."""
-    bad = _BAD_CHARS.search
+    bad = BAD_CHARS.search
     stack: list[tuple[Any, int]] = [(data, 1)]
     while stack:
         node, depth = stack.pop()
@@ -243,14 +238,14 @@ def _check_query_and_form(request: HttpRequest, content_type: str) -> None:
         raise _bad_chars_error("the URL path")
     for key, values in request.GET.lists():
         if has_bad_chars(key) or any(has_bad_chars(v) for v in values):
-            raise _bad_chars_error(f"query parameter {_BAD_CHARS.sub('?', key[:100])!r}")
+            raise _bad_chars_error(f"query parameter {BAD_CHARS.sub('?', key[:100])!r}")
     # /v1 reads only JSON bodies: parsing a multipart one here would consume the stream, and the
     # view's read of the body then failed as a 503; unparsed, the view answers it as not JSON.
     form = content_type.startswith(_FORM_TYPES) and not request.path.startswith("/v1/")
     if request.method in ("POST", "PUT", "PATCH") and form:
         for key, values in request.POST.lists():
             if has_bad_chars(key) or any(has_bad_chars(v) for v in values):
-                raise _bad_chars_error(f"form field {_BAD_CHARS.sub('?', key[:100])!r}")
+                raise _bad_chars_error(f"form field {BAD_CHARS.sub('?', key[:100])!r}")
 
 
 def _check_api_body(request: HttpRequest, content_type: str) -> None:

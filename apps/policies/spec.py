@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import types
 import typing
 import warnings
@@ -85,6 +84,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
+from apps.engine.text import has_bad_chars
 from apps.engine.types import Limits
 from apps.policies.patterns import regex_problem
 
@@ -753,7 +753,7 @@ def _parse_text(value: Any, path: str, meta: Mapping[str, Any], problems: Proble
     if len(value) > limit:
         problems.append((path, f"is {len(value)} characters long; at most {limit} are allowed"))
         return None
-    if _bad_chars(value):
+    if has_bad_chars(value):
         problems.append((path, "must not contain NUL characters or unpaired surrogates"))
         return None
     if meta.get("required") and not value.strip():
@@ -804,14 +804,6 @@ def _bounds(value: Any, path: str, meta: Mapping[str, Any], problems: Problems) 
     return value
 
 
-_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
-
-
-def _bad_chars(text: str) -> bool:
-    """NUL (PostgreSQL text cannot hold it) or a lone surrogate (not encodable as UTF-8)."""
-    return _BAD_CHARS.search(text) is not None
-
-
 def _regex_problem(pattern: str) -> str | None:
     if len(pattern) > MAX_PATTERN_CHARS:
         return f"the pattern is longer than {MAX_PATTERN_CHARS} characters"
@@ -836,7 +828,9 @@ def _json_schema_problem(schema: dict[str, Any]) -> str | None:
         node = stack.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for key, value in items:
-            if (isinstance(key, str) and _bad_chars(key)) or (isinstance(value, str) and _bad_chars(value)):
+            if (isinstance(key, str) and has_bad_chars(key)) or (
+                isinstance(value, str) and has_bad_chars(value)
+            ):
                 return "must not contain NUL characters or unpaired surrogates"
             if isinstance(value, dict | list):
                 stack.append(value)

@@ -15,12 +15,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from functools import cache
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -35,7 +35,7 @@ from apps.audit.services import (
     review_request,
     review_sample_rate,
 )
-from apps.engine.events import Event
+from apps.engine.events import Event, EventType
 from apps.governance.access_version import TABLE as ACCESS_TABLE
 from apps.governance.models import Team
 from apps.runs import observers
@@ -300,6 +300,10 @@ def _after_commit(
         observers.notify_after_commit(view)
 
 
+# A RunSink method persisting one event type: (sink, event, event["data"]).
+Handler = Callable[["RunSink", dict[str, Any], dict[str, Any]], None]
+
+
 class RunSink:
     """EventSink persisting one run's events. Instances are per run and thread-safe.
 
@@ -480,9 +484,9 @@ class RunSink:
                         ]
                     )
                     for event in batch:
-                        handler = getattr(self, "_on_" + event["type"].replace(".", "_"), None)
+                        handler = self._HANDLERS.get(event["type"])
                         if handler is not None:
-                            handler(event, event["data"])
+                            handler(self, event, event["data"])
                         view = observers.RunEventView(
                             self.run_id,
                             self.team_id,
@@ -802,6 +806,19 @@ class RunSink:
             at=_ts(event),
             data=data,
         )
+
+    # Which method persists which event type, written out so each handler's one caller is the
+    # lookup above and a grep for a handler finds it here. Types without one only go to the log.
+    _HANDLERS: ClassVar[Mapping[str, Handler]] = {
+        EventType.RUN_STARTED: _on_run_started,
+        EventType.GUARDRAIL_CHECKED: _on_guardrail_checked,
+        EventType.PLAN_PROPOSED: _on_plan_proposed,
+        EventType.PLAN_VALIDATED: _on_plan_validated,
+        EventType.STEP_STARTED: _on_step_started,
+        EventType.STEP_FINISHED: _on_step_finished,
+        EventType.RUN_FINISHED: _on_run_finished,
+        EventType.RUN_AWAITING_APPROVAL: _on_run_awaiting_approval,
+    }
 
     def _queue_for_review(self) -> bool:
         """warn / require_review guardrails put the run in the review queue; others may be
