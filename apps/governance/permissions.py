@@ -1,6 +1,8 @@
 """Which guardian permissions each role carries, and the code that keeps grants in step.
 
-The only writer of object permissions for teams, pools and policies. Grants are *derived*: for a
+It writes the per-user grants and the team group's team-level ones; the group's per-object view
+grants (a pool granted to the team, a new team-owned object) are written by
+``apps.governance.services`` (``pool_grant``, ``pool_revoke``, ``grant_object_perms``). Grants are *derived*: for a
 user, the wanted permissions on an object are the union of what each of their memberships
 contributes, so leaving one team never takes away what another team still gives. Permissions on
 runs (``view_run``/``review_run``, per-object sharing) are not managed here and never touched.
