@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.phases import PHASES, current_phase, selected
+from tests.phases import Phase, current_phase, selected
 from tests.runtime import MODE, describe_mode, require_services
 
 pytest_plugins = [
@@ -34,10 +34,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # make test's phase (tests/phases.py): the distributed phase runs only the runtime tests, the
-    # embedded phase everything. CONDUCTOR_ONLY_RUNTIME=1 is the distributed phase's selection.
+    # embedded phase everything. CONDUCTOR_ONLY_RUNTIME=1 narrows any run to the runtime tests.
     phase = current_phase(os.environ.get("CONDUCTOR_PHASE"))
     if phase is None and os.environ.get("CONDUCTOR_ONLY_RUNTIME") == "1":
-        phase = PHASES["distributed"]
+        phase = Phase("only-runtime", runtime_only=True, slow=True)
     # The local-model tests exercise llama-cpp, not the runtime: skipped wherever this is set.
     skip_slow = os.environ.get("CONDUCTOR_SLOW") == "skip"
     skip_distributed = pytest.mark.skip(
