@@ -16,7 +16,10 @@ text (``GuardrailOutcome``), whose ``text`` is exactly what was released — the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from apps.engine.checks import CheckResult
@@ -67,4 +70,79 @@ class AnswerBlocked(ProviderError):
         self.rule = rule
 
 
-__all__ = ["AnswerBlocked", "AnswerGate", "Closed", "Release"]
+class _Buffered:
+    """The gate of an answer that must be whole before it is judged (e.g. a JSON response format
+    the runner checks and may repair)."""
+
+    def __init__(self, reason: str) -> None:
+        self.buffered: str | None = reason
+
+    def feed(self, piece: str) -> Release:
+        return Release()
+
+    def close(self) -> Closed:  # pragma: no cover - the runner never closes a buffered gate
+        return Closed(Release(), "", [], [])
+
+
+def buffered(reason: str) -> AnswerGate:
+    return _Buffered(reason)
+
+
+@dataclass(slots=True)
+class AnswerStream:
+    """One attempt of the answer step through its gate (``gate`` None: nothing to check, the
+    provider's pieces pass through as they come). ``emit`` sends released text on its way."""
+
+    index: int
+    gate: AnswerGate | None
+    emit: Callable[[str], None]
+    released: list[str] = field(default_factory=list)
+    blocked: Release | None = None
+    closed: Closed | None = None
+    fed: bool = False  # the provider streamed (a worker that does not never calls on_delta)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def streams(self) -> bool:
+        return self.gate is None or self.gate.buffered is None
+
+    @property
+    def released_any(self) -> bool:
+        return any(self.released)
+
+    def on_delta(self, piece: str) -> None:
+        with self._lock:
+            self.fed = True
+            if self.gate is None:
+                self._send(piece)
+                return
+            if self.gate.buffered is not None or self.blocked is not None:
+                return
+            got = self.gate.feed(piece)
+            self._send(got.text)
+            if got.blocked:
+                self.blocked = got
+                raise AnswerBlocked(got.reason or "an output guardrail blocked the answer", rule=got.rule)
+
+    def close(self) -> Closed | None:
+        """The end of the stream (None when there was no gate): the rest released, the record."""
+        with self._lock:
+            if self.gate is None or self.gate.buffered is not None or not self.fed:
+                return None
+            if self.closed is None:
+                self.closed = self.gate.close()
+                if not self.closed.release.blocked:
+                    self._send(self.closed.release.text)
+            return self.closed
+
+    def digest(self) -> str:
+        """sha256 of everything released (what a client streaming the answer received)."""
+        return hashlib.sha256("".join(self.released).encode()).hexdigest()
+
+    def _send(self, text: str) -> None:
+        if text:
+            self.released.append(text)
+            self.emit(text)
+
+
+__all__ = ["AnswerBlocked", "AnswerGate", "AnswerStream", "Closed", "Release", "buffered"]

@@ -1,0 +1,87 @@
+"""The answer step streams through the output gate in a real engine run (issue 45): its
+``step.delta`` events carry only released text, a block stops the provider call and ends the run
+naming the rule, and ``run.finished`` records the digest of what was released."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from apps.engine.events import EventType, ListSink, RunStatus
+from apps.engine.pool import WorkerPool
+from apps.engine.runner import run_request
+from apps.engine.strategies import ConductorStrategy
+from apps.policies.hooks import PolicyHooks
+from apps.policies.spec import EffectivePolicy, parse_spec
+from tests.engine.workers import FnWorker
+from tests.policies.helpers import plan_text
+
+TERMS = {
+    "enabled": True,
+    "action": "block",
+    "terms": [{"pattern": "insider trading", "message": "No insider trading."}],
+}
+
+
+def run(pieces: list[str], spec: dict[str, Any]) -> tuple[Any, ListSink]:
+    worker = FnWorker("w", "".join(pieces), pieces=pieces)
+    conductor = FnWorker("conductor", plan_text([0], pool_size=1))
+    pool = WorkerPool([worker], default_index=0, conductor=conductor)
+    hooks = PolicyHooks(effective=EffectivePolicy(parse_spec(spec)), team=None, run_id="r1")
+    sink = ListSink()
+    result = run_request(
+        run_id="r1",
+        question="q",
+        pool=pool,
+        strategy=ConductorStrategy(None),
+        sink=sink,
+        hooks=hooks,
+        limits=hooks.effective.engine_limits(),
+    )
+    return result, sink
+
+
+def answer_deltas(sink: ListSink) -> str:
+    return "".join(e.data["text"] for e in sink.of_type(EventType.STEP_DELTA) if e.data.get("answer"))
+
+
+def test_a_card_split_across_pieces_is_masked_in_the_stream_and_the_answer() -> None:
+    spec = {"guardrails": {"output": {"pii": {"enabled": True, "action": "redact", "types": ["card"]}}}}
+    result, sink = run(["Pay with 4111 1111 ", "1111 1111 today."], spec)
+    assert result.status == RunStatus.SUCCEEDED
+    streamed = answer_deltas(sink)
+    assert "4111" not in streamed and streamed == result.answer == "Pay with [REDACTED:card] today."
+    finished = sink.of_type(EventType.RUN_FINISHED)[-1].data
+    assert finished["released"]["sha256"] == hashlib.sha256(result.answer.encode()).hexdigest()
+    # No step.delta of the answer step carries raw text.
+    assert all(e.data.get("answer") for e in sink.of_type(EventType.STEP_DELTA))
+
+
+def test_a_blocked_term_mid_answer_ends_the_run_naming_the_rule() -> None:
+    spec = {"guardrails": {"output": {"blocked_terms": TERMS}}}
+    result, sink = run(["All about insi", "der trad", "ing and more ", "text after."], spec)
+    assert result.status == RunStatus.BLOCKED and result.reason == "output_blocked"
+    assert "guardrails.output.blocked_terms" in result.error and "No insider trading." in result.error
+    streamed = answer_deltas(sink)
+    assert streamed == "All about " and "insi" not in streamed
+    checks = [e for e in sink.of_type(EventType.GUARDRAIL_CHECKED) if e.data["stage"] == "output"]
+    assert checks and checks[-1].data["blocked"]
+
+
+def test_require_review_streams_nothing() -> None:
+    spec = {"guardrails": {"output": {"pii": {"enabled": True, "action": "require_review"}}}}
+    result, sink = run(["Mail ceo@", "example.com now"], spec)
+    assert result.status == RunStatus.SUCCEEDED and "require_review" in result.flags
+    assert answer_deltas(sink) == ""
+
+
+def test_step_output_checks_apply_to_the_stream_too() -> None:
+    spec = {"guardrails": {"step_output": {"pii": {"enabled": True, "action": "redact", "types": ["email"]}}}}
+    result, sink = run(["Mail ceo@exa", "mple.com now"], spec)
+    assert answer_deltas(sink) == result.answer == "Mail [REDACTED:email] now"
+
+
+def test_without_checks_the_pieces_pass_through_as_they_come() -> None:
+    result, sink = run(["one ", "two ", "three"], {})
+    deltas = [e.data["text"] for e in sink.of_type(EventType.STEP_DELTA) if e.data.get("answer")]
+    assert deltas == ["one ", "two ", "three"] and result.answer == "one two three"
