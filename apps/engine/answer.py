@@ -96,6 +96,10 @@ class AnswerStream:
     index: int
     gate: AnswerGate | None
     emit: Callable[[str], None]
+    # A buffered answer's text as the worker writes it, unchecked: for the run's live graph, whose
+    # viewers the hold machinery already filters (a held run shows it to reviewers only); never
+    # sent to a /v1 client (apps.api.v1.shaping.progress drops it).
+    emit_unchecked: Callable[[str], None] | None = None
     released: list[str] = field(default_factory=list)
     blocked: Release | None = None
     closed: Closed | None = None
@@ -116,7 +120,11 @@ class AnswerStream:
             if self.gate is None:
                 self._send(piece)
                 return
-            if self.gate.buffered is not None or self.blocked is not None:
+            if self.gate.buffered is not None:
+                if self.emit_unchecked is not None:
+                    self.emit_unchecked(piece)
+                return
+            if self.blocked is not None:
                 return
             got = self.gate.feed(piece)
             self._send(got.text)

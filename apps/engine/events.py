@@ -47,6 +47,8 @@ step.delta
     released (issue 45, ``apps.engine.answer``): only text the output guardrails decided on
     (masked where they redact), never a part of what they block; none while the policy buffers
     the answer (checks that need the whole of it). The pieces joined equal run.finished's answer.
+    ``unchecked: true``: a buffered answer's text as the worker writes it, before the output
+    checks: for the live graph only (held runs show it to reviewers only); /v1 never sends it.
 step.finished
     {index, round, status, output, error, worker_key, fallback_from: str|None,
      usage: {input_tokens, output_tokens}, cost_usd: str|None, priced: bool, latency_ms}

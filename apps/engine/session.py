@@ -192,7 +192,10 @@ class RunSession:
         def emit(text: str) -> None:
             self.emitter.emit(EventType.STEP_DELTA, {"index": index, "text": text, "answer": True})
 
-        self.answer_stream = AnswerStream(index, gate, emit)
+        def unchecked(text: str) -> None:
+            self.emitter.emit(EventType.STEP_DELTA, {"index": index, "text": text, "unchecked": True})
+
+        self.answer_stream = AnswerStream(index, gate, emit, unchecked)
         return self.answer_stream
 
     # ------------------------------------------------------------------ bookkeeping

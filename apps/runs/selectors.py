@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
+from apps.policies.guardrails.stream import policy_buffered_reason
 from apps.runs import integration
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunEvent, RunStatus, Step
 
@@ -241,6 +242,16 @@ def team_may_hold(team: Any, stamp: int | None = None) -> bool:
     except ValueError:
         return True  # a policy that no longer validates: assume the strictest
     return bool(policy_hold_rules(spec))
+
+
+def answer_buffered_reason(run: Run) -> str | None:
+    """Why ``run``'s answer cannot stream to its client as it is written (issue 45): the policy
+    it runs under has checks that need the whole answer, or may hold it. None: it streams."""
+    try:
+        spec = integration.policy_in_force(run.team, getattr(run, "access_stamp", None)).effective.spec
+    except ValueError:
+        return "the policy no longer validates"
+    return policy_buffered_reason(spec.guardrails)
 
 
 def approved_digests(run_id: UUID | str) -> set[str]:

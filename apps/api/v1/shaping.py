@@ -284,6 +284,54 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
     )
 
 
+# Response header of a /v1 stream: "streamed" (the answer arrives as it is written, through the
+# output gate) or "buffered" (checks need the whole answer: it arrives with the verdict).
+ANSWER_HEADER = "X-Conductor-Answer"
+
+
+def answer_mode(buffered: str | None) -> dict[str, Any]:
+    """The ``conductor.answer`` field of a stream's first event (documented in docs/api.md)."""
+    if buffered is None:
+        return {"mode": "streamed"}
+    return {"mode": "buffered", "reason": buffered}
+
+
+class Streamed:
+    """The answer text a /v1 stream has sent so far, from the run's ``step.delta`` events
+    marked ``answer`` (text the output gate released; issue 45)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def piece(self, event: dict[str, Any], buffered: str | None) -> str | None:
+        """The content to send for ``event`` ("" : nothing now), or None when it is no answer
+        delta. A buffered or holdable run's answer is never streamed."""
+        data = event.get("data") or {}
+        if event["type"] != "step.delta" or not data.get("answer"):
+            return None
+        if buffered is not None or data.get("holdable") or data.get("withheld"):
+            return ""
+        text = str(data.get("text") or "")
+        if text:
+            self.parts.append(text)
+        return text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def rest(self, answer: str | None) -> str:
+        """What of the stored ``answer`` the client has not received yet. The released pieces
+        are a prefix of it by construction; if they were not, nothing more is sent (a second,
+        different copy would be worse) and it is logged."""
+        answer = answer or ""
+        sent = self.text
+        if answer.startswith(sent):
+            return answer[len(sent) :]
+        logger.warning("a streamed answer is not a prefix of the stored answer; the rest is not sent")
+        return ""
+
+
 def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     """The ``conductor`` progress field for one run event (None for events not worth a chunk)."""
     kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
@@ -302,8 +350,8 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
             "instruction": data.get("instruction"),
         }
     if kind == "step.delta":
-        if data.get("withheld"):
-            return None
+        if data.get("withheld") or data.get("unchecked") or data.get("answer"):
+            return None  # unchecked answer text never reaches a /v1 client; released text is content
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
         return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}

@@ -129,6 +129,18 @@ def buffered_reason(checks: StageGuardrails, stage: str = "output") -> str | Non
     return None
 
 
+def policy_buffered_reason(guardrails: Any) -> str | None:
+    """Why a policy's answers cannot stream (None: they stream through the gate). A check that
+    may hold the answer for review, at any stage, buffers it: a held answer is never partly shown."""
+    for stage in ("input", "step_output", "output"):
+        checks = getattr(guardrails, stage)
+        for name in CHECK_ORDER:
+            cfg = getattr(checks, name)
+            if cfg.enabled and cfg.action == "require_review":
+                return f"the {stage} {name} check may hold the answer for review"
+    return buffered_reason(guardrails.step_output, "step_output") or buffered_reason(guardrails.output)
+
+
 def any_enabled(checks: StageGuardrails) -> bool:
     return any(getattr(checks, name).enabled for name in CHECK_ORDER)
 
@@ -347,4 +359,4 @@ def answer_gate(
     return gates[0] if len(gates) == 1 else ChainGate(gates[0], gates[1])
 
 
-__all__ = ["MARGIN", "ChainGate", "StreamGate", "answer_gate", "buffered_reason"]
+__all__ = ["MARGIN", "ChainGate", "StreamGate", "answer_gate", "buffered_reason", "policy_buffered_reason"]
