@@ -228,6 +228,7 @@ def run_request(
                     "totals": totals.to_dict(),
                     **(ending if status == RunStatus.SUCCEEDED else {}),
                     **_released(session),
+                    **_answer_usage(session),
                 },
             )
     except Exception:  # pragma: no cover — Emitter already swallows sink errors
@@ -244,6 +245,23 @@ def run_request(
         flags=list(session.flags),
         last_seq=emitter.last_seq,
     )
+
+
+def _answer_usage(session: RunSession) -> dict[str, Any]:
+    """The tokens of the call that wrote the answer (issue 45): what a client's ``max_tokens``
+    bounds, beside the run's totals (every planning call and step: the bill)."""
+    try:
+        record = _answer_record(session)
+    except Exception:  # pragma: no cover - a run that ended before any step has none
+        return {}
+    if record is None or record.usage is None:
+        return {}
+    return {
+        "answer_usage": {
+            "input_tokens": int(record.usage.input_tokens),
+            "output_tokens": int(record.usage.output_tokens),
+        }
+    }
 
 
 def _released(session: RunSession) -> dict[str, Any]:

@@ -113,8 +113,21 @@ def run_snapshot(
         "steps": steps,
         "decisions": decisions,
         "last_seq": run.last_seq,
+        # The answer released so far (issue 45), so a viewer joining mid-answer shows all of it.
+        "answer_live": "" if access.withheld or run.is_terminal else released_answer(run.pk, run.last_seq),
     }
     return snapshot, access
+
+
+def released_answer(run_id: UUID | str, upto: int) -> str:
+    """The answer text the output gate released up to ``seq`` ``upto`` (``step.delta`` events
+    marked ``answer``: never unchecked text)."""
+    rows = RunEvent.objects.filter(run_id=run_id, type="step.delta", seq__lte=upto).order_by("seq")
+    return "".join(
+        str(data.get("text") or "")
+        for data in rows.values_list("data", flat=True)
+        if isinstance(data, dict) and data.get("answer") is True
+    )
 
 
 def run_events_after(run_id: UUID | str, after: int, *, limit: int = 10_000) -> list[dict[str, Any]]:

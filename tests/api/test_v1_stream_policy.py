@@ -276,3 +276,57 @@ def test_anthropic_messages_stream_mid_answer_and_blocked(solo: Any, alpha: Any)
             got.append(text)
     assert "insi" not in "".join(got)
     assert "guardrails.output.blocked_terms" in str(err.value)
+
+
+# --- usage says what it counts (issue 45, item 5) ----------------------------------------------------
+
+
+def test_usage_separates_the_answer_from_the_run_on_all_three_protocols(
+    solo: Any, conductor_fake: Any
+) -> None:
+    import anthropic
+
+    from apps.runs.models import Step
+
+    sdk = solo.client()
+    chat = sdk.chat.completions.create(model="conductor-mini", messages=ASK, max_tokens=24)
+    run = Run.objects.get(pk=chat.model_extra["conductor"]["run_id"])
+    last = Step.objects.filter(run=run, status="succeeded").order_by("-index").first()
+    answer_out = last.output_tokens
+    usage = chat.usage
+    assert usage.completion_tokens == run.output_tokens  # the standard fields: the bill
+    assert usage.completion_tokens_details.reasoning_tokens == run.output_tokens - answer_out
+    extra = usage.model_extra["conductor"]
+    assert extra["answer"]["output_tokens"] == answer_out < run.output_tokens
+    assert extra["run"] == {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens}
+
+    chunks = list(
+        sdk.chat.completions.create(
+            model="conductor-mini", messages=ASK, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    streamed = chunks[-1].usage
+    assert streamed.model_extra["conductor"]["answer"]["output_tokens"] > 0
+    assert (
+        streamed.completion_tokens - streamed.completion_tokens_details.reasoning_tokens
+        == (streamed.model_extra["conductor"]["answer"]["output_tokens"])
+    )
+
+    response = sdk.responses.create(model="conductor-mini", input="What is six times seven?")
+    assert (
+        response.usage.output_tokens - response.usage.output_tokens_details.reasoning_tokens
+        == (response.usage.model_extra["conductor"]["answer"]["output_tokens"])
+    )
+
+    base = solo.base_url.removesuffix("/v1")
+    message = anthropic.Anthropic(
+        base_url=base, api_key=solo.api_key, max_retries=0, timeout=90
+    ).messages.create(
+        model="conductor-mini", max_tokens=50, messages=[{"role": "user", "content": "six times seven?"}]
+    )
+    counted = message.usage.model_extra["conductor"]
+    assert counted["run"]["output_tokens"] == message.usage.output_tokens
+    assert (
+        counted["answer"]["output_tokens"] + counted["orchestration"]["output_tokens"]
+        == message.usage.output_tokens
+    )

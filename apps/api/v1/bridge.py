@@ -567,6 +567,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 wake = deadline if held_until is None else min(deadline, held_until)
                 await release_while_waiting()
                 await follower.wait(wake - time.monotonic())
-        # The Run row is updated in the same transaction as run.finished; read the verdict.
-        final = await off_loop(load_run, run.id)
+        # The Run row is updated in the same transaction as run.finished; read the verdict
+        # (and that event's data: the answer's extras and usage).
+        final, _ = await off_loop(_load_ended, run.id)
     yield RunUpdate("final", run=final)

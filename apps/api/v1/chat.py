@@ -371,12 +371,19 @@ class Envelope:
     conductor: dict[str, Any]
 
 
-def _usage(run: Any) -> dict[str, int]:
+def _usage(run: Any) -> dict[str, Any]:
+    """The run's totals in the standard fields (the bill); the tokens spent beyond the answer
+    (planning and intermediate steps) as ``completion_tokens_details.reasoning_tokens``, as
+    OpenAI reports a reasoning model's hidden work, so ``completion_tokens - reasoning_tokens``
+    is the answer's own; and the ``conductor`` breakdown (docs/api.md, "Usage")."""
     used = shaping.usage(run)
+    breakdown = shaping.usage_breakdown(run)
     return {
         "prompt_tokens": used.input_tokens,
         "completion_tokens": used.output_tokens,
         "total_tokens": used.total_tokens,
+        "completion_tokens_details": {"reasoning_tokens": breakdown["orchestration"]["output_tokens"]},
+        "conductor": breakdown,
     }
 
 

@@ -245,7 +245,11 @@ def message_body(
         "content": [{"type": "text", "text": text}] if text else [],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        "usage": {
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "conductor": shaping.usage_breakdown(run),  # answer vs run (docs/api.md, "Usage")
+        },
         "conductor": conductor,
     }
 
@@ -327,7 +331,11 @@ async def stream_message(
     yield _event(
         "message_delta",
         delta={"stop_reason": reason, "stop_sequence": seq},
-        usage={"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        usage={
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "conductor": shaping.usage_breakdown(final),
+        },
         conductor=conductor,
     )
     yield MESSAGE_STOP

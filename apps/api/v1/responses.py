@@ -448,8 +448,12 @@ def response_body(
                 "input_tokens": used.input_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                # The run's work beyond the answer, as a reasoning model's (docs/api.md, "Usage").
+                "output_tokens_details": {
+                    "reasoning_tokens": shaping.usage_breakdown(run)["orchestration"]["output_tokens"]
+                },
                 "total_tokens": used.total_tokens,
+                "conductor": shaping.usage_breakdown(run),
             }
             if finished
             else None

@@ -161,6 +161,36 @@ def usage(run: Any) -> Usage:
     return Usage(run.input_tokens, run.output_tokens)
 
 
+def answer_usage(run: Any) -> Usage:
+    """The tokens of the call that wrote the answer (what ``max_tokens`` bounds), from the
+    run's ``run.finished`` data as the waiter read it (``bridge._load_ended``); zero when the
+    run recorded none (it ended before an answer)."""
+    data = getattr(run, "finished_data", None)
+    got = data.get("answer_usage") if isinstance(data, dict) else None
+    if not isinstance(got, dict):
+        return Usage(0, 0)
+    total = usage(run)
+    return Usage(
+        min(int(got.get("input_tokens") or 0), total.input_tokens),
+        min(int(got.get("output_tokens") or 0), total.output_tokens),
+    )
+
+
+def usage_breakdown(run: Any) -> dict[str, Any]:
+    """The documented ``conductor`` extension of every protocol's ``usage`` (docs/api.md):
+    the standard fields count the run (the bill: planning calls and every step); ``answer`` is
+    the call that wrote the answer, ``orchestration`` the rest."""
+    total, answer = usage(run), answer_usage(run)
+    return {
+        "answer": {"input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens},
+        "run": {"input_tokens": total.input_tokens, "output_tokens": total.output_tokens},
+        "orchestration": {
+            "input_tokens": total.input_tokens - answer.input_tokens,
+            "output_tokens": total.output_tokens - answer.output_tokens,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class FinalAnswer:
     """What a succeeded run answers: ``text`` (None while held), ``tool_calls`` (OpenAI's shape:
