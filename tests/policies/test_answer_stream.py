@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import pytest
+
 from apps.engine.events import EventType, ListSink, RunStatus
 from apps.engine.pool import WorkerPool
 from apps.engine.runner import run_request
@@ -85,3 +87,58 @@ def test_without_checks_the_pieces_pass_through_as_they_come() -> None:
     result, sink = run(["one ", "two ", "three"], {})
     deltas = [e.data["text"] for e in sink.of_type(EventType.STEP_DELTA) if e.data.get("answer")]
     assert deltas == ["one ", "two ", "three"] and result.answer == "one two three"
+
+
+@pytest.mark.parametrize("kind", ["openai_compatible", "anthropic"])
+def test_provider_streams_pass_the_gate_on_a_real_socket(kind: str) -> None:
+    """The answering worker's provider stream (OpenAI-compatible and Anthropic SDKs against their
+    fakes on loopback) goes through the gate: a card split across chunks is masked, a blocked term
+    split across chunks stops the call with nothing of it released."""
+    from apps.engine.providers import build_worker
+    from apps.engine.providers.gate import gate_without_policy
+    from apps.engine.types import WorkerInfo
+    from tests.fakes.anthropic_server import FakeAnthropicServer
+    from tests.fakes.base import FakeReply
+    from tests.fakes.openai_server import FakeOpenAIServer
+
+    server = (FakeAnthropicServer if kind == "anthropic" else FakeOpenAIServer)(api_key="sk-stream-test")
+    server.start()
+    try:
+        worker = build_worker(
+            WorkerInfo(key="w", name="W", model="m-1", provider=kind),
+            base_url=server.base_url,
+            api_key="sk-stream-test",
+            max_retries=0,
+            gate=gate_without_policy(),
+        )
+
+        def go(chunks: list[str], spec: dict[str, Any]) -> tuple[Any, ListSink]:
+            server.script(FakeReply(chunks=chunks))
+            pool = WorkerPool(
+                [worker], default_index=0, conductor=FnWorker("conductor", plan_text([0], pool_size=1))
+            )
+            hooks = PolicyHooks(effective=EffectivePolicy(parse_spec(spec)), team=None, run_id="r1")
+            sink = ListSink()
+            result = run_request(
+                run_id="r1",
+                question="q",
+                pool=pool,
+                strategy=ConductorStrategy(None),
+                sink=sink,
+                hooks=hooks,
+                limits=hooks.effective.engine_limits(),
+            )
+            return result, sink
+
+        card = {"guardrails": {"output": {"pii": {"enabled": True, "action": "redact", "types": ["card"]}}}}
+        result, sink = go(["Card 4111 1111 ", "1111 1111 ok"], card)
+        assert result.status == RunStatus.SUCCEEDED
+        assert answer_deltas(sink) == result.answer == "Card [REDACTED:card] ok"
+        result, sink = go(
+            ["About insi", "der trad", "ing and ", "more."],
+            {"guardrails": {"output": {"blocked_terms": TERMS}}},
+        )
+        assert result.status == RunStatus.BLOCKED and "guardrails.output.blocked_terms" in result.error
+        assert answer_deltas(sink) == "About "
+    finally:
+        server.stop()
