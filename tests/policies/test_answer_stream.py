@@ -142,3 +142,46 @@ def test_provider_streams_pass_the_gate_on_a_real_socket(kind: str) -> None:
         assert answer_deltas(sink) == "About "
     finally:
         server.stop()
+
+
+class _CutWorker(FnWorker):
+    """Streams ``pieces`` and then fails, as a provider whose connection drops mid-answer."""
+
+    def complete(self, messages: Any, **kw: Any) -> Any:  # type: ignore[override]
+        from apps.engine.providers.base import ProviderUnavailable
+
+        on_delta = kw.get("on_delta")
+        self.calls.append(messages)
+        for piece in self.pieces or []:
+            if on_delta is not None:
+                on_delta(piece)
+        raise ProviderUnavailable("the connection dropped")
+
+
+@pytest.mark.parametrize("pieces", [["Half an ans"], []])
+def test_no_fallback_once_part_of_the_answer_was_released(pieces: list[str]) -> None:
+    """A fallback worker would write a different answer after the client already has the start
+    of this one: once anything was released the step fails; before that the fallback runs."""
+    cut = _CutWorker("w", "", pieces=pieces, fallback_key="backup")
+    backup = FnWorker("backup", "Backup answer.", pieces=["Backup ", "answer."])
+    pool = WorkerPool(
+        [cut, backup], default_index=0, conductor=FnWorker("conductor", plan_text([0], pool_size=2))
+    )
+    hooks = PolicyHooks(effective=EffectivePolicy(parse_spec({})), team=None, run_id="r1")
+    sink = ListSink()
+    result = run_request(
+        run_id="r1",
+        question="q",
+        pool=pool,
+        strategy=ConductorStrategy(None),
+        sink=sink,
+        hooks=hooks,
+        limits=hooks.effective.engine_limits(),
+    )
+    if pieces:
+        assert result.status == RunStatus.FAILED and not backup.calls
+        assert answer_deltas(sink) == "Half an ans"
+    else:
+        assert result.status == RunStatus.SUCCEEDED and result.answer == "Backup answer." == answer_deltas(
+            sink
+        )
