@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 # Context re-read before the first unreleased character: look-behinds, ``\b`` and the card
 # check's neighbours need a few characters; a finding is never longer than what is held.
-MARGIN = 256
+MARGIN = 64
 STREAMABLE = ("secrets", "pii", "injection", "blocked_terms")
 WHOLE_ANSWER = ("json_schema", "model_judge")
 _RE_FLAGS = re.I | re.M | re.S | re.X
