@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -67,6 +68,17 @@ parser.add_argument(
     help="words in each worker's answer (1: '42'); a streamed call gets one chunk per word",
 )
 parser.add_argument(
+    "--stream",
+    action="store_true",
+    help="stream: true; the latency columns are then the time to the first content chunk (TTFT)",
+)
+parser.add_argument(
+    "--chunk-delay-ms",
+    type=float,
+    default=0.0,
+    help="the upstream's pause between streamed chunks (a model writing; with --answer-words)",
+)
+parser.add_argument(
     "--targets",
     default="direct,litellm,pool,mini",
     help="which targets to measure (a subset, e.g. 'pool' while a profiler watches one path)",
@@ -89,6 +101,7 @@ from apps.api.services import apikey_create  # noqa: E402
 from apps.governance.services import membership_set, team_create  # noqa: E402
 from apps.workers.services import pool_create  # noqa: E402
 from tests.factories.workers import build_openai_compatible_pool  # noqa: E402
+from tests.fakes.base import FakeReply  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from tests.fixtures.core import free_port  # noqa: E402
 
@@ -101,8 +114,10 @@ PROMPT = [{"role": "user", "content": "What is 6*7?"}]
 ANSWER = "42" if ARGS.answer_words <= 1 else " ".join(["42"] * ARGS.answer_words)
 
 
-def responder(request: dict[str, Any]) -> str:
-    return PLAN if request.get("model") == "conductor" else ANSWER
+def responder(request: dict[str, Any]) -> Any:
+    if request.get("model") == "conductor":
+        return PLAN
+    return FakeReply(ANSWER, chunk_delay=ARGS.chunk_delay_ms / 1000)
 
 
 def setup_data(server: FakeOpenAIServer) -> str:
@@ -279,7 +294,41 @@ async def batch(target: Target, clients: int, total: int) -> Result:
         base_url=target.base, headers={"Authorization": f"Bearer {target.key}"}, timeout=300, limits=limits
     ) as client:
 
+        async def one_streamed() -> None:
+            # TTFT: until the first chunk with content; the whole answer is still checked.
+            for _ in todo:
+                t0 = time.perf_counter()
+                first: float | None = None
+                parts: list[str] = []
+                try:
+                    async with client.stream(
+                        "POST", "/v1/chat/completions", json={**body, "stream": True}
+                    ) as response:
+                        header = response.headers.get(target.header) if target.header else None
+                        async for line in response.aiter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            chunk = json.loads(line[6:])
+                            for choice in chunk.get("choices") or ():
+                                piece = (choice.get("delta") or {}).get("content")
+                                if piece:
+                                    parts.append(piece)
+                                    if first is None:
+                                        first = (time.perf_counter() - t0) * 1000
+                except httpx.HTTPError as exc:
+                    failures.append(f"{type(exc).__name__}")
+                    continue
+                if response.status_code != 200 or "".join(parts) != ANSWER or first is None:
+                    failures.append(f"{response.status_code} {''.join(parts)[:100]!r}")
+                    continue
+                latencies.append(first)
+                if header:
+                    reported.append(float(header))
+
         async def one_client() -> None:
+            if ARGS.stream:
+                await one_streamed()
+                return
             for _ in todo:
                 t0 = time.perf_counter()
                 try:
@@ -366,6 +415,10 @@ def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -
     print(
         f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
+    if ARGS.stream:
+        print(
+            f"streamed (chunk delay {ARGS.chunk_delay_ms:g} ms): p50/p99 and overhead are time to the first content chunk (TTFT)\n"
+        )
     print(
         "| clients | target | requests | p50 ms | p99 ms | overhead p50 / p95 / p99 ms | "
         "own header p50 ms | req/s | server CPU ms/req | p50 overhead ÷ LiteLLM's |"

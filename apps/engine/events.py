@@ -42,7 +42,13 @@ step.started
     {index, round, worker_key, worker_name, instruction, access: [int], messages: [Message]}
     Indices are global across recursion rounds (round 2 continues after round 1).
 step.delta
-    {index, text}
+    {index, text, answer?: true}
+    ``answer: true``: the step writes the run's answer, and ``text`` is what the output gate
+    released (issue 45, ``apps.engine.answer``): only text the output guardrails decided on
+    (masked where they redact), never a part of what they block; none while the policy buffers
+    the answer (checks that need the whole of it). The pieces joined equal run.finished's answer.
+    ``unchecked: true``: a buffered answer's text as the worker writes it, before the output
+    checks: for the live graph only (held runs show it to reviewers only); /v1 never sends it.
 step.finished
     {index, round, status, output, error, worker_key, fallback_from: str|None,
      usage: {input_tokens, output_tokens}, cost_usd: str|None, priced: bool, latency_ms}

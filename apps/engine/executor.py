@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from apps.engine import outbound, threads
+from apps.engine.answer import AnswerBlocked
 from apps.engine.events import EventType, RunStatus, StepStatus
 from apps.engine.generation import StepEnding, final_index, step_call_kwargs
 from apps.engine.plan import Plan, PlanStep
@@ -165,8 +166,15 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         if extra:
             max_tokens = extra["options"].max_tokens or max_tokens
 
+        # The answer's text leaves only through the output gate (issue 45).
+        answer = session.open_answer(step.index) if step.index == answer_index else None
+
         def on_delta(text: str) -> None:
-            if att.live and text:
+            if not (att.live and text):
+                return
+            if answer is not None:
+                answer.on_delta(text)  # raises AnswerBlocked: the provider call stops here
+            else:
                 session.emitter.emit(EventType.STEP_DELTA, {"index": step.index, "text": text})
 
         def target() -> None:
@@ -221,6 +229,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
     def fallback_for(att: _Attempt) -> Worker | None:
         if att.fallback_from is not None:
             return None  # one switch per step: fallback chains would hide a broken pool
+        answer = session.answer_stream
+        if answer is not None and answer.index == att.step.index and answer.released_any:
+            return None  # part of the answer reached the client: another worker cannot go on with it
         key = att.worker.info.fallback_key
         if not key or key == att.worker.info.key:
             return None
@@ -242,6 +253,43 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
             if state.abort is None:
                 state.abort = RunAborted(
                     RunStatus.BLOCKED, outbound.BLOCKED_REASON, f"Step {att.step.index} was blocked: {error}"
+                )
+            return
+        if isinstance(error, AnswerBlocked):
+            # The output gate blocked the answer mid-stream: nothing of the offending text was
+            # released; the step is blocked and the run ends naming the rule.
+            answer = session.answer_stream
+            closed = answer.close() if answer is not None else None
+            if closed is not None:
+                session.emitter.emit(
+                    EventType.GUARDRAIL_CHECKED,
+                    {
+                        "stage": "output",
+                        "step": None,
+                        "checks": [c.to_dict() for c in closed.checks],
+                        "blocked": True,
+                        "flags": list(closed.flags),
+                        "streamed": True,
+                    },
+                )
+            finish(
+                StepRecord(
+                    att.step,
+                    round,
+                    StepStatus.BLOCKED,
+                    att.worker.info.key,
+                    error=str(error),
+                    cost_usd=None,
+                    priced=False,
+                    latency_ms=elapsed_ms,
+                    messages=att.messages,
+                )
+            )
+            session.add_usage(Usage(), None, False)  # the call was cut: billed, amount unknown
+            if state.abort is None:
+                rule = f" (rule: {error.rule})" if error.rule else ""
+                state.abort = RunAborted(
+                    RunStatus.BLOCKED, "output_blocked", f"The answer was blocked: {error}{rule}"
                 )
             return
         fb = fallback_for(att)

@@ -164,8 +164,22 @@ def run_request(
         fmt = generation.response_format if generation is not None else None
         if fmt is not None and not ending.get("tool_calls") and ending.get("finish_reason") != "length":
             raw_answer = _check_format(session, fmt, raw_answer, record, generation)
+        stream = session.answer_stream
+        if stream is not None and (record is None or stream.index != record.step.index):
+            stream = None  # a step that did not write the answer after all
         if ending.get("tool_calls") and not raw_answer.strip():
             out = GuardrailOutcome([], raw_answer)  # the tool calls were the answer, checked above
+        elif stream is not None and (closed := stream.close()) is not None:
+            # The answer streamed through the output gate: its record is the gate's (made from the
+            # whole text), and the answer is exactly what the gate released (issue 45).
+            out = GuardrailOutcome(
+                closed.checks,
+                closed.text,
+                closed.release.blocked,
+                closed.release.reason,
+                list(closed.flags),
+            )
+            _emit_guardrail(session, "output", out)
         else:
             out = hooks.check_output(ctx, raw_answer)
             _emit_guardrail(session, "output", out)
@@ -213,6 +227,8 @@ def run_request(
                     "reason": reason,
                     "totals": totals.to_dict(),
                     **(ending if status == RunStatus.SUCCEEDED else {}),
+                    **_released(session),
+                    **_answer_usage(session),
                 },
             )
     except Exception:  # pragma: no cover — Emitter already swallows sink errors
@@ -229,6 +245,33 @@ def run_request(
         flags=list(session.flags),
         last_seq=emitter.last_seq,
     )
+
+
+def _answer_usage(session: RunSession) -> dict[str, Any]:
+    """The tokens of the call that wrote the answer (issue 45): what a client's ``max_tokens``
+    bounds, beside the run's totals (every planning call and step: the bill)."""
+    try:
+        record = _answer_record(session)
+    except Exception:  # pragma: no cover - a run that ended before any step has none
+        return {}
+    if record is None or record.usage is None:
+        return {}
+    return {
+        "answer_usage": {
+            "input_tokens": int(record.usage.input_tokens),
+            "output_tokens": int(record.usage.output_tokens),
+        }
+    }
+
+
+def _released(session: RunSession) -> dict[str, Any]:
+    """What of the answer reached streaming clients: its sha256 and length (issue 45). The
+    audit keeps it; for a run that succeeded it is the digest of the stored answer."""
+    stream = session.answer_stream
+    if stream is None or not stream.streams or not stream.fed:
+        return {}
+    text = "".join(stream.released)
+    return {"released": {"sha256": stream.digest(), "chars": len(text)}}
 
 
 # --- the answer step's extras (issue 22) ------------------------------------------------------------

@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from apps.engine import outbound, threads
+from apps.engine.answer import AnswerStream, buffered
 from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
 from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
 from apps.engine.plan import CONDUCTOR_SELF, Plan, PlanError, PlanStep, plan_to_dict, validate_plan
@@ -175,6 +176,27 @@ class RunSession:
         self._totals = Totals()
         self._lock = threading.Lock()
         self.flags: list[str] = []
+        # The answer step's stream through the output gate (issue 45), once that step started.
+        self.answer_stream: AnswerStream | None = None
+
+    def open_answer(self, index: int) -> AnswerStream:
+        """The stream of one attempt of the step that writes the answer. The policy's gate (the
+        hooks' optional ``answer_gate(ctx)``; None: nothing to check) decides what is released;
+        a JSON response format is checked (and maybe repaired) on the whole answer: buffered."""
+        make = getattr(self.hooks, "answer_gate", None)
+        gate = make(self.ctx) if make is not None else None
+        generation = self.ctx.generation
+        if generation is not None and generation.response_format is not None:
+            gate = buffered("a JSON response format is checked on the whole answer")
+
+        def emit(text: str) -> None:
+            self.emitter.emit(EventType.STEP_DELTA, {"index": index, "text": text, "answer": True})
+
+        def unchecked(text: str) -> None:
+            self.emitter.emit(EventType.STEP_DELTA, {"index": index, "text": text, "unchecked": True})
+
+        self.answer_stream = AnswerStream(index, gate, emit, unchecked)
+        return self.answer_stream
 
     # ------------------------------------------------------------------ bookkeeping
 

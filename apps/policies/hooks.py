@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from apps.engine.answer import AnswerGate, buffered
 from apps.engine.events import CheckStatus
 from apps.engine.hooks import (
     CheckResult,
@@ -37,6 +38,7 @@ from apps.policies.budgets import budget_status
 from apps.policies.constraints import BudgetRoom, PlanFacts, check_plan, is_confidential, step_gate
 from apps.policies.forecast import forecast_plan, forecast_violations
 from apps.policies.guardrails import StageEnv, run_stage
+from apps.policies.guardrails.stream import answer_gate, policy_buffered_reason
 from apps.policies.outbound import OutboundChecks
 from apps.policies.spec import EffectivePolicy
 
@@ -295,6 +297,15 @@ class PolicyHooks:
 
     def check_output(self, ctx: RunContext, answer: str) -> GuardrailOutcome:
         return self._stage("output", answer)
+
+    def answer_gate(self, ctx: RunContext) -> AnswerGate | None:
+        """The gate the answer streams through (issue 45): the answer step's step_output checks,
+        then the output checks, run incrementally; None when neither stage checks anything."""
+        g = self.spec.guardrails
+        reason = policy_buffered_reason(g)
+        if reason is not None:
+            return buffered(reason)
+        return answer_gate(g.output, g.step_output, on_check_error=g.on_check_error)
 
     # ------------------------------------------------------------------ OutboundPolicy
 

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
+from apps.policies.guardrails.stream import policy_buffered_reason
 from apps.runs import integration
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunEvent, RunStatus, Step
 
@@ -112,8 +113,21 @@ def run_snapshot(
         "steps": steps,
         "decisions": decisions,
         "last_seq": run.last_seq,
+        # The answer released so far (issue 45), so a viewer joining mid-answer shows all of it.
+        "answer_live": "" if access.withheld or run.is_terminal else released_answer(run.pk, run.last_seq),
     }
     return snapshot, access
+
+
+def released_answer(run_id: UUID | str, upto: int) -> str:
+    """The answer text the output gate released up to ``seq`` ``upto`` (``step.delta`` events
+    marked ``answer``: never unchecked text)."""
+    rows = RunEvent.objects.filter(run_id=run_id, type="step.delta", seq__lte=upto).order_by("seq")
+    return "".join(
+        str(data.get("text") or "")
+        for data in rows.values_list("data", flat=True)
+        if isinstance(data, dict) and data.get("answer") is True
+    )
 
 
 def run_events_after(run_id: UUID | str, after: int, *, limit: int = 10_000) -> list[dict[str, Any]]:
@@ -241,6 +255,16 @@ def team_may_hold(team: Any, stamp: int | None = None) -> bool:
     except ValueError:
         return True  # a policy that no longer validates: assume the strictest
     return bool(policy_hold_rules(spec))
+
+
+def answer_buffered_reason(run: Run) -> str | None:
+    """Why ``run``'s answer cannot stream to its client as it is written (issue 45): the policy
+    it runs under has checks that need the whole answer, or may hold it. None: it streams."""
+    try:
+        spec = integration.policy_in_force(run.team, getattr(run, "access_stamp", None)).effective.spec
+    except ValueError:
+        return "the policy no longer validates"
+    return policy_buffered_reason(spec.guardrails)
 
 
 def approved_digests(run_id: UUID | str) -> set[str]:

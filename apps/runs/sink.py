@@ -368,6 +368,7 @@ class RunSink:
         self._buffer: list[dict[str, Any]] = []
         self._buffered_at = 0.0
         self._running: set[Any] = set()  # indices of the steps started and not finished
+        self._answer_sent = False  # the answer's first released text was flushed
         self.transactions = 0  # batches committed (bench and tests read it)
         self.dropped = 0  # events not stored because another executor owns the run
         self._owner_thread = threading.get_ident()
@@ -434,6 +435,11 @@ class RunSink:
             if self._running:
                 return True  # the engine now waits on the other steps
         if kind in _FLUSH_TYPES:
+            return True
+        if kind == "step.delta" and event["data"].get("answer") and not self._answer_sent:
+            # The answer's first released text is stored and published at once: a streaming
+            # client's time to first token (issue 45); the rest batches as other deltas.
+            self._answer_sent = True
             return True
         return now - self._buffered_at >= DELTA_FLUSH_S
 
@@ -781,6 +787,9 @@ class RunSink:
                 "reason": data.get("reason"),
                 "error": data.get("error"),
                 "answer": content_sha256(data.get("answer")),
+                # What streaming clients received of the answer (issue 45): for a run that
+                # succeeded, the same digest as the answer's; for a blocked one, what got out.
+                **({"released": data["released"]} if isinstance(data.get("released"), dict) else {}),
                 "answer_held": held,
                 "flags": list(self.flags),
                 "totals": totals,

@@ -142,6 +142,8 @@
       this.steps = {};
       var self = this;
       (msg.steps || []).forEach(function (s) { self.steps[s.index] = s; });
+      // The answer released so far (issue 45); the events after the snapshot continue it.
+      this.liveAnswer = msg.answer_live || "";
       this.decisions = [];
       this.plans = {};
       this.roundSteps = {};
@@ -244,6 +246,8 @@
         break;
       case EV.STEP_DELTA:
         if (this.steps[d.index]) this.steps[d.index].live = (this.steps[d.index].live || "") + (d.text || "");
+        // The answer as the output gate releases it (issue 45): the answer panel shows it live.
+        if (d.answer) this.liveAnswer = (this.liveAnswer || "") + (d.text || "");
         break;
       case EV.STEP_FINISHED:
         var prev = this.steps[d.index] || { access: [], instruction: "", messages: [] };
@@ -263,7 +267,7 @@
           // The next attempt replays planning from the journal and rebuilds the graph and usage.
           run.status = "queued"; run.error = ""; run.status_reason = "";
           run.input_tokens = 0; run.output_tokens = 0; run.cost_usd = null; run.step_count = 0;
-          this.steps = {}; this.plans = {}; this.roundSteps = {}; this.inputChecked = false;
+          this.steps = {}; this.plans = {}; this.roundSteps = {}; this.inputChecked = false; this.liveAnswer = "";
         }
         if (run) run.plan_decision = d;
         break;
@@ -496,7 +500,9 @@
     if (answer) {
       var rules = (run.held_rules || []).join(", ");
       if (run.answer_held && !run.answer) answer.textContent = "The answer is held for review" + (rules ? " (policy rule " + rules + ")" : "") + " until a reviewer releases it.";
+      else if (!this.isTerminal() && this.liveAnswer) answer.textContent = this.liveAnswer;
       else answer.textContent = run.answer || (this.isTerminal() ? (run.error || "(no answer)") : "");
+      answer.setAttribute("data-streaming", !this.isTerminal() && this.liveAnswer ? "true" : "false");
       answer.setAttribute("data-ready", this.isTerminal() ? "true" : "false");
     }
     var cancel = this.q("cancel");

@@ -176,7 +176,11 @@ def test_stream_sends_openai_events_in_order_and_deltas_join_to_the_final(
         events = list(stream)
         final = stream.get_final_response()
     kinds = [e.type for e in events]
-    assert kinds == STREAM_EVENTS
+    # The answer streams as the output gate releases it: one or more deltas in a row (issue 45).
+    assert [
+        k for i, k in enumerate(kinds) if not (k == "response.output_text.delta" and kinds[i - 1] == k)
+    ] == STREAM_EVENTS
+    assert kinds.count("response.output_text.delta") >= 1
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == CONDUCTOR_ANSWER == final.output_text

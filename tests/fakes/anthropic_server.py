@@ -22,6 +22,7 @@ from tests.fakes.base import (
     FakeServerBase,
     before_reply,
     count_prompt_tokens,
+    pause_point,
     simulate_latency,
     split_chunks,
 )
@@ -198,7 +199,8 @@ class FakeAnthropicServer(FakeServerBase):
         else:
             send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
             self.write_sse(handler, json.dumps({"type": "ping"}), event="ping")
-            for piece in chunks:
+            for sent, piece in enumerate(chunks):
+                pause_point(reply, sent)
                 simulate_latency(reply.chunk_delay)
                 send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
         send("content_block_stop", {"index": 0})

@@ -41,6 +41,18 @@ class FakeReply:
     tool_calls: list[dict[str, Any]] | None = None
     model: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # Streams: after this many content chunks the provider waits for ``resume`` (set by the test)
+    # before the rest: "mid-stream until I say so" (a client must have its first chunk by then).
+    pause_after: int | None = None
+    resume: threading.Event | None = None
+    pause_expired: bool = False  # the pause ended by its safety limit, not by ``resume``
+
+
+def pause_point(reply: FakeReply, sent: int) -> None:
+    """Wait for the test's ``resume`` once ``sent`` chunks of a paused stream went out."""
+    if reply.pause_after is not None and reply.resume is not None and sent == reply.pause_after:
+        # A test that resumes only after its client got content asserts this stayed False.
+        reply.pause_expired = not reply.resume.wait(60)
 
 
 @dataclass

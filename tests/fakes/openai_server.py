@@ -25,6 +25,7 @@ from tests.fakes.base import (
     FakeServerBase,
     before_reply,
     count_prompt_tokens,
+    pause_point,
     simulate_latency,
     split_chunks,
 )
@@ -246,7 +247,8 @@ class FakeOpenAIServer(FakeServerBase):
 
         self.start_sse(handler, reply.headers)
         self.write_sse(handler, chunk({"role": "assistant", "content": "", "refusal": None}, None))
-        for piece in chunks:
+        for sent, piece in enumerate(chunks):
+            pause_point(reply, sent)
             simulate_latency(reply.chunk_delay)
             self.write_sse(handler, chunk({"content": piece}, None))
         for i, call in enumerate(calls):

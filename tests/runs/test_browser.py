@@ -61,3 +61,41 @@ def test_playground_live_graph_inspector_and_reload(
     assert "<b>" in output
     assert page.locator("[data-testid=step-inspector] b").count() == 0
     assert page.locator("[data-testid=final-answer] b").count() == 0
+
+
+def test_the_answer_panel_streams_the_released_answer(
+    transactional_db: Any, runtime_workers: Any, daphne_server: Any, login: Any, fake_pool: Any, owner: Any
+) -> None:
+    """Issue 45: the answer panel shows the answer as the output gate releases it, before the
+    worker finished (it is paused mid-answer until the panel shows text)."""
+    import json
+    import threading
+
+    from tests.fakes.base import FakeReply
+    from tests.fixtures.runs import CONDUCTOR_MODEL
+
+    resume = threading.Event()
+    plan = {"model_id": [0], "subtasks": ["Answer."], "access_list": [[]]}
+    answer = FakeReply(chunks=["The answer ", "is forty-two, ", "as computed."], pause_after=2, resume=resume)
+
+    def respond(req: dict[str, Any]) -> Any:
+        if req.get("model") == CONDUCTOR_MODEL:
+            return FakeReply(json.dumps(plan))
+        return answer
+
+    fake_pool.server.responder = respond
+    page = login(owner)
+    page.goto(f"{daphne_server.url}/playground/")
+    page.fill("[data-testid=prompt-input]", "What is six times seven?")
+    page.select_option("[data-testid=strategy-select]", "conductor-mini")
+    page.select_option("[data-testid=pool-select]", label="Fake pool")
+    try:
+        page.click("[data-testid=run-submit]")
+        page.wait_for_selector("[data-testid=final-answer][data-streaming=true]", timeout=30_000)
+        live = page.text_content("[data-testid=final-answer]")
+        assert live.startswith("The answer") and not answer.pause_expired
+        assert page.get_attribute("[data-testid=final-answer]", "data-ready") == "false"
+    finally:
+        resume.set()
+    page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
+    assert page.text_content("[data-testid=final-answer]") == Run.objects.get().answer

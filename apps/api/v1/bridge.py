@@ -46,6 +46,7 @@ from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
 from apps.engine.providers.gate import unreadable_field
 from apps.runs import execution
+from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
 from apps.runs.ends import RunEndListener, run_end_listener
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
@@ -224,6 +225,14 @@ def refusal_error(refused: Any) -> OpenAIError:
             503, refused.message, type_="server_error", code="pool_unavailable", headers=no_retry()
         )
     return OpenAIError(400, refused.message, param="messages", code="invalid_value")
+
+
+def answer_buffered(started: Started) -> str | None:
+    """Why the run's answer will not stream as it is written (None: it streams through the
+    output gate): checks that need the whole answer, a hold, or a JSON response format."""
+    if started.req.options.response_format is not None:
+        return "a JSON response format is checked on the whole answer"
+    return run_selectors.answer_buffered_reason(started.run)
 
 
 # --- following a run -------------------------------------------------------------------------------
@@ -558,6 +567,7 @@ async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
                 wake = deadline if held_until is None else min(deadline, held_until)
                 await release_while_waiting()
                 await follower.wait(wake - time.monotonic())
-        # The Run row is updated in the same transaction as run.finished; read the verdict.
-        final = await off_loop(load_run, run.id)
+        # The Run row is updated in the same transaction as run.finished; read the verdict
+        # (and that event's data: the answer's extras and usage).
+        final, _ = await off_loop(_load_ended, run.id)
     yield RunUpdate("final", run=final)

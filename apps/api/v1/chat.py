@@ -371,12 +371,19 @@ class Envelope:
     conductor: dict[str, Any]
 
 
-def _usage(run: Any) -> dict[str, int]:
+def _usage(run: Any) -> dict[str, Any]:
+    """The run's totals in the standard fields (the bill); the tokens spent beyond the answer
+    (planning and intermediate steps) as ``completion_tokens_details.reasoning_tokens``, as
+    OpenAI reports a reasoning model's hidden work, so ``completion_tokens - reasoning_tokens``
+    is the answer's own; and the ``conductor`` breakdown (docs/api.md, "Usage")."""
     used = shaping.usage(run)
+    breakdown = shaping.usage_breakdown(run)
     return {
         "prompt_tokens": used.input_tokens,
         "completion_tokens": used.output_tokens,
         "total_tokens": used.total_tokens,
+        "completion_tokens_details": {"reasoning_tokens": breakdown["orchestration"]["output_tokens"]},
+        "conductor": breakdown,
     }
 
 
@@ -440,13 +447,21 @@ DONE = shaping.sse("[DONE]")
 
 
 async def stream_run(
-    request: HttpRequest, started: bridge.Started, env: Envelope
+    request: HttpRequest, started: bridge.Started, env: Envelope, buffered: str | None = None
 ) -> AsyncGenerator[bytes, None]:
-    yield shaping.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=env.conductor))
+    # The first chunk says at once whether the answer streams or is held for checks (issue 45).
+    first = {**env.conductor, "answer": shaping.answer_mode(buffered)}
+    yield shaping.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=first))
     final: Any = None
+    streamed = shaping.Streamed()
     async for update in bridge.follow_run(started.run):
         if update.kind == "event":
             assert update.event is not None
+            piece = streamed.piece(update.event, buffered)
+            if piece is not None:
+                if piece:
+                    yield shaping.sse(_chunk(env, {"content": piece}))
+                continue
             info = shaping.progress(update.event)
             if info is not None:
                 yield shaping.sse(_chunk(env, {}, conductor=info))
@@ -467,8 +482,9 @@ async def stream_run(
         held = await off_loop(shaping.held_info, final.id)
         yield shaping.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
     else:
-        if answer.text:
-            yield shaping.sse(_chunk(env, {"content": answer.text}))
+        rest = streamed.rest(answer.text)
+        if rest:
+            yield shaping.sse(_chunk(env, {"content": rest}))
         for delta in tool_call_deltas(answer.tool_calls):
             yield shaping.sse(_chunk(env, delta))
         yield shaping.sse(_chunk(env, {}, answer.finish_reason, conductor={**conductor, "usage": usage}))
@@ -547,6 +563,9 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     )
     headers = auth.run_headers(run, env.conductor["url"])
     if started.req.stream:
+        buffered = await off_loop(bridge.answer_buffered, started)
+        headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"
+
         # The run id travels in the headers and the first chunk, which go out before the run's
         # first event is read: a client that loses this server still knows which run it started.
         def on_failure(exc: BaseException) -> list[bytes]:
@@ -554,7 +573,9 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
 
         response: HttpResponseBase = StreamingHttpResponse(
             shaping.guarded_stream(
-                stream_run(request, started, env), is_end=lambda piece: piece == DONE, on_failure=on_failure
+                stream_run(request, started, env, buffered),
+                is_end=lambda piece: piece == DONE,
+                on_failure=on_failure,
             ),
             content_type="text/event-stream",
         )

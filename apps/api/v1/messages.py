@@ -245,7 +245,11 @@ def message_body(
         "content": [{"type": "text", "text": text}] if text else [],
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        "usage": {
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "conductor": shaping.usage_breakdown(run),  # answer vs run (docs/api.md, "Usage")
+        },
         "conductor": conductor,
     }
 
@@ -276,32 +280,62 @@ PING = _event("ping")
 MESSAGE_STOP = _event("message_stop")
 
 
-async def stream_message(request: HttpRequest, started: bridge.Started) -> AsyncGenerator[bytes, None]:
+def stream_buffered(started: bridge.Started) -> str | None:
+    """Why this Messages stream's answer is not streamed as written (see bridge.answer_buffered);
+    stop sequences are cut from the whole answer here (``shape_answer``), so they buffer too."""
+    if started.req.extra.get("stop_sequences"):
+        return "stop sequences are applied to the whole answer"
+    return bridge.answer_buffered(started)
+
+
+async def stream_message(
+    request: HttpRequest, started: bridge.Started, buffered: str | None = None
+) -> AsyncGenerator[bytes, None]:
     run, model = started.run, started.target.model
     conductor = shaping.conductor_info(request, run, started.target)
-    start = message_body(run, model, "", None, None, conductor)
+    # Whether the answer streams or is held for checks, said at once (issue 45).
+    start = message_body(run, model, "", None, None, {**conductor, "answer": shaping.answer_mode(buffered)})
     start["usage"] = {"input_tokens": 0, "output_tokens": 0}
     yield _event("message_start", message=start)
     yield PING
     final: Any = None
+    streamed = shaping.Streamed()
+    opened = False
     async for update in bridge.follow_run(run):
         if update.kind == "keepalive":
             yield PING
+        elif update.kind == "event":
+            assert update.event is not None
+            piece = streamed.piece(update.event, buffered)
+            if not piece:
+                continue
+            if not opened:
+                opened = True
+                yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+            yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": piece})
         elif update.kind == "final":
             final = update.run
     conductor, text, reason, seq, error = await outcome(request, started, final)
     if error is not None:
         yield _event("error", **{k: v for k, v in error_body(error, SHAPE).items() if k != "type"})
         return
-    if text:
+    rest = streamed.rest(text)
+    if rest and not opened:
+        opened = True
         yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+    if rest:
+        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": rest})
+    if opened:
         yield _event("content_block_stop", index=0)
     used = shaping.usage(final)
     yield _event(
         "message_delta",
         delta={"stop_reason": reason, "stop_sequence": seq},
-        usage={"input_tokens": used.input_tokens, "output_tokens": used.output_tokens},
+        usage={
+            "input_tokens": used.input_tokens,
+            "output_tokens": used.output_tokens,
+            "conductor": shaping.usage_breakdown(final),
+        },
         conductor=conductor,
     )
     yield MESSAGE_STOP
@@ -323,13 +357,17 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
+        buffered = await off_loop(stream_buffered, started)
+        headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"
 
         def on_failure(exc: BaseException) -> list[bytes]:
             body = error_body(shaping.follow_failure_error(request, run, target, exc), SHAPE)
             return [_event("error", **{k: v for k, v in body.items() if k != "type"})]
 
         response = StreamingHttpResponse(
-            shaping.guarded_stream(stream_message(request, started), is_end=_ends, on_failure=on_failure),
+            shaping.guarded_stream(
+                stream_message(request, started, buffered), is_end=_ends, on_failure=on_failure
+            ),
             content_type="text/event-stream",
         )
         response["Cache-Control"] = "no-cache"

@@ -448,8 +448,12 @@ def response_body(
                 "input_tokens": used.input_tokens,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": used.output_tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                # The run's work beyond the answer, as a reasoning model's (docs/api.md, "Usage").
+                "output_tokens_details": {
+                    "reasoning_tokens": shaping.usage_breakdown(run)["orchestration"]["output_tokens"]
+                },
                 "total_tokens": used.total_tokens,
+                "conductor": shaping.usage_breakdown(run),
             }
             if finished
             else None
@@ -498,18 +502,49 @@ class _Events:
 
 
 async def stream_response(
-    request: HttpRequest, started: bridge.Started, events: _Events
+    request: HttpRequest, started: bridge.Started, events: _Events, buffered: str | None = None
 ) -> AsyncGenerator[bytes, None]:
     run, target = started.run, started.target
     record = bridge.api_request_record(started.req, target)
     conductor = shaping.conductor_info(request, run, target)
-    initial = response_body(run, record, conductor, status="in_progress")
+    # Whether the answer streams or is held for checks, said at once (issue 45).
+    initial = response_body(
+        run, record, {**conductor, "answer": shaping.answer_mode(buffered)}, status="in_progress"
+    )
     yield events("response.created", response=initial)
     yield events("response.in_progress", response=initial)
     final: Any = None
+    streamed = shaping.Streamed()
+    opened = False  # the message item was announced (its first released text arrived)
+    msg_id = _msg_id(run.id)
     async for update in bridge.follow_run(run):
         if update.kind == "keepalive":
             yield shaping.SSE_KEEPALIVE
+        elif update.kind == "event":
+            assert update.event is not None
+            piece = streamed.piece(update.event, buffered)
+            if not piece:
+                continue
+            if not opened:
+                opened = True
+                yield events(
+                    "response.output_item.added", output_index=0, item=message_item(run, "", "in_progress")
+                )
+                yield events(
+                    "response.content_part.added",
+                    item_id=msg_id,
+                    output_index=0,
+                    content_index=0,
+                    part=text_part(""),
+                )
+            yield events(
+                "response.output_text.delta",
+                item_id=msg_id,
+                output_index=0,
+                content_index=0,
+                delta=piece,
+                logprobs=[],
+            )
         elif update.kind == "final":
             final = update.run
     await auth.count_tokens(started.key, final)
@@ -521,23 +556,28 @@ async def stream_response(
     for index, item in enumerate(items):
         if item["type"] == "message":
             text = item["content"][0]["text"]
-            yield events(
-                "response.output_item.added", output_index=index, item=message_item(final, "", "in_progress")
-            )
-            yield events(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=index,
-                content_index=0,
-                part=text_part(""),
-            )
-            if text:
+            if not (opened and index == 0):
+                yield events(
+                    "response.output_item.added",
+                    output_index=index,
+                    item=message_item(final, "", "in_progress"),
+                )
+                yield events(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=index,
+                    content_index=0,
+                    part=text_part(""),
+                )
+                streamed = shaping.Streamed()
+            rest = streamed.rest(text)
+            if rest:
                 yield events(
                     "response.output_text.delta",
                     item_id=item["id"],
                     output_index=index,
                     content_index=0,
-                    delta=text,
+                    delta=rest,
                     logprobs=[],
                 )
             yield events(
@@ -594,6 +634,8 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     response: HttpResponseBase
     if started.req.stream:
         events = _Events()
+        buffered = await off_loop(bridge.answer_buffered, started)
+        headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"
 
         def on_failure(exc: BaseException) -> list[bytes]:
             err = shaping.follow_failure_error(request, run, target, exc)
@@ -601,7 +643,7 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
 
         response = StreamingHttpResponse(
             shaping.guarded_stream(
-                stream_response(request, started, events),
+                stream_response(request, started, events, buffered),
                 is_end=lambda piece: piece.startswith(ENDINGS),
                 on_failure=on_failure,
             ),

@@ -161,6 +161,36 @@ def usage(run: Any) -> Usage:
     return Usage(run.input_tokens, run.output_tokens)
 
 
+def answer_usage(run: Any) -> Usage:
+    """The tokens of the call that wrote the answer (what ``max_tokens`` bounds), from the
+    run's ``run.finished`` data as the waiter read it (``bridge._load_ended``); zero when the
+    run recorded none (it ended before an answer)."""
+    data = getattr(run, "finished_data", None)
+    got = data.get("answer_usage") if isinstance(data, dict) else None
+    if not isinstance(got, dict):
+        return Usage(0, 0)
+    total = usage(run)
+    return Usage(
+        min(int(got.get("input_tokens") or 0), total.input_tokens),
+        min(int(got.get("output_tokens") or 0), total.output_tokens),
+    )
+
+
+def usage_breakdown(run: Any) -> dict[str, Any]:
+    """The documented ``conductor`` extension of every protocol's ``usage`` (docs/api.md):
+    the standard fields count the run (the bill: planning calls and every step); ``answer`` is
+    the call that wrote the answer, ``orchestration`` the rest."""
+    total, answer = usage(run), answer_usage(run)
+    return {
+        "answer": {"input_tokens": answer.input_tokens, "output_tokens": answer.output_tokens},
+        "run": {"input_tokens": total.input_tokens, "output_tokens": total.output_tokens},
+        "orchestration": {
+            "input_tokens": total.input_tokens - answer.input_tokens,
+            "output_tokens": total.output_tokens - answer.output_tokens,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class FinalAnswer:
     """What a succeeded run answers: ``text`` (None while held), ``tool_calls`` (OpenAI's shape:
@@ -284,6 +314,54 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
     )
 
 
+# Response header of a /v1 stream: "streamed" (the answer arrives as it is written, through the
+# output gate) or "buffered" (checks need the whole answer: it arrives with the verdict).
+ANSWER_HEADER = "X-Conductor-Answer"
+
+
+def answer_mode(buffered: str | None) -> dict[str, Any]:
+    """The ``conductor.answer`` field of a stream's first event (documented in docs/api.md)."""
+    if buffered is None:
+        return {"mode": "streamed"}
+    return {"mode": "buffered", "reason": buffered}
+
+
+class Streamed:
+    """The answer text a /v1 stream has sent so far, from the run's ``step.delta`` events
+    marked ``answer`` (text the output gate released; issue 45)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def piece(self, event: dict[str, Any], buffered: str | None) -> str | None:
+        """The content to send for ``event`` ("" : nothing now), or None when it is no answer
+        delta. A buffered or holdable run's answer is never streamed."""
+        data = event.get("data") or {}
+        if event["type"] != "step.delta" or not data.get("answer"):
+            return None
+        if buffered is not None or data.get("holdable") or data.get("withheld"):
+            return ""
+        text = str(data.get("text") or "")
+        if text:
+            self.parts.append(text)
+        return text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def rest(self, answer: str | None) -> str:
+        """What of the stored ``answer`` the client has not received yet. The released pieces
+        are a prefix of it by construction; if they were not, nothing more is sent (a second,
+        different copy would be worse) and it is logged."""
+        answer = answer or ""
+        sent = self.text
+        if answer.startswith(sent):
+            return answer[len(sent) :]
+        logger.warning("a streamed answer is not a prefix of the stored answer; the rest is not sent")
+        return ""
+
+
 def progress(event: dict[str, Any]) -> dict[str, Any] | None:
     """The ``conductor`` progress field for one run event (None for events not worth a chunk)."""
     kind, data, seq = event["type"], event.get("data") or {}, event["seq"]
@@ -302,8 +380,8 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
             "instruction": data.get("instruction"),
         }
     if kind == "step.delta":
-        if data.get("withheld"):
-            return None
+        if data.get("withheld") or data.get("unchecked") or data.get("answer"):
+            return None  # unchecked answer text never reaches a /v1 client; released text is content
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
         return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
