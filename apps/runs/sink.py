@@ -775,10 +775,12 @@ class RunSink:
         totals = data.get("totals") or {}
         status = data.get("status") or RunStatus.FAILED
         held = self._is_held(data)
+        incomplete = data.get("incomplete") if isinstance(data.get("incomplete"), dict) else {}
         updates: dict[str, Any] = {
             "status": status,
             "status_reason": data.get("reason") or "",
-            "error": data.get("error") or "",
+            # A partial answer's run keeps why it is partial (the failed step) for its page.
+            "error": data.get("error") or incomplete.get("detail") or "",
             "answer": data.get("answer") or "",
             "input_tokens": int(totals.get("input_tokens") or 0),
             "output_tokens": int(totals.get("output_tokens") or 0),
@@ -804,6 +806,8 @@ class RunSink:
                 "answer_held": held,
                 "flags": list(self.flags),
                 "totals": totals,
+                # A partial answer (reason "partial"): which failure it stands in for (issue 44).
+                "incomplete": data.get("incomplete"),
             },
         )
         self._staged_verdict = None

@@ -381,3 +381,56 @@ def test_pev_blocked_when_max_steps_too_small(openai_fake: FakeOpenAIServer) -> 
     openai_fake.responder = router([])
     result, _sink = go(openai_fake, PlannerExecutorVerifierStrategy(), limits=Limits(max_steps=2))
     assert result.status == RunStatus.BLOCKED and "at most 2" in (result.error or "")
+
+
+# ----------------------------------------------------------------------------- partial answers
+
+
+def _round_two_fails(openai_fake: FakeOpenAIServer) -> None:
+    plans = router(
+        [
+            "model_id = [0, 2]\nsubtasks = ['Draft', 'Review the draft']\naccess_list = [[], 'all']",
+            "model_id = [1]\nsubtasks = ['Polish the draft']\naccess_list = [[0]]",
+        ]
+    )
+
+    def respond(req: dict[str, Any]) -> Any:
+        if req["model"] == "worker-1":
+            return openai_error("server_error")  # round 2's only step; no retries, no fallback
+        return plans(req)
+
+    openai_fake.responder = respond
+
+
+def test_a_failed_round_two_step_ends_with_round_ones_answer_marked_incomplete(
+    openai_fake: FakeOpenAIServer,
+) -> None:
+    _round_two_fails(openai_fake)
+    result, sink = go(openai_fake, ConductorStrategy())
+    assert result.status == RunStatus.SUCCEEDED and result.reason == "partial"
+    assert result.answer == "worker-0 says: Draft"  # round 1's last worker step
+    finished = sink.of_type(EventType.RUN_FINISHED)[0].data
+    assert finished["finish_reason"] == "length" and finished["error"] is None
+    assert finished["incomplete"]["reason"] == "step_failed" and finished["incomplete"]["answer_step"] == 0
+    assert "Step 2" in finished["incomplete"]["detail"]
+    # The output guardrails saw the partial answer like any answer.
+    assert [e.data["stage"] for e in sink.of_type(EventType.GUARDRAIL_CHECKED)][-1:] in ([], ["output"])
+
+
+def test_partial_answers_off_the_run_fails_as_before(openai_fake: FakeOpenAIServer) -> None:
+    _round_two_fails(openai_fake)
+    result, _ = go(openai_fake, ConductorStrategy(), limits=Limits(partial_answers=False))
+    assert result.status == RunStatus.FAILED and result.reason == "step_failed"
+    assert result.answer is None
+
+
+def test_no_completed_round_no_partial_answer(openai_fake: FakeOpenAIServer) -> None:
+    plans = router(["model_id = [0, 1]\nsubtasks = ['Draft', 'Refine']\naccess_list = [[], [0]]"])
+
+    def respond(req: dict[str, Any]) -> Any:
+        return openai_error("server_error") if req["model"] == "worker-1" else plans(req)
+
+    openai_fake.responder = respond
+    result, _ = go(openai_fake, ConductorStrategy())
+    # Step 0's draft is not an answer: the plan's answer step never ran.
+    assert result.status == RunStatus.FAILED and result.reason == "step_failed"
