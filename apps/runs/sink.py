@@ -403,8 +403,9 @@ class RunSink:
                     connection.close()
 
     def _answers_to_journal(self) -> bool:
-        # Not after the run ended: its journal is forgotten (and a late answer is discarded).
-        return self.journal is not None and not self.finished and self.journal.pending
+        # Not after the run ended (its journal is forgotten, a late answer discarded), nor once
+        # another executor took the run over (it may end it and forget the journal first).
+        return self.journal is not None and not self.finished and not self.dropped and self.journal.pending
 
     def _journal_answers(self) -> None:
         """Answers received since the last batch are written at once, on their own (one INSERT),
