@@ -14,8 +14,13 @@ per-step event order is deterministic.
 
 Failure: a step that fails (provider error after retries, or timeout) is retried once on its
 worker's `fallback_key` worker if the pool has it; otherwise it ends `failed`/`timed_out`, the
-steps not yet started are `skipped` and the run ends `failed`. Cancellation and the run deadline
-abandon running calls (their late results are discarded) and skip the rest.
+steps not yet started are `skipped` and the run ends `failed`. A *tolerant* round (issue 44: a
+conductor round that ends with the conductor itself, a mixture of agents' proposals) goes on
+instead: the failure is a result like any other (the conductor's re-plan sees it), a step whose
+inputs are all done runs with those that succeeded (an aggregator with one proposal missing still
+aggregates), one whose inputs all failed is skipped, and the round fails only if its answer step
+could not run. Blocks, cancellation and the run deadline are never tolerated: they abandon
+running calls (their late results are discarded) and skip the rest.
 """
 
 from __future__ import annotations
@@ -86,31 +91,43 @@ class _RoundState:
     abort: RunAborted | None = None
 
 
-def execute_round(session: RunSession, plan: Plan, *, round: int, allow_self: bool = True) -> Plan:
+def execute_round(
+    session: RunSession, plan: Plan, *, round: int, allow_self: bool = True, tolerant: bool = False
+) -> Plan:
     """Validate through the session's hooks, then execute every non-conductor step.
 
-    Returns the plan that ran (the validated, possibly repaired one).
+    Returns the plan that ran (the validated, possibly repaired one). A round whose plan ends
+    with the conductor itself is tolerant (see the module docstring), as is one the caller says.
     """
     final = session.validate(plan, round=round, allow_self=allow_self)
     session.plans.append(final)
-    execute_plan(session, final, round=round)
+    execute_plan(session, final, round=round, tolerant=tolerant or final.recurses)
     return final
 
 
-def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
+def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool = False) -> None:
     """Run the plan's worker steps (a trailing CONDUCTOR_SELF step is left to the strategy).
     Returns when every step has a terminal record; raises RunAborted for a run-ending outcome."""
     steps = [s for s in plan.steps if not s.is_self]
     state = _RoundState(pending={s.index: s for s in steps})
     in_plan = set(state.pending)
     done: dict[int, StepStatus] = {}
+    # A tolerant round's first step failure: raised at the end if the round's answer never came.
+    tolerated: list[RunAborted] = []
     inbox: queue.Queue[_Outcome] = queue.Queue()
     limits = session.limits
     # The step that writes the answer gets the API client's generation options (issue 22).
     answer_index = final_index(steps, plan.recurses)
 
     def deps_ready(step: PlanStep) -> bool:
-        return all(done.get(i) == StepStatus.SUCCEEDED for i in step.reads() if i in in_plan)
+        reads = [i for i in step.reads() if i in in_plan]
+        if tolerant:  # every input done; the failed ones are simply not in its context
+            return all(i in done for i in reads)
+        return all(done.get(i) == StepStatus.SUCCEEDED for i in reads)
+
+    def inputs_all_failed(step: PlanStep) -> bool:
+        reads = [i for i in step.reads() if i in in_plan]
+        return bool(reads) and not any(done.get(i) == StepStatus.SUCCEEDED for i in reads)
 
     def finish(rec: StepRecord) -> None:
         session.record(rec)
@@ -322,12 +339,15 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
         )
         if timed_out:
             session.add_usage(Usage(), None, False)
-        if state.abort is None:
-            state.abort = RunAborted(
-                RunStatus.FAILED,
-                "step_timed_out" if timed_out else "step_failed",
-                f"Step {att.step.index} ({att.worker.info.name}) {'timed out' if timed_out else 'failed'}: {error}",
-            )
+        failure = RunAborted(
+            RunStatus.FAILED,
+            "step_timed_out" if timed_out else "step_failed",
+            f"Step {att.step.index} ({att.worker.info.name}) {'timed out' if timed_out else 'failed'}: {error}",
+        )
+        if tolerant:
+            tolerated.append(failure)  # a result the round goes on with (module docstring)
+        elif state.abort is None:
+            state.abort = failure
 
     def on_success(att: _Attempt, result: WorkerResult, elapsed_ms: float) -> None:
         outbound.report(session, step=att.step.index, checks=result.outbound, blocked=False)
@@ -398,6 +418,17 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
                 step = state.pending[index]
                 if deps_ready(step):
                     del state.pending[index]
+                    if tolerant and inputs_all_failed(step):
+                        finish(
+                            StepRecord(
+                                step,
+                                round,
+                                StepStatus.SKIPPED,
+                                session.worker_key(step.worker),
+                                error="Not run: every step it reads failed.",
+                            )
+                        )
+                        continue
                     try_start(step)
             if state.abort is not None:
                 continue
@@ -439,3 +470,5 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int) -> None:
 
     if state.abort is not None:
         raise state.abort
+    if tolerated and not plan.recurses and steps and done.get(steps[-1].index) != StepStatus.SUCCEEDED:
+        raise tolerated[0]  # the round's answer step could not run: the first failure says why

@@ -152,9 +152,23 @@ def run_request(
         if checked.text != question:
             _redact_conversation(strategy, hooks, ctx)
         session.question = checked.text
-        raw_answer = strategy.run(session)
+        incomplete: dict[str, Any] | None = None
+        try:
+            raw_answer = strategy.run(session)
+        except RunAborted as stop:
+            partial = _partial_answer(session, stop)
+            if partial is None:
+                raise
+            raw_answer = partial.output or ""
+            incomplete = {"reason": stop.reason, "detail": stop.error, "answer_step": partial.step.index}
+            logger.info(
+                "run %s: %s; answering with step %d's output, marked incomplete",
+                run_id,
+                stop.reason,
+                partial.step.index,
+            )
         session.checkpoint()
-        record = _answer_record(session)
+        record = _answer_record(session) if incomplete is None else None
         step_ending = ctx.endings.get(record.step.index) if record is not None else None
         if step_ending is not None and step_ending.tool_calls:
             ending["tool_calls"] = _guard_tool_calls(session, hooks, ctx, step_ending.tool_calls)
@@ -162,7 +176,12 @@ def run_request(
         elif step_ending is not None and step_ending.finish_reason == "length":
             ending["finish_reason"] = "length"
         fmt = generation.response_format if generation is not None else None
-        if fmt is not None and not ending.get("tool_calls") and ending.get("finish_reason") != "length":
+        if incomplete is not None:
+            # Each protocol's "the answer was cut short" (length / incomplete / max_tokens), with
+            # why under ``incomplete`` (apps.api.v1); the output guardrails still apply below.
+            ending["finish_reason"] = "length"
+            ending["incomplete"] = incomplete
+        elif fmt is not None and not ending.get("tool_calls") and ending.get("finish_reason") != "length":
             raw_answer = _check_format(session, fmt, raw_answer, record, generation)
         stream = session.answer_stream
         if stream is not None and (record is None or stream.index != record.step.index):
@@ -189,7 +208,11 @@ def run_request(
                 "output_blocked",
                 f"The answer was blocked: {out.block_reason or 'output guardrail'}",
             )
-        status, answer, reason = RunStatus.SUCCEEDED, out.text, "completed"
+        status, answer, reason = (
+            RunStatus.SUCCEEDED,
+            out.text,
+            "completed" if incomplete is None else "partial",
+        )
     except RunHeld as held:
         # Paused, not ended: the plan waits for an approver, so no run.finished.
         status, error, reason = held.status, held.error, held.reason
@@ -275,6 +298,27 @@ def _released(session: RunSession) -> dict[str, Any]:
 
 
 # --- the answer step's extras (issue 22) ------------------------------------------------------------
+
+
+# Run endings a partial answer may stand in for: a step that failed after its retries and
+# fallback. Not a block (a rule said no), a cancel (the user said stop) or the run's deadline.
+_PARTIAL_REASONS = frozenset({"step_failed", "step_timed_out"})
+
+
+def _partial_answer(session: RunSession, stop: RunAborted) -> StepRecord | None:
+    """The answer of the latest round whose last worker step succeeded (a recursing round's too:
+    its last step is what the conductor re-planned from), when the policy allows partial answers
+    and ``stop`` is a step's failure; None otherwise."""
+    if stop.reason not in _PARTIAL_REASONS or not session.limits.partial_answers:
+        return None
+    for plan in reversed(session.plans):
+        steps = [s for s in plan.steps if not s.is_self]
+        if not steps:
+            continue
+        rec = session.records.get(steps[-1].index)
+        if rec is not None and rec.status == StepStatus.SUCCEEDED and (rec.output or "").strip():
+            return rec
+    return None
 
 
 def _answer_record(session: RunSession) -> StepRecord | None:

@@ -88,9 +88,9 @@ def _strongest(session: RunSession) -> int:
     return max(allowed, key=lambda i: (session.pool.workers[i].info.cost_rank, -i))
 
 
-def _run_fixed(session: RunSession, plan: Plan) -> str:
+def _run_fixed(session: RunSession, plan: Plan, *, tolerant: bool = False) -> str:
     session.propose(round=1, attempt=1, source="fixed", plan=plan)
-    execute_round(session, plan, round=1, allow_self=False)
+    execute_round(session, plan, round=1, allow_self=False, tolerant=tolerant)
     return session.answer()
 
 
@@ -149,7 +149,8 @@ class MixtureOfAgentsStrategy(_Base):
         aggregator = self.aggregator if self.aggregator is not None else _strongest(session)
         steps = [PlanStep(i, w, self.PROPOSE, ()) for i, w in enumerate(proposers)]
         steps.append(PlanStep(len(steps), aggregator, self.AGGREGATE, "all"))
-        return _run_fixed(session, Plan(tuple(steps)))
+        # A failed proposal is tolerated: the aggregator combines the proposals it has (issue 44).
+        return _run_fixed(session, Plan(tuple(steps)), tolerant=True)
 
 
 class PlannerExecutorVerifierStrategy(_Base):
@@ -328,10 +329,17 @@ class ConductorStrategy(_Base):
     def _results_text(self, session: RunSession, self_step: PlanStep) -> str:
         parts = []
         for rec in session.outputs_for(self_step.reads()):
-            if rec.status != StepStatus.SUCCEEDED or rec.step.is_self:
+            if rec.step.is_self:
                 continue
             name = session.pool.workers[rec.step.worker].info.name
-            parts.append(f"Step {rec.step.index} ({name}): {rec.step.instruction}\nOutput: {rec.output}")
+            if rec.status == StepStatus.SUCCEEDED:
+                parts.append(f"Step {rec.step.index} ({name}): {rec.step.instruction}\nOutput: {rec.output}")
+            elif rec.status in (StepStatus.FAILED, StepStatus.TIMED_OUT, StepStatus.SKIPPED):
+                # A failure is a result too (issue 44): the conductor re-plans around it.
+                parts.append(
+                    f"Step {rec.step.index} ({name}): {rec.step.instruction}\n"
+                    f"{rec.status.value.upper()} (no output): {rec.error or 'no reason given'}"
+                )
         return "\n\n".join(parts) or "(none)"
 
     # ------------------------------------------------------------------ planning

@@ -7,9 +7,10 @@ thread holds the GIL, which on a busy server can take a whole switch interval (i
 finished thread parks for a while and takes the next call instead.
 
 The pool is unbounded on purpose: an abandoned call keeps its thread until the provider returns,
-and a new call never waits behind it. Each call runs in an empty ``contextvars`` context, as on a
-new thread, so nothing one run set is seen by the next. A parked thread that gets no call within
-``IDLE_S`` ends.
+and a new call never waits behind it. Each call runs in a copy of the context it was spawned
+from (issue 44: the run's request id stays on the log lines of its provider calls), never in what
+an earlier call on the same thread left, so nothing one run set is seen by the next. A parked
+thread that gets no call within ``IDLE_S`` ends.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 # How long a parked thread waits for another call before it ends.
 IDLE_S = 60.0
 
-_Task = tuple[Callable[[], None], str]
+_Task = tuple[Callable[[], None], str, contextvars.Context]
 
 _lock = threading.Lock()
 _parked: list[_Kept] = []  # LIFO: the most recently used (warm) thread goes first
@@ -48,13 +49,16 @@ def started() -> int:
 
 def spawn(target: Callable[[], None], *, name: str) -> None:
     """Run ``target`` on a kept daemon thread (a parked one, or a new one). Never waits for it;
-    ``target`` reports its own outcome (the engine's callers hand results over a queue)."""
+    ``target`` reports its own outcome (the engine's callers hand results over a queue). It runs
+    in a copy of the caller's context: what the caller set (its request id) is seen, what the
+    call sets stays with the call."""
+    task = (target, name, contextvars.copy_context())
     with _lock:
         kept = _parked.pop() if _parked else None
     if kept is not None:
-        kept.inbox.put((target, name))
+        kept.inbox.put(task)
         return
-    _start((target, name))
+    _start(task)
 
 
 def _start(task: _Task) -> None:
@@ -74,10 +78,10 @@ class _Kept:
 
     def serve(self, task: _Task) -> None:
         while True:
-            target, name = task
+            target, name, context = task
             threading.current_thread().name = name
             try:
-                contextvars.Context().run(target)
+                context.run(target)
             except Exception:  # the engine's targets catch their own; keep the thread regardless
                 logger.exception("an engine call raised on %s", name)
             finally:

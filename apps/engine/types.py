@@ -94,6 +94,10 @@ class Limits:
     # block those over `max_steps` (a policy wants to see, and record, the over-long plan);
     # None means `max_steps`. `max_steps` stays what the conductor is told and what runs.
     accept_steps: int | None = None
+    # A run whose plan cannot finish (a step failed after its retries and fallback) but that holds
+    # the answer of an earlier completed round ends succeeded with that answer marked incomplete
+    # (apps.engine.runner); False: it ends failed (policy constraints.partial_answers).
+    partial_answers: bool = True
 
     @property
     def plan_bound(self) -> int:
@@ -120,6 +124,7 @@ class Limits:
             "run_timeout_s": self.run_timeout_s,
             "max_tokens_per_step": self.max_tokens_per_step,
             "allowed_workers": list(self.allowed_workers) if self.allowed_workers is not None else None,
+            "partial_answers": self.partial_answers,
         }
 
 

@@ -89,6 +89,7 @@ from apps.engine.types import Limits
 from apps.policies.patterns import regex_problem
 
 ConstraintAction = Literal["repair", "block"]
+PartialAnswers = Literal["allow", "deny"]
 # A plan that crosses a plan-check limit: wait for an approver, or end blocked at once.
 HoldAction = Literal["require_approval", "block"]
 BoundaryLabel = Literal["pii", "secrets"]
@@ -112,6 +113,8 @@ STRICTNESS: dict[str, int] = {
     "block": 4,
     "fail_open": 1,
     "fail_closed": 2,
+    "allow": 1,
+    "deny": 2,
 }
 
 # Size bounds on what a policy may store (refused at save/publish with the field path).
@@ -373,6 +376,13 @@ class Constraints(_Spec):
     )
     approval: ApprovalRule = _f(ApprovalRule, "Plans held for an approver.", "nested")
     verification: Verification = _f(Verification, "Required verification steps.", "nested")
+    partial_answers: PartialAnswers = _f(
+        "allow",
+        "allow: a run whose plan cannot finish (a step failed after its retries and fallback) but "
+        "that holds the answer of an earlier completed round returns it, marked incomplete on every "
+        "surface and checked by the output guardrails like any answer; deny: such a run ends failed.",
+        "stricter",
+    )
 
 
 # ------------------------------------------------------------------------------------ budgets
@@ -1184,4 +1194,5 @@ class EffectivePolicy:
             kwargs["step_timeout_s"] = min(base.step_timeout_s, c.caps.step_timeout_s)
         if c.caps.max_wall_clock_s is not None:
             kwargs["run_timeout_s"] = min(base.run_timeout_s, c.caps.max_wall_clock_s)
+        kwargs["partial_answers"] = c.partial_answers == "allow"
         return dataclasses.replace(base, **kwargs)

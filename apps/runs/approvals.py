@@ -225,9 +225,10 @@ def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
             now,
             {"decision": "approved", "by": actor.get_username(), "note": note, "round": approval.round},
         )
-        run_id = locked.pk
+        run_id, request_id = locked.pk, locked.request_id or ""
         transaction.on_commit(lambda: publish(run_id, event))
-        transaction.on_commit(lambda: dispatch_pending(run_id))
+        # The run's request id, not the approver's request's.
+        transaction.on_commit(lambda: dispatch_pending(run_id, request_id))
     return Run.objects.get(pk=run.pk)
 
 

@@ -9,10 +9,17 @@ nothing. Every process that executes runs renews its leases by heartbeat; a leas
 or whose owner is a dead process on this host, sends the run back to the queue (`requeue_run`),
 at most `RUN_MAX_ATTEMPTS` times, after which the run ends `failed` with the reason.
 
-A re-queued run restarts cleanly: the engine cannot resume a plan half-way (its strategies keep
-the plan, recursion and guardrail state in memory), so the lost attempt's steps are deleted and
-its usage is reset — the audit trail keeps what was discarded — and the new attempt's events
-continue the run's `seq`, so websocket clients lose nothing and see nothing twice.
+A re-queued run resumes (`apps.runs.journal`): its next attempt runs the strategy again, and every
+provider call the lost attempt had answered (planning, steps, judges; journaled before the event
+that reports it) is replayed from the resume journal instead of asked again, so it is billed
+once; the first call that was in flight, and all after it, go to the provider. The lost attempt's
+steps and usage are reset (the audit trail keeps what was discarded, and whether the restart
+resumed or started clean) and rebuilt by the replay, and the new attempt's events continue the
+run's `seq`, so websocket clients lose nothing and see nothing twice.
+
+Every execution runs in a `contextvars` context of its own carrying only the run's request id
+(the hand-off carries it: a Celery message header, the thread pool's task argument), and the
+engine's provider-call threads run in a copy of it: each log line names its own request.
 """
 
 from __future__ import annotations
@@ -123,8 +130,14 @@ def _declare(producer: Any, queue: Any) -> list[Any]:
     return [bound]
 
 
-def dispatch_run(run_id: UUID | str) -> None:
-    """Hand a run to an executor now. Raises if the hand-off failed (e.g. broker down)."""
+# The Celery message header carrying the run's request id to the worker that executes it (the
+# executor's log lines before it reads the run name its request too, issue 44).
+REQUEST_ID_HEADER = "conductor_request_id"
+
+
+def dispatch_run(run_id: UUID | str, request_id: str = "") -> None:
+    """Hand a run to an executor now. Raises if the hand-off failed (e.g. broker down).
+    ``request_id``: the run's own (``Run.request_id``), travelling with the hand-off."""
     if settings.EXECUTION_BACKEND == "celery":
         app = current_app
         queue = app.amqp.queues[settings.CELERY_RUN_QUEUE or app.conf.task_default_queue]
@@ -135,14 +148,16 @@ def dispatch_run(run_id: UUID | str) -> None:
                 queue=queue.name,
                 producer=producer,
                 declare=_declare(producer, queue),
+                headers={REQUEST_ID_HEADER: request_id} if request_id else None,
             )
     else:
-        thread_executor().submit(_execute_in_thread, str(run_id))
+        thread_executor().submit(_execute_in_thread, str(run_id), request_id)
 
 
-def dispatch_pending(run_id: UUID | str) -> bool:
+def dispatch_pending(run_id: UUID | str, request_id: str = "") -> bool:
     """Dispatch the run whose outbox row is pending (called on commit of run_create and by the
-    drain). Never raises: a failed hand-off is logged and retried later from the outbox."""
+    drain). Never raises: a failed hand-off is logged and retried later from the outbox.
+    ``request_id``: the run's (never the dispatching request's, e.g. an approver's)."""
     run_id = _as_uuid(run_id)
     now = timezone.now()
     # Claim the outbox row first, so two drains never publish the same run at once.
@@ -150,7 +165,7 @@ def dispatch_pending(run_id: UUID | str) -> bool:
     if not taken:
         return False  # another process is handing it off, or it was claimed already
     try:
-        dispatch_run(run_id)
+        dispatch_run(run_id, request_id)
     except Exception as exc:
         row = RunDispatch.objects.filter(pk=run_id).values_list("attempts", flat=True).first() or 1
         backoff = min(30.0, float(settings.RUN_REAP_INTERVAL_S) * (2 ** min(row - 1, 5)))
@@ -191,20 +206,20 @@ def drain_outbox(limit: int = 100) -> int:
         RunDispatch.objects.filter(dispatched_at__isnull=True)
         .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
         .order_by("created_at")
-        .values_list("pk", flat=True)[:limit]
+        .values_list("pk", "run__request_id")[:limit]
     )
     sent = 0
-    for pk in pending:
-        if dispatch_pending(pk):
+    for pk, request_id in pending:
+        if dispatch_pending(pk, request_id or ""):
             sent += 1
         elif RunDispatch.objects.filter(pk=pk, dispatched_at__isnull=True).exists():
             break  # the hand-off failed (broker down): retry on a later tick, in order
     return sent
 
 
-def _execute_in_thread(run_id: str) -> None:
+def _execute_in_thread(run_id: str, request_id: str = "") -> None:
     try:
-        execute_run(run_id)
+        execute_run(run_id, request_id=request_id)
     finally:
         connection.close()
 
@@ -280,9 +295,20 @@ def _claim(run_id: UUID | str) -> bool:
     return claimed
 
 
-def execute_run(run_id: UUID | str) -> str | None:
+def execute_run(run_id: UUID | str, request_id: str = "") -> str | None:
     """Run the engine for a queued run. Returns the final status, or None if not claimed (or
-    if the lease was lost to another executor, which then owns the outcome)."""
+    if the lease was lost to another executor, which then owns the outcome).
+
+    In a context of its own holding only the run's request id (as the hand-off carried it; the
+    run's row has the last word once read): a pool thread or a Celery worker keeps its context
+    from one task to the next, and the id an earlier run set was on this run's first log lines
+    (issue 44)."""
+    context = contextvars.Context()
+    return context.run(_execute_run, run_id, request_id)
+
+
+def _execute_run(run_id: UUID | str, request_id: str) -> str | None:
+    set_request_id(request_id)
     close_old_connections()
     start_lease_keeper()  # heartbeats wherever runs execute (thread pool, Celery, tests)
     if not _claim(run_id):
@@ -721,8 +747,8 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
                 "discarded": discarded,
             },
         )
-        run_id_ = run.id
-        transaction.on_commit(lambda: dispatch_pending(run_id_))
+        run_id_, request_id = run.id, run.request_id or ""
+        transaction.on_commit(lambda: dispatch_pending(run_id_, request_id))
     logger.warning("run %s re-queued after attempt %s: %s", run_id, run.attempts, reason)
     return RunStatus.QUEUED
 

@@ -1,8 +1,10 @@
 """Resume journal (issue 14): a re-queued run continues after its last completed call.
 
-Every provider call a run makes (the conductor's planning, each step, a verifier) is written to
-`RunCall` by the run's sink in the transaction of the events that report it (`CallJournal.flush`), keyed
-by what was asked: the worker, the exact messages and the generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
+Every provider call a run makes (the conductor's planning, each step, a verifier, a model judge)
+is written to `RunCall` by the run's sink at the first event after its answer, and before any
+further provider call, so always before the events that report it are stored and published
+(`RunSink._journal_answers`, issue 44): a kill after the answer never repeats the call. Rows are
+keyed by what was asked: the worker, the exact messages and the generation options. When a lost run is re-queued, its next attempt runs the same strategy again;
 the engine is deterministic given the same answers, so it asks the same questions in the same
 shape, and each one already answered is served from the journal — no provider call, billed once
 (the run's totals are reset at re-queue and the replayed usage counted again exactly once). The
@@ -132,9 +134,14 @@ class CallJournal:
                 )
             )
 
+    @property
+    def pending(self) -> bool:
+        """Answers received and not yet written."""
+        return bool(self._pending)
+
     def flush(self) -> None:
-        """Write the queued answers (by the run's sink, in the transaction of the events that
-        report them)."""
+        """Write the queued answers (by the run's sink: on its own at the first event after them,
+        or in the transaction of a batch)."""
         with self._lock:
             rows, self._pending = self._pending, []
         if rows:

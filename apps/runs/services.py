@@ -218,8 +218,8 @@ def run_create(
         if not execute_here:
             # The outbox row makes the hand-off survive a broker outage or a crash before dispatch.
             compiled.create(RunDispatch, run=run)
-            run_id = run.id
-            transaction.on_commit(lambda: _dispatch(run_id))
+            run_id, request_id = run.id, run.request_id or ""
+            transaction.on_commit(lambda: _dispatch(run_id, request_id))
     run.access_stamp = access_stamp  # what execution's caches are keyed by
     return run
 
@@ -235,10 +235,10 @@ def _valid_messages(messages: Any) -> bool:
     )
 
 
-def _dispatch(run_id: UUID) -> None:
+def _dispatch(run_id: UUID, request_id: str) -> None:
     """On commit: hand the run to an executor. Never raises — if the broker is down the client
     still gets its run id and the outbox row is retried by the lease keeper / beat."""
-    dispatch_pending(run_id)
+    dispatch_pending(run_id, request_id)
 
 
 def run_cancel(*, actor: Any, run: Run) -> Run:

@@ -285,7 +285,8 @@ def _ts(event: dict[str, Any]) -> datetime:
 # and published then. plan.started precedes the conductor call (a viewer sees the planning node
 # during that wait), step.started the worker's. step.finished is one only while another step is
 # still running (else the engine goes on at once: the next step, the output check, run.finished);
-# any other provider call flushes first through the journal (RunSink.before_provider_call).
+# any other provider call flushes first through the journal (RunSink.before_provider_call). An
+# answered call is journaled at the first event after it, before any of this (_journal_answers).
 _FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished", "run.awaiting_approval"})
 # A buffer (e.g. a token stream) older than this is stored at the next event.
 DELTA_FLUSH_S = 0.05
@@ -315,9 +316,10 @@ class RunSink:
     no gap in ``seq``; every stored event is published after its transaction commits.
 
     ``owner`` fences the run: a batch is stored only while this executor holds the lease for this
-    attempt (checked inside the batch's transaction, under the run's row lock). ``journal`` (the resume journal) is written in the
-    same transaction as the events that report its answers, and its provider wait is recorded on
-    ``run.finished`` as ``provider_ms``.
+    attempt (checked inside the batch's transaction, under the run's row lock). ``journal`` (the resume journal) is written at the
+    first event after each answer, before the events that report it are stored and published
+    (``_journal_answers``), and its provider wait is recorded on ``run.finished`` as
+    ``provider_ms``.
     """
 
     def __init__(
@@ -377,25 +379,48 @@ class RunSink:
     def emit(self, event: Event) -> None:
         data = event.to_dict()
         with self._lock:
-            if not self._add(data):
+            store = self._add(data)
+            if not store and not self._answers_to_journal():
                 return
             try:
-                self.flush_locked()
+                if store:
+                    self.flush_locked()
+                else:
+                    self._journal_answers()
             finally:
                 if threading.get_ident() != self._owner_thread:
                     # Engine helper threads are short-lived; don't leave their connections open.
                     connection.close()
 
     def flush(self) -> None:
-        """Store and publish whatever is buffered (the engine's end, before a provider call)."""
+        """Store and publish whatever is buffered (the engine's end, before a provider call);
+        with nothing buffered, still write the answers the journal holds."""
         with self._lock:
-            if not self._buffer:
+            if not self._buffer and not self._answers_to_journal():
                 return
             try:
-                self.flush_locked()
+                if self._buffer:
+                    self.flush_locked()
+                else:
+                    self._journal_answers()
             finally:
                 if threading.get_ident() != self._owner_thread:
                     connection.close()
+
+    def _answers_to_journal(self) -> bool:
+        # Not after the run ended (its journal is forgotten, a late answer discarded), nor once
+        # another executor took the run over (it may end it and forget the journal first).
+        return self.journal is not None and not self.finished and not self.dropped and self.journal.pending
+
+    def _journal_answers(self) -> None:
+        """Answers received since the last batch are written at once, on their own (one INSERT),
+        at the first event after them (step.finished at the latest) and before any further
+        provider call: the events that report them are stored and published only after, and a
+        kill in between does not repeat a call that was answered (issue 44). Cheaper than
+        storing the buffer there too: the run's next boundary follows at once anyway."""
+        if self._answers_to_journal():
+            keep_connection_healthy()
+            self.journal.flush()
 
     def before_provider_call(self) -> None:
         """The engine is about to wait on a model provider: what it emitted so far is stored and
@@ -761,10 +786,12 @@ class RunSink:
         totals = data.get("totals") or {}
         status = data.get("status") or RunStatus.FAILED
         held = self._is_held(data)
+        incomplete = data.get("incomplete") if isinstance(data.get("incomplete"), dict) else {}
         updates: dict[str, Any] = {
             "status": status,
             "status_reason": data.get("reason") or "",
-            "error": data.get("error") or "",
+            # A partial answer's run keeps why it is partial (the failed step) for its page.
+            "error": data.get("error") or incomplete.get("detail") or "",
             "answer": data.get("answer") or "",
             "input_tokens": int(totals.get("input_tokens") or 0),
             "output_tokens": int(totals.get("output_tokens") or 0),
@@ -793,6 +820,8 @@ class RunSink:
                 "answer_held": held,
                 "flags": list(self.flags),
                 "totals": totals,
+                # A partial answer (reason "partial"): which failure it stands in for (issue 44).
+                "incomplete": data.get("incomplete"),
             },
         )
         self._staged_verdict = None

@@ -16,9 +16,17 @@ from apps.runs import execution, sweeper
 
 
 # Named by execution, which sends it by that name (it cannot import this module: tasks sits above).
-@shared_task(name=execution.RUN_EXECUTE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def run_execute(run_id: str) -> str | None:
-    return execution.execute_run(run_id)
+@shared_task(
+    bind=True,
+    name=execution.RUN_EXECUTE_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def run_execute(self: Any, run_id: str) -> str | None:
+    # The run's request id travels as a message header (custom headers become request attributes).
+    request_id = getattr(self.request, execution.REQUEST_ID_HEADER, None)
+    return execution.execute_run(run_id, request_id=str(request_id or ""))
 
 
 @shared_task(name="apps.runs.tasks.sweep_stale_runs", ignore_result=True)

@@ -436,7 +436,10 @@
     var run = this.run, self = this;
     if (!run) return "connecting…";
     if (this.isTerminal()) {
-      var why = run.status === "succeeded" ? "" : (run.error || run.status_reason || "");
+      // A partial answer (issue 44) says why it is partial; a failure says why it failed.
+      var partial = run.status === "succeeded" && run.status_reason === "partial";
+      var why = partial ? "partial answer from an earlier round: " + (run.error || "a later step failed")
+        : run.status === "succeeded" ? "" : (run.error || run.status_reason || "");
       return "Finished: " + run.status + (run.answer_held ? " (answer held for review)" : "") + (why ? " — " + why : "");
     }
     if (this.cancelling || run.cancel_requested) return "Cancelling: stopping at the current call…";
@@ -501,10 +504,17 @@
       var rules = (run.held_rules || []).join(", ");
       if (run.answer_held && !run.answer) answer.textContent = "The answer is held for review" + (rules ? " (policy rule " + rules + ")" : "") + " until a reviewer releases it.";
       else if (!this.isTerminal() && this.liveAnswer) answer.textContent = this.liveAnswer;
-      else answer.textContent = run.answer || (this.isTerminal() ? (run.error || "(no answer)") : "");
+      // Never the error as if it were the answer: why the run ended is in the status line.
+      else answer.textContent = run.answer || (this.isTerminal() ? "(no answer: the run " + run.status + ")" : "");
       answer.setAttribute("data-streaming", !this.isTerminal() && this.liveAnswer ? "true" : "false");
       answer.setAttribute("data-ready", this.isTerminal() ? "true" : "false");
+      answer.setAttribute("data-partial", run.status_reason === "partial" && run.status === "succeeded" ? "true" : "false");
     }
+    var note = this.q("partial-note");
+    if (note) note.hidden = !(run.status === "succeeded" && run.status_reason === "partial");
+    // "Helpful?" asks about an answer: only a run that gave one is asked about.
+    var thumbs = this.root.querySelector(".feedback-controls");
+    if (thumbs) thumbs.hidden = !(this.isTerminal() && run.status === "succeeded");
     var cancel = this.q("cancel");
     if (cancel) {
       cancel.hidden = this.isTerminal();

@@ -381,3 +381,108 @@ def test_pev_blocked_when_max_steps_too_small(openai_fake: FakeOpenAIServer) -> 
     openai_fake.responder = router([])
     result, _sink = go(openai_fake, PlannerExecutorVerifierStrategy(), limits=Limits(max_steps=2))
     assert result.status == RunStatus.BLOCKED and "at most 2" in (result.error or "")
+
+
+# ----------------------------------------------------------------------------- partial answers
+
+
+def _round_two_fails(openai_fake: FakeOpenAIServer) -> None:
+    plans = router(
+        [
+            "model_id = [0, 2]\nsubtasks = ['Draft', 'Review the draft']\naccess_list = [[], 'all']",
+            "model_id = [1]\nsubtasks = ['Polish the draft']\naccess_list = [[0]]",
+        ]
+    )
+
+    def respond(req: dict[str, Any]) -> Any:
+        if req["model"] == "worker-1":
+            return openai_error("server_error")  # round 2's only step; no retries, no fallback
+        return plans(req)
+
+    openai_fake.responder = respond
+
+
+def test_a_failed_round_two_step_ends_with_round_ones_answer_marked_incomplete(
+    openai_fake: FakeOpenAIServer,
+) -> None:
+    _round_two_fails(openai_fake)
+    result, sink = go(openai_fake, ConductorStrategy())
+    assert result.status == RunStatus.SUCCEEDED and result.reason == "partial"
+    assert result.answer == "worker-0 says: Draft"  # round 1's last worker step
+    finished = sink.of_type(EventType.RUN_FINISHED)[0].data
+    assert finished["finish_reason"] == "length" and finished["error"] is None
+    assert finished["incomplete"]["reason"] == "step_failed" and finished["incomplete"]["answer_step"] == 0
+    assert "Step 2" in finished["incomplete"]["detail"]
+    # The output guardrails saw the partial answer like any answer.
+    assert [e.data["stage"] for e in sink.of_type(EventType.GUARDRAIL_CHECKED)][-1:] in ([], ["output"])
+
+
+def test_partial_answers_off_the_run_fails_as_before(openai_fake: FakeOpenAIServer) -> None:
+    _round_two_fails(openai_fake)
+    result, _ = go(openai_fake, ConductorStrategy(), limits=Limits(partial_answers=False))
+    assert result.status == RunStatus.FAILED and result.reason == "step_failed"
+    assert result.answer is None
+
+
+def test_no_completed_round_no_partial_answer(openai_fake: FakeOpenAIServer) -> None:
+    plans = router(["model_id = [0, 1]\nsubtasks = ['Draft', 'Refine']\naccess_list = [[], [0]]"])
+
+    def respond(req: dict[str, Any]) -> Any:
+        return openai_error("server_error") if req["model"] == "worker-1" else plans(req)
+
+    openai_fake.responder = respond
+    result, _ = go(openai_fake, ConductorStrategy())
+    # Step 0's draft is not an answer: the plan's answer step never ran.
+    assert result.status == RunStatus.FAILED and result.reason == "step_failed"
+
+
+# ----------------------------------------------------------------------------- re-plan around failure
+
+
+def test_the_conductor_re_plans_around_a_failed_step(openai_fake: FakeOpenAIServer) -> None:
+    """Issue 44: a step that failed in a round ending with the conductor itself is a result the
+    conductor sees and routes around, not the end of the run."""
+    plans = router(
+        [
+            "model_id = [0, 2]\nsubtasks = ['Draft', 'Review the draft']\naccess_list = [[], 'all']",
+            "model_id = [1]\nsubtasks = ['Draft it yourself']\naccess_list = [[]]",
+        ]
+    )
+
+    def respond(req: dict[str, Any]) -> Any:
+        return openai_error("server_error") if req["model"] == "worker-0" else plans(req)
+
+    openai_fake.responder = respond
+    result, _ = go(openai_fake, ConductorStrategy())
+    assert result.status == RunStatus.SUCCEEDED and result.reason == "completed"
+    assert result.answer == "worker-1 says: Draft it yourself"
+    assert [(r.step.index, r.status.value) for r in result.steps] == [
+        (0, "failed"),
+        (1, "succeeded"),
+        (2, "succeeded"),
+    ]
+    replan = conductor_requests(openai_fake)[1].messages[1]["content"]
+    assert "Step 0 (Worker 0): Draft\nFAILED (no output):" in replan
+
+
+def test_moa_aggregates_the_proposals_it_has(openai_fake: FakeOpenAIServer) -> None:
+    def respond(req: dict[str, Any]) -> Any:
+        if req["model"] == "worker-0":
+            return openai_error("server_error")
+        return f"{req['model']} says: {req['messages'][-1]['content'][:20]}"
+
+    openai_fake.responder = respond
+    result, _ = go(openai_fake, MixtureOfAgentsStrategy(), make_pool(openai_fake, 3))
+    assert result.status == RunStatus.SUCCEEDED
+    assert [r.status.value for r in result.steps] == ["failed", "succeeded", "succeeded", "succeeded"]
+    agg = worker_requests(openai_fake, "worker-2")[-1].messages
+    assert sum(1 for m in agg if m["role"] == "assistant") == 2  # the two proposals it has
+    assert not any("worker-0" in str(m["content"]) for m in agg)
+
+
+def test_moa_with_every_proposal_failed_fails_naming_a_failed_proposal(openai_fake: FakeOpenAIServer) -> None:
+    openai_fake.responder = lambda req: openai_error("server_error")
+    result, _ = go(openai_fake, MixtureOfAgentsStrategy(), make_pool(openai_fake, 2))
+    assert result.status == RunStatus.FAILED and result.reason == "step_failed"
+    assert [r.status.value for r in result.steps] == ["failed", "failed", "skipped"]
+    assert (result.error or "").startswith(("Step 0 ", "Step 1 "))  # the first to fail (parallel)

@@ -70,7 +70,7 @@ def test_a_call_never_waits_behind_a_blocked_one() -> None:
     assert blocked.wait(WAIT_S)
 
 
-def test_each_call_runs_in_an_empty_context_and_gets_its_own_name() -> None:
+def test_each_call_runs_in_its_callers_context_and_gets_its_own_name() -> None:
     def dirty() -> str:
         _mark.set("left by an earlier call")
         return _mark.get()
@@ -80,7 +80,15 @@ def test_each_call_runs_in_an_empty_context_and_gets_its_own_name() -> None:
     _settle()
     done, got = _call(lambda: (_mark.get(), threading.current_thread().name))
     assert done.wait(WAIT_S)
-    assert got == [("unset", "test-call")]
+    assert got == [("unset", "test-call")]  # nothing an earlier call set on the thread
+    # What the caller set (a run's request id) goes with the call, on a kept thread too (issue 44).
+    _settle()
+    token = _mark.set("the caller's")
+    try:
+        done, got = _call(lambda: _mark.get())
+    finally:
+        _mark.reset(token)
+    assert done.wait(WAIT_S) and got == ["the caller's"]
 
 
 def test_cleanup_runs_on_the_calls_thread_after_each_call() -> None:

@@ -9,6 +9,7 @@ shared RabbitMQ is never touched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,7 +34,9 @@ from django.utils import timezone
 from apps.audit.models import AuditEvent
 from apps.runs.execution import executor_id, reap_runs
 from apps.runs.models import Run, RunCall, RunDispatch, RunEvent, RunStatus
+from tests.factories.policies import publish_policy
 from tests.factories.runs import RunFactory, StepFactory
+from tests.fakes.base import FakeReply
 from tests.faults.proxy import TcpProxy
 from tests.fixtures.core import (
     LiveServer,
@@ -42,7 +45,7 @@ from tests.fixtures.core import (
     start_daphne,
     subprocess_env,
 )
-from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN, scripted_plan
+from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN, scripted_plan, worker_answer
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -323,6 +326,87 @@ def test_run_accepted_while_broker_down_completes_after_it_returns(
         assert AuditEvent.objects.filter(run_id=run_id, event_type="run.created").count() == 1
     finally:
         proxy.close()
+
+
+# -- a kill right after a provider answered (both modes, issue 44) --------------------------------
+
+# A step-output judge on the fake pool: its request reaches the fake server after the executor
+# received step 0's answer and before it reported the step, which is the window where an answer
+# held only in memory was lost (and its call repeated) by a kill.
+STEP_JUDGE = {
+    "enabled": True,
+    "action": "block",
+    "judges": [{"name": "tone", "worker": "fake-critic", "prompt": "Be kind."}],
+}
+
+
+def test_kill_right_after_an_answer_does_not_repeat_the_call(
+    procs: Procs, run_pool: Any, api_key: Any, alpha: Any
+) -> None:
+    publish_policy(alpha, {"guardrails": {"step_output": {"model_judge": STEP_JUDGE}}})
+    executor: list[subprocess.Popen[bytes]] = []
+    killed = threading.Event()
+
+    def respond(req: dict[str, Any]) -> FakeReply:
+        messages = req.get("messages") or []
+        if req.get("model") == CONDUCTOR_MODEL:
+            return FakeReply(json.dumps(THREE_STEP_PLAN))
+        if messages and "strict compliance judge" in str(messages[0].get("content")):
+            if not killed.is_set():  # the first judge call: step 0's output, answered just now
+                killed.set()
+                sigkill(executor[0])
+            return FakeReply(json.dumps({"verdict": "pass", "reason": "fine"}))
+        return FakeReply(worker_answer(str(req.get("model")), messages))
+
+    run_pool.server.responder = respond
+    # Not inline: the run goes to the executor (this daphne's run thread, or a Celery worker).
+    server = procs.daphne(V1_INLINE_RUNS="off")
+    executor.append(server.proc if MODE == "embedded" else procs.worker())
+    question = "Answered, then killed."
+    replies: list[httpx.Response] = []
+
+    def ask() -> None:
+        # A plain (non-streamed) /v1 request: its calls stream nothing, so no step.delta is
+        # buffered when the answer arrives (one would have been stored with the journal).
+        with contextlib.suppress(httpx.HTTPError):
+            replies.append(
+                httpx.post(
+                    f"{server.url}/v1/chat/completions",
+                    json={"model": "fake", "messages": [{"role": "user", "content": question}]},
+                    headers={"Authorization": f"Bearer {api_key[1]}"},
+                    timeout=150,
+                )
+            )
+
+    client = threading.Thread(target=ask, daemon=True)
+    client.start()
+    poll_until(killed.is_set, 60, "the executor killed right after step 0's answer")
+    run_id = str(Run.objects.get(question=question).pk)
+    assert not step_finished(run_id, 0)  # the kill came before the step was reported
+    if MODE == "embedded":
+        procs.daphne()  # the restarted server re-queues and resumes the run
+    else:
+        procs.worker()
+    poll_until(lambda: terminal(run_id), 120, "the run terminal after the restart")
+    client.join(30)
+    if MODE == "distributed":  # the client's server lived: it answers once the run ends
+        (reply,) = replies
+        assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "stop"
+
+    run = Run.objects.get(pk=run_id)
+    assert run.status == RunStatus.SUCCEEDED, (run.status, run.error, procs.logs())
+    assert run.attempts == 2
+    assert len(provider_calls(run_pool.server, question)) == 1, "the conductor was asked to plan again"
+    for index, subtask in enumerate(THREE_STEP_PLAN["subtasks"]):
+        calls = provider_calls(run_pool.server, question, subtask)
+        assert len(calls) == 1, f"step {index} asked {len(calls)} times"
+    assert_billed_once(run_id)
+    events = list(RunEvent.objects.filter(run_id=run_id).order_by("seq"))
+    last_start = max(i for i, e in enumerate(events) if e.type == "run.started")
+    replayed = {
+        e.data["index"] for e in events[last_start:] if e.type == "step.finished" and e.data.get("replayed")
+    }
+    assert replayed == {0}
 
 
 # -- the reaper's decisions, in-process (both modes) ------------------------------------------------

@@ -99,3 +99,35 @@ def test_the_answer_panel_streams_the_released_answer(
         resume.set()
     page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
     assert page.text_content("[data-testid=final-answer]") == Run.objects.get().answer
+
+
+def test_run_page_of_a_failed_and_of_a_partial_run(
+    transactional_db: Any, daphne_server: Any, login: Any, fake_pool: Any, owner: Any, alpha: Any
+) -> None:
+    """Issue 44: a failed run's error sat in the "Answer" box and the page asked "Helpful?"."""
+    from django.utils import timezone
+
+    from tests.factories.runs import RunFactory
+
+    error = "Step 2 (Fake solver) timed out: The worker did not answer within 1.0 s."
+    ended = {"team": alpha, "pool": fake_pool.pool, "created_by": owner, "finished_at": timezone.now()}
+    failed = RunFactory(status="failed", status_reason="step_timed_out", error=error, answer="", **ended)
+    partial = RunFactory(
+        status="succeeded", status_reason="partial", error=error, answer="Round one's answer.", **ended
+    )
+    page = login(owner)
+
+    page.goto(f"{daphne_server.url}/runs/{failed.id}/")
+    page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
+    assert page.text_content("[data-testid=final-answer]") == "(no answer: the run failed)"
+    assert error in page.text_content("[data-role=progress]")  # why, where the status is
+    assert not page.is_visible("[data-testid=thumbs-up]")
+    assert not page.is_visible("[data-testid=partial-note]")
+
+    page.goto(f"{daphne_server.url}/runs/{partial.id}/")
+    page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
+    assert page.text_content("[data-testid=final-answer]") == "Round one's answer."
+    assert page.get_attribute("[data-testid=final-answer]", "data-partial") == "true"
+    assert page.is_visible("[data-testid=partial-note]")
+    assert "partial answer from an earlier round" in page.text_content("[data-role=progress]")
+    assert page.is_visible("[data-testid=thumbs-up]")

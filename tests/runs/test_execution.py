@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -12,10 +14,12 @@ from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
-from apps.runs.execution import execute_run
+from apps.runs.execution import _execute_in_thread, execute_run
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import run_cancel, run_create, run_wait
 from apps.runs.sweeper import sweep_stale_runs
+from conductor_web.logging import RequestIdFilter
+from conductor_web.request_context import RequestMeta, request_meta
 from tests.factories.runs import RunFactory
 from tests.fixtures.runs import scripted_plan
 
@@ -190,3 +194,77 @@ def test_sweep_times_out_stale_runs_and_records_why(
         run.refresh_from_db()
         assert run.status == RunStatus.RUNNING
     assert sweep_stale_runs() == 0
+
+
+class _KeptLines(logging.Handler):
+    """The records of apps.runs.execution with the request id the server's log would print."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.addFilter(RequestIdFilter())
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), getattr(record, "request_id", "")))
+
+
+def test_log_lines_of_a_run_never_carry_the_previous_runs_request_id(
+    run_pool: Any, owner: Any, alpha: Any
+) -> None:
+    """Issue 44: on a run thread that had executed another run, "run … claimed by …" carried that
+    run's request id (the pool thread kept its context from one task to the next)."""
+    first = RunFactory(
+        team=alpha, pool=run_pool.pool, created_by=owner, strategy="single", preset="", request_id="req_first"
+    )
+    second = RunFactory(
+        team=alpha,
+        pool=run_pool.pool,
+        created_by=owner,
+        strategy="single",
+        preset="",
+        request_id="req_second",
+    )
+    kept = _KeptLines()
+    log = logging.getLogger("apps.runs.execution")
+    previous_level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(kept)
+    one_thread = ThreadPoolExecutor(max_workers=1)  # as RUN_THREAD_WORKERS=1: one thread runs both
+    try:
+        # Handed off without the id (e.g. an outbox row drained): the run's row names it once read.
+        one_thread.submit(_execute_in_thread, str(first.id)).result(60)
+        one_thread.submit(_execute_in_thread, str(second.id)).result(60)
+    finally:
+        one_thread.shutdown()
+        log.removeHandler(kept)
+        log.setLevel(previous_level)
+    for run in (first, second):
+        run.refresh_from_db()
+        assert run.status == RunStatus.SUCCEEDED, (run.status, run.error)
+    about_second = [(m, rid) for m, rid in kept.lines if str(second.id) in m]
+    assert any("claimed by" in m for m, _ in about_second), kept.lines
+    assert all(rid in ("", " [req_second]") for _, rid in about_second), about_second
+
+
+def test_the_hand_off_carries_the_runs_request_id_to_its_first_log_line(
+    run_pool: Any, owner: Any, alpha: Any
+) -> None:
+    run = RunFactory(
+        team=alpha, pool=run_pool.pool, created_by=owner, strategy="single", preset="", request_id="req_own"
+    )
+    kept = _KeptLines()
+    log = logging.getLogger("apps.runs.execution")
+    previous_level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(kept)
+    try:
+        # Dispatched from another request's context (an approver's, a drain's): the run's id wins.
+        with request_meta(RequestMeta(request_id="req_someone_else")):
+            one_thread = ThreadPoolExecutor(max_workers=1)
+            one_thread.submit(_execute_in_thread, str(run.id), "req_own").result(60)
+            one_thread.shutdown()
+    finally:
+        log.removeHandler(kept)
+        log.setLevel(previous_level)
+    claimed = [rid for m, rid in kept.lines if "claimed by" in m and str(run.id) in m]
+    assert claimed == [" [req_own]"], kept.lines

@@ -5,15 +5,18 @@ prove it end to end."""
 from __future__ import annotations
 
 import threading
+import time
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from apps.audit.services import run_payload_erase
+from apps.engine.events import Event, EventType
 from apps.engine.types import Usage, WorkerInfo, WorkerResult
 from apps.runs.journal import CallJournal, JournaledWorker, call_digest, forget
-from apps.runs.models import RunCall
+from apps.runs.models import RunCall, RunEvent, RunStatus
+from apps.runs.sink import RunSink
 from tests.factories.runs import RunFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,3 +103,36 @@ def test_journal_goes_when_the_run_ends_or_is_erased(run_pool: Any, owner: Any, 
     assert RunCall.objects.filter(run=run).exists()
     assert run_payload_erase(run=run)
     assert not RunCall.objects.filter(run=run).exists()
+
+
+def test_an_answer_is_journaled_before_the_event_that_reports_it_is_stored(
+    run_pool: Any, owner: Any, alpha: Any
+) -> None:
+    """Issue 44: the answer of the only running step was held in memory until the next batch
+    (step.finished of the last running step is not one); a kill there repeated the call."""
+    run = RunFactory(
+        team=alpha, pool=run_pool.pool, created_by=owner, status=RunStatus.RUNNING, lease_owner="me"
+    )
+    journal = CallJournal(run.id, attempt=1)
+    sink = RunSink(run, owner="me", journal=journal)
+    journal.before_call = sink.before_provider_call
+    rid = str(run.id)
+    started = {"index": 0, "round": 1, "worker_key": "w1", "instruction": "Q", "access": []}
+    sink.emit(Event(EventType.STEP_STARTED, rid, 1, time.time(), started))
+    worker = JournaledWorker(CountingWorker(), journal)
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "Q"}]))
+    before = sink.transactions
+    sink.emit(Event(EventType.STEP_FINISHED, rid, 2, time.time(), {"index": 0, "status": "succeeded"}))
+    assert RunCall.objects.filter(run=run).count() == 1  # durable now
+    assert sink.transactions == before  # the event itself waits for the next boundary
+    assert not RunEvent.objects.filter(run=run, type="step.finished").exists()
+
+    # The next call stores the buffer first; its own answer is written by the engine's end.
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "Q2"}]))
+    assert RunEvent.objects.filter(run=run, type="step.finished").exists()
+    sink.flush()  # nothing buffered: the answer alone
+    assert RunCall.objects.filter(run=run).count() == 2
+    # A call right after an answer with nothing buffered (e.g. a model judge) writes it first.
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "Q3"}]))
+    _in_thread(lambda: worker.complete([{"role": "user", "content": "Q4"}]))
+    assert RunCall.objects.filter(run=run).count() == 3

@@ -43,6 +43,7 @@ GUARD_RANK = {"warn": 1, "redact": 2, "require_review": 3, "block": 4}
 CONSTRAINT_RANK = {"repair": 1, "block": 2}
 HOLD_RANK = {"require_approval": 1, "block": 2}
 ON_ERROR_RANK = {"fail_open": 1, "fail_closed": 2}
+PARTIAL_RANK = {"allow": 1, "deny": 2}  # issue 44: denying partial answers is stricter
 
 # Leaf field → what "stricter" means for it. Paths are dotted from the spec root; `*` is a stage.
 #   limit         a number; smaller is stricter; None means no limit
@@ -89,6 +90,7 @@ SEMANTICS: dict[str, str] = {
     "constraints.verification.verifier_workers": "verifiers",
     "constraints.verification.verifier_tags": "verifiers",
     "constraints.verification.action": "rank:constraint",
+    "constraints.partial_answers": "rank:partial",
     "budgets.daily.soft_usd": "limit",
     "budgets.daily.hard_usd": "limit",
     "budgets.monthly.soft_usd": "limit",
@@ -123,7 +125,13 @@ SEMANTICS: dict[str, str] = {
     "guardrails.*.model_judge.action": "rank:guard",
     "guardrails.*.model_judge.judges": "more",
 }
-RANKS = {"guard": GUARD_RANK, "constraint": CONSTRAINT_RANK, "on_error": ON_ERROR_RANK, "hold": HOLD_RANK}
+RANKS = {
+    "guard": GUARD_RANK,
+    "constraint": CONSTRAINT_RANK,
+    "on_error": ON_ERROR_RANK,
+    "hold": HOLD_RANK,
+    "partial": PARTIAL_RANK,
+}
 
 
 def _semantic(path: str) -> str:

@@ -478,6 +478,7 @@ async def stream_run(
         return
     usage = _usage(final)
     answer = await off_loop(shaping.final_answer, final)
+    shaping.mark_incomplete(conductor, answer)
     if answer.held:
         held = await off_loop(shaping.held_info, final.id)
         yield shaping.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
@@ -543,7 +544,9 @@ def _outcome(
     error = shaping.run_outcome_error(final, conductor)
     if final.answer_held:
         conductor["held"] = shaping.held_info(final.id)
-    return error, (shaping.final_answer(final) if error is None else None)
+    answer = shaping.final_answer(final) if error is None else None
+    shaping.mark_incomplete(conductor, answer)
+    return error, answer
 
 
 @csrf_exempt

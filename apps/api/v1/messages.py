@@ -268,6 +268,7 @@ async def outcome(
             error.param = "output_config.format"  # this protocol's name for it
         return conductor, "", None, None, error
     answer = await off_loop(shaping.final_answer, final)
+    shaping.mark_incomplete(conductor, answer)
     text, reason, seq = shape_answer(answer, started.req.extra.get("stop_sequences") or ())
     return conductor, text, reason, seq, None
 

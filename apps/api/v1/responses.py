@@ -411,6 +411,12 @@ def response_body(
     incomplete = None
     if answer is not None and answer.held:
         status, incomplete = "incomplete", {"reason": "content_filter"}
+    elif answer is not None and answer.incomplete is not None:
+        # A partial answer (issue 44): the run's own reason, not a token limit that was not hit.
+        status, incomplete = (
+            "incomplete",
+            {"reason": str(answer.incomplete.get("reason") or "run_incomplete")},
+        )
     elif answer is not None and answer.finish_reason == "length":
         status, incomplete = "incomplete", {"reason": "max_output_tokens"}
     used = shaping.usage(run)
@@ -483,6 +489,7 @@ async def finished_response(
         body = response_body(run, record, conductor, status="failed", error=_failed_error(error))
         return body, error
     answer = await off_loop(shaping.final_answer, run)
+    shaping.mark_incomplete(conductor, answer)
     return response_body(run, record, conductor, status="completed", answer=answer), None
 
 

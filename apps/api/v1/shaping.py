@@ -195,12 +195,15 @@ def usage_breakdown(run: Any) -> dict[str, Any]:
 class FinalAnswer:
     """What a succeeded run answers: ``text`` (None while held), ``tool_calls`` (OpenAI's shape:
     ``id``, ``type``, ``function: {name, arguments}``; empty while held), ``finish_reason``
-    (``stop``, ``length``, ``tool_calls``, or ``content_filter`` while held) and ``held``."""
+    (``stop``, ``length``, ``tool_calls``, or ``content_filter`` while held) and ``held``.
+    ``incomplete``: a partial answer's why (``reason``: the failed step's ``step_failed`` /
+    ``step_timed_out``, ``detail``, ``answer_step``), None for a whole one (issue 44)."""
 
     text: str | None
     tool_calls: list[dict[str, Any]]
     finish_reason: str
     held: bool
+    incomplete: dict[str, Any] | None = None
 
 
 def final_answer(run: Any) -> FinalAnswer:
@@ -221,7 +224,16 @@ def final_answer(run: Any) -> FinalAnswer:
     data = data if isinstance(data, dict) else {}
     calls = [c for c in data.get("tool_calls") or [] if isinstance(c, dict)]
     finish = str(data.get("finish_reason") or ("tool_calls" if calls else "stop"))
-    return FinalAnswer(run.answer, calls, finish, False)
+    incomplete = data.get("incomplete")
+    return FinalAnswer(run.answer, calls, finish, False, incomplete if isinstance(incomplete, dict) else None)
+
+
+def mark_incomplete(conductor: dict[str, Any], answer: FinalAnswer | None) -> None:
+    """A partial answer says so in the ``conductor`` extension every protocol carries, next to
+    the protocol's own marking (``finish_reason: length``, ``status: incomplete``,
+    ``stop_reason: max_tokens``)."""
+    if answer is not None and answer.incomplete is not None:
+        conductor["incomplete"] = {k: answer.incomplete.get(k) for k in ("reason", "detail", "answer_step")}
 
 
 def awaiting_fields(run_id: Any) -> list[str]:
