@@ -53,7 +53,7 @@ SOURCES = [
 
 # Modules that can open a connection or run a model, and the only places that may import them.
 NETWORK_MODULES = ("openai", "anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "llama_cpp", "requests",
-                   "urllib3", "aiohttp", "urllib.request", "http.client")  # fmt: skip
+                   "urllib3", "aiohttp", "urllib.request", "http.client", "mcp")  # fmt: skip
 ALLOWED_IMPORTS = {
     ("apps/engine/providers/openai_provider.py", "openai"): "the OpenAI worker: sends only Admitted requests",
     ("apps/engine/providers/anthropic_provider.py", "anthropic"): "the Anthropic worker: same",
@@ -68,6 +68,11 @@ ALLOWED_IMPORTS = {
         "apps/audit/witnessing.py",
         "urllib.request",
     ): "checkpoints to the operator's configured witnesses (AUDIT_WITNESSES): tree heads, no content",
+    # Issue 43: MCP tool servers are not model providers (no prompt leaves through them; a tool's
+    # arguments pass the tool gate in apps.tools.calls first). Egress-checked at connect like providers.
+    ("apps/engine/toolclient.py", "mcp"): "the MCP client of registered tool servers (docs/tools.md)",
+    ("apps/engine/toolclient.py", "httpx2"): "its HTTP client: no proxy from the environment, no redirect",
+    ("apps/engine/toolclient.py", "httpcore2"): "its connection pool (egress check at connect)",
 }
 
 # Calls that build something able to reach a provider: each must be given a gate.

@@ -1,0 +1,114 @@
+"""MCP tool servers, their tools and the tools' versions (issue 43).
+
+A server belongs to a team (or the platform) like a provider: its credential is encrypted at rest
+by ``apps.workers.secrets`` and only the last four characters are kept in clear. Each tool the
+server offers is stored as versions: the name, description and input schema the server announced,
+with their digest. A version is usable only once an administrator accepted it, so a server that
+changes what a tool says it does ("rug pull", a poisoned description) gets a new pending version
+and the tool keeps running the accepted one's contract, or nothing, until someone looks.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.tools.querysets import ToolServerQuerySet
+
+
+class Transport(models.TextChoices):
+    HTTP = "http", "Streamable HTTP"
+    STDIO = "stdio", "Local command (stdio)"
+
+
+class ServerHealth(models.TextChoices):
+    UNKNOWN = "unknown", "Not used yet"
+    OK = "ok", "Reachable"
+    ERROR = "error", "Error"
+
+
+class ToolServer(models.Model):
+    team = models.ForeignKey(
+        "governance.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="tool_servers"
+    )
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    transport = models.CharField(max_length=8, choices=Transport.choices)
+    url = models.URLField(blank=True, max_length=300)
+    # argv of a stdio server; its executable must be one the operator allowed (MCP_STDIO_COMMANDS).
+    command = models.JSONField(default=list, blank=True)
+    # Header carrying the credential on HTTP (``Authorization`` gets ``Bearer <credential>``); for
+    # stdio, the environment variable the child receives it in.
+    credential_name = models.CharField(max_length=100, blank=True, default="Authorization")
+    credential_encrypted = models.TextField(blank=True, editable=False)
+    credential_last4 = models.CharField(max_length=4, blank=True, editable=False)
+    enabled = models.BooleanField(default=True)
+    # Health from traffic: every discovery and call updates it.
+    health_status = models.CharField(max_length=8, choices=ServerHealth.choices, default=ServerHealth.UNKNOWN)
+    health_detail = models.CharField(max_length=300, blank=True)
+    health_latency_ms = models.FloatField(null=True, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    discovered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ToolServerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tool(models.Model):
+    server = models.ForeignKey(ToolServer, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=128)
+    # The version calls run under; null until an administrator accepted one.
+    accepted_version = models.ForeignKey(
+        "ToolVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Still announced by the server at the last discovery.
+    present = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["server", "name"]
+        constraints = [models.UniqueConstraint(fields=["server", "name"], name="tool_unique_name")]
+
+    def __str__(self) -> str:
+        return f"{self.server.slug}/{self.name}"
+
+    @property
+    def qualified_name(self) -> str:
+        """The name the policy, plans and /mcp use: ``<server slug>.<tool name>``."""
+        return f"{self.server.slug}.{self.name}"
+
+
+class VersionStatus(models.TextChoices):
+    PENDING = "pending", "Waiting for acceptance"
+    ACCEPTED = "accepted", "Accepted"
+    SUPERSEDED = "superseded", "Superseded"
+
+
+class ToolVersion(models.Model):
+    tool = models.ForeignKey(Tool, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField(default=dict)
+    digest = models.CharField(max_length=64)
+    status = models.CharField(max_length=12, choices=VersionStatus.choices, default=VersionStatus.PENDING)
+    discovered_at = models.DateTimeField(auto_now_add=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    accepted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tool", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["tool", "number"], name="toolversion_unique_number"),
+            models.UniqueConstraint(fields=["tool", "digest"], name="toolversion_unique_digest"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool} v{self.number} ({self.status})"

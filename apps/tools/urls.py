@@ -1,0 +1,9 @@
+from django.urls import path
+
+from apps.tools import views
+
+app_name = "tools"
+urlpatterns = [
+    path("servers/<slug:slug>/discover/", views.server_discover, name="server_discover"),
+    path("versions/<int:pk>/accept/", views.version_accept, name="version_accept"),
+]

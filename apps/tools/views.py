@@ -1,0 +1,59 @@
+"""Tool server pages: discover a server's tools and accept a version (issue 43). Thin: the
+services decide permissions and write the audit rows."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from apps.tools import services
+from apps.tools.models import ToolServer, ToolVersion
+
+
+def _back(request: HttpRequest) -> HttpResponse:
+    nxt = request.POST.get("next") or ""
+    if nxt and url_has_allowed_host_and_scheme(
+        nxt, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return redirect(nxt)
+    return redirect("workers:pool_list")
+
+
+def _messages(err: ValidationError) -> str:
+    return " ".join(str(m) for m in err.messages)
+
+
+@require_POST
+def server_discover(request: HttpRequest, slug: str) -> HttpResponse:
+    server = get_object_or_404(ToolServer.objects.visible_to(request.user, "view"), slug=slug)
+    if not services.can_manage_server(request.user, server):
+        raise PermissionDenied("You cannot manage this tool server.")
+    try:
+        created = services.tool_server_discover(actor=request.user, server=server)
+    except ValidationError as err:
+        messages.error(request, _messages(err))
+    else:
+        messages.success(
+            request,
+            f"{len(created)} new tool version(s) waiting for acceptance." if created else "No tool changed.",
+        )
+    return _back(request)
+
+
+@require_POST
+def version_accept(request: HttpRequest, pk: int) -> HttpResponse:
+    servers = ToolServer.objects.visible_to(request.user, "view")
+    version = get_object_or_404(
+        ToolVersion.objects.select_related("tool__server"), pk=pk, tool__server__in=servers
+    )
+    try:
+        services.tool_version_accept(actor=request.user, version=version)
+    except ValidationError as err:
+        messages.error(request, _messages(err))
+    else:
+        messages.success(request, f"Accepted {version.tool.qualified_name} v{version.number}.")
+    return _back(request)
