@@ -112,3 +112,55 @@ class ToolVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool} v{self.number} ({self.status})"
+
+
+class CallStatus(models.TextChoices):
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"  # the server failed or was unreachable
+    REFUSED = "refused", "Refused"  # a rule refused it before anything was sent
+    BLOCKED = "blocked", "Output blocked"  # the output gate blocked what came back
+    HELD = "held", "Output held for review"
+    PENDING_APPROVAL = "pending_approval", "Waiting for approval"
+
+
+class ToolCall(models.Model):
+    """One tool call, allowed or refused: the row insights count and the run's graph shows.
+
+    ``arguments`` are stored as sent (after the input gate's redaction); ``output`` as the output
+    gate left it (a blocked or held output is kept for reviewers only and never returned)."""
+
+    team = models.ForeignKey(
+        "governance.Team", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    tool = models.ForeignKey(Tool, null=True, blank=True, on_delete=models.SET_NULL, related_name="calls")
+    version = models.ForeignKey(
+        ToolVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    qualified_name = models.CharField(max_length=200)
+    run_id = models.UUIDField(null=True, blank=True, db_index=True)
+    step_index = models.IntegerField(null=True, blank=True)
+    api_key_id = models.BigIntegerField(null=True, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    source = models.CharField(max_length=8, default="run")  # run | mcp
+    arguments = models.JSONField(default=dict)
+    arguments_digest = models.CharField(max_length=64)
+    status = models.CharField(max_length=20, choices=CallStatus.choices)
+    rule = models.CharField(max_length=200, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+    output = models.TextField(blank=True)
+    output_digest = models.CharField(max_length=64, blank=True)
+    checks = models.JSONField(default=list)
+    latency_ms = models.FloatField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["team", "qualified_name", "-created_at"], name="toolcall_team_tool_time")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.qualified_name} {self.status}"

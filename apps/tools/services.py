@@ -176,10 +176,10 @@ def tool_server_discover(*, actor: Any, server: ToolServer) -> list[ToolVersion]
         record_health(server, ok=False, detail=str(err), latency_ms=None)
         raise ValidationError({"server": [str(err)]}) from None
     record_health(server, ok=True, detail="", latency_ms=(time.perf_counter() - started) * 1000)
-    return _store_discovery(actor, server, found)
+    return store_discovery(actor, server, found)
 
 
-def _store_discovery(actor: Any, server: ToolServer, found: list[DiscoveredTool]) -> list[ToolVersion]:
+def store_discovery(actor: Any, server: ToolServer, found: list[DiscoveredTool]) -> list[ToolVersion]:
     created: list[ToolVersion] = []
     with transaction.atomic():
         locked = ToolServer.objects.select_for_update().get(pk=server.pk)

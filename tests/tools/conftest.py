@@ -109,3 +109,17 @@ def mcp_stdio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> McpServer:
         f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
     )
     return McpServer(log=log, tools_file=tools, command=[sys.executable, str(wrapper)])
+
+
+@pytest.fixture
+def crm(alpha: Any, policy_admin: Any, mcp_http: McpServer) -> Any:
+    """The alpha team's HTTP tool server, discovered, every tool accepted."""
+    from apps.tools.services import tool_server_discover, tool_server_register, tool_version_accept
+
+    server = tool_server_register(
+        actor=policy_admin, team=alpha, slug="crm", name="CRM", transport="http", url=mcp_http.url,
+        credential="crm-token-12345678",
+    )  # fmt: skip
+    for version in tool_server_discover(actor=policy_admin, server=server):
+        tool_version_accept(actor=policy_admin, version=version)
+    return server
