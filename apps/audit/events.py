@@ -104,6 +104,10 @@ class AuditEventType(models.TextChoices):
     TOOL_VERSION_ACCEPTED = "tool.version_accepted"
     TOOL_CALLED = "tool.called"  # a call outside a run (the /mcp endpoint), allowed or refused
     RUN_TOOL_CALLED = "run.tool_called"
+    TOOL_APPROVAL_REQUESTED = "tool.approval_requested"
+    TOOL_CALL_APPROVED = "tool.call_approved"
+    TOOL_CALL_REJECTED = "tool.call_rejected"
+    TOOL_APPROVAL_EXPIRED = "tool.approval_expired"
 
     @property
     def kind(self) -> str:
@@ -112,6 +116,10 @@ class AuditEventType(models.TextChoices):
             "feedback.evaluation_skipped",
             "outbound.checked",
             "tool.called",
+            "tool.approval_requested",
+            "tool.call_approved",
+            "tool.call_rejected",
+            "tool.approval_expired",
         ):
             return AuditKind.RUN  # feedback on a run, and the gate's record of a call, are decisions
         if self.value.startswith(("audit.", "auth.", "budget.")):

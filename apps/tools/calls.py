@@ -50,8 +50,9 @@ from apps.policies.patterns import compile_re2
 from apps.policies.services import effective_policy
 from apps.policies.spec import STRICTNESS, EffectivePolicy, StageGuardrails, ToolRule
 from apps.tools import selectors
+from apps.tools.approvals import consume_approval, open_approval, request_approval
 from apps.tools.connect import ServerUnusable, server_spec
-from apps.tools.models import CallStatus, Tool, ToolCall, ToolVersion
+from apps.tools.models import CallStatus, Tool, ToolApproval, ToolCall, ToolVersion
 from apps.tools.services import record_health, store_discovery
 from apps.workers.egress import egress_policy
 
@@ -227,7 +228,6 @@ def tool_call(
     step_index: int | None = None,
     granted: tuple[str, ...] | None = None,
     effective: EffectivePolicy | None = None,
-    approved_digest: str | None = None,
     source: str = "run",
 ) -> ToolCallOutcome:
     """Admit, run and check one tool call; always records it. Never raises for a refusal."""
@@ -241,6 +241,7 @@ def tool_call(
     # Arguments are stored only once the input gate read them: a refused call's arguments may be
     # exactly what a guardrail exists to keep out of every record (a key, a card number).
     gated = False
+    used: ToolApproval | None = None
     started = time.perf_counter()
     try:
         if tool is None:
@@ -266,10 +267,17 @@ def tool_call(
         cost = _check_limits(effective, team, qualified, rules, run_id)
         arguments, checks = _input_gate(effective, arguments)
         gated = True
-        if action == "require_approval" and approved_digest != digest:
-            raise _Refused(
-                action_rule, f"{qualified} requires an approver's decision", CallStatus.PENDING_APPROVAL
-            )
+        if action == "require_approval":
+            used = consume_approval(team, qualified, digest)
+            if used is None:
+                waiting = open_approval(team, qualified, digest)
+                raise _Refused(
+                    action_rule,
+                    f"{qualified} waits for an approver"
+                    + (f" (approval {waiting.pk})" if waiting else "")
+                    + "; the same call runs once approved",
+                    CallStatus.PENDING_APPROVAL,
+                )
         try:
             result = call_tool(
                 server_spec(tool.server), egress_policy(), tool.name, arguments, expect_digest=version.digest
@@ -296,7 +304,7 @@ def tool_call(
             team=team, tool=tool, version=version, qualified=qualified, arguments=arguments, digest=digest,
             status=status, rule=rule, message=message, output=text, stored=stored, checks=checks,
             latency_ms=result.latency_ms, cost=cost, actor=actor, api_key_id=api_key_id, run_id=run_id,
-            step_index=step_index, source=source,
+            step_index=step_index, source=source, used=used, effective=effective,
         )  # fmt: skip
     except _Refused as refused:
         return _record(
@@ -304,7 +312,8 @@ def tool_call(
             digest=digest,
             status=refused.status, rule=refused.rule, message=refused.message, output="", stored="",
             checks=checks, latency_ms=(time.perf_counter() - started) * 1000, cost=None, actor=actor,
-            api_key_id=api_key_id, run_id=run_id, step_index=step_index, source=source,
+            api_key_id=api_key_id, run_id=run_id, step_index=step_index, source=source, used=None,
+            effective=effective,
         )  # fmt: skip
 
 
@@ -329,6 +338,8 @@ def _record(
     run_id: UUID | None,
     step_index: int | None,
     source: str,
+    used: ToolApproval | None,
+    effective: EffectivePolicy,
 ) -> ToolCallOutcome:
     check_rows = [_check_dict(c) for c in checks]
     with transaction.atomic():
@@ -374,8 +385,15 @@ def _record(
                 "step": step_index,
                 "source": source,
                 "checks": [{k: c[k] for k in ("name", "status", "action")} for c in check_rows],
+                "approval": used.pk if used else None,
             },
         )
+        if used is not None:
+            ToolApproval.objects.filter(pk=used.pk).update(used_by_call=call)
+        if status == CallStatus.PENDING_APPROVAL and open_approval(team, qualified, digest) is None:
+            approval = request_approval(call=call, requested_by=actor, rule=rule, effective=effective)
+            message = f"{qualified} waits for an approver (approval {approval.pk}); the same call runs once approved"
+            ToolCall.objects.filter(pk=call.pk).update(message=message[:500])
     return ToolCallOutcome(
         status=status,
         qualified_name=qualified,

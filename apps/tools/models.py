@@ -164,3 +164,44 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.qualified_name} {self.status}"
+
+
+class ApprovalState(models.TextChoices):
+    PENDING = "pending", "Waiting"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Refused"
+    EXPIRED = "expired", "Expired"
+    USED = "used", "Approved and run"
+
+
+class ToolApproval(models.Model):
+    """A tool call held for an approver (``require_approval``). It approves exactly one call: the
+    tool and the digest of its arguments; the first identical call after approval consumes it (one
+    conditional update, so it runs once however often it is retried)."""
+
+    team = models.ForeignKey("governance.Team", on_delete=models.CASCADE, related_name="+")
+    call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
+    qualified_name = models.CharField(max_length=200)
+    arguments_digest = models.CharField(max_length=64)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    rule = models.CharField(max_length=200)
+    state = models.CharField(max_length=10, choices=ApprovalState.choices, default=ApprovalState.PENDING)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    note = models.TextField(blank=True)
+    used_by_call = models.ForeignKey(
+        ToolCall, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [models.Index(fields=["team", "state", "qualified_name"], name="toolapproval_open")]
+
+    def __str__(self) -> str:
+        return f"{self.qualified_name} {self.state}"

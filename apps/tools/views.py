@@ -6,11 +6,11 @@ from __future__ import annotations
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from apps.tools import services
+from apps.tools import approvals, services
 from apps.tools.models import ToolServer, ToolVersion
 
 
@@ -57,3 +57,30 @@ def version_accept(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, f"Accepted {version.tool.qualified_name} v{version.number}.")
     return _back(request)
+
+
+def approval_desk(request: HttpRequest) -> HttpResponse:
+    """Tool calls waiting for an approver the user may be (the desk)."""
+    rows = list(approvals.approvals_for_desk(request.user))
+    return render(request, "tools/approvals.html", {"rows": rows})
+
+
+@require_POST
+def approval_decide(request: HttpRequest, pk: int) -> HttpResponse:
+    approval = get_object_or_404(approvals.approvals_for_desk(request.user), pk=pk)
+    decision = request.POST.get("decision")
+    if decision not in ("approve", "reject"):
+        messages.error(request, "Choose approve or reject.")
+        return redirect("tools:approval_desk")
+    try:
+        approvals.tool_approval_decide(
+            actor=request.user,
+            approval=approval,
+            approve=decision == "approve",
+            note=request.POST.get("note", ""),
+        )
+    except approvals.ToolApprovalError as err:
+        messages.error(request, f"{err} ({err.rule})")
+    else:
+        messages.success(request, f"{approval.qualified_name}: {decision}d.")
+    return redirect("tools:approval_desk")

@@ -70,6 +70,7 @@ ALLOWED_IMPORTS = {
     ): "checkpoints to the operator's configured witnesses (AUDIT_WITNESSES): tree heads, no content",
     # Issue 43: MCP tool servers are not model providers (no prompt leaves through them; a tool's
     # arguments pass the tool gate in apps.tools.calls first). Egress-checked at connect like providers.
+    ("apps/api/mcp_endpoint.py", "mcp"): "the /mcp endpoint: an MCP *server* (opens no connection)",
     ("apps/engine/toolclient.py", "mcp"): "the MCP client of registered tool servers (docs/tools.md)",
     ("apps/engine/toolclient.py", "httpx2"): "its HTTP client: no proxy from the environment, no redirect",
     ("apps/engine/toolclient.py", "httpcore2"): "its connection pool (egress check at connect)",

@@ -130,3 +130,21 @@ def test_a_tool_changed_on_the_server_is_not_called_until_accepted(
     tool_version_accept(actor=policy_admin, version=pending)
     assert tool_call(team=alpha, qualified="crm.add", arguments={"a": 1, "b": 2}).output == "3"
     assert len(mcp_http.calls()) == 1
+
+
+def test_metrics_count_tool_calls_refusals_and_approvals(
+    alpha: Any, crm: Any, client: Any, settings: Any
+) -> None:
+    settings.METRICS_BEARER_TOKEN = "metrics-token-for-tools"
+    publish_policy(alpha, {"tools": {"rules": [{"tool": "crm.wire_money", "action": "require_approval"}]}})
+    tool_call(team=alpha, qualified="crm.add", arguments={"a": 1, "b": 2})
+    tool_call(team=alpha, qualified="crm.nope", arguments={})
+    tool_call(team=alpha, qualified="crm.wire_money", arguments={"account": "x", "amount": 1})
+    body = client.get("/metrics", HTTP_AUTHORIZATION="Bearer metrics-token-for-tools").content.decode()
+    for tool, status in (
+        ("crm.add", "succeeded"),
+        ("crm.nope", "refused"),
+        ("crm.wire_money", "pending_approval"),
+    ):
+        line = f'conductor_tool_calls_total{{source="run",status="{status}",team="alpha",tool="{tool}"}} 1.0'
+        assert line in body, body[-2000:]
