@@ -198,7 +198,9 @@ class DatabaseCollector(Collector):
             .annotate(n=Count("pk"))
             .order_by("team__slug", "qualified_name", "status", "source")
         ):
-            tools.add_metric([t["team__slug"] or "", t["qualified_name"], t["status"], t["source"]], int(t["n"]))
+            tools.add_metric(
+                [t["team__slug"] or "", t["qualified_name"], t["status"], t["source"]], int(t["n"])
+            )
         yield tools
 
         audit = AuditEvent.objects.aggregate(top=Max("seq"), lag=Count("pk", filter=Q(seq__isnull=True)))
