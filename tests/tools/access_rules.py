@@ -21,7 +21,9 @@ def _version(ctx: Any) -> Any:
     from apps.tools.models import Tool, ToolVersion
 
     tool = Tool.objects.create(server=ctx.memo("server", _server), name="add")
-    return ToolVersion.objects.create(tool=tool, number=1, description="Add.", input_schema={}, digest="0" * 64)
+    return ToolVersion.objects.create(
+        tool=tool, number=1, description="Add.", input_schema={}, digest="0" * 64
+    )
 
 
 def _approval(ctx: Any) -> Any:
@@ -31,7 +33,11 @@ def _approval(ctx: Any) -> Any:
         team=ctx.alpha, qualified_name="crm.add", arguments_digest="1" * 64, status="pending_approval"
     )
     return ToolApproval.objects.create(
-        team=ctx.alpha, call=call, qualified_name="crm.add", arguments_digest="1" * 64, rule="tools.default_action"
+        team=ctx.alpha,
+        call=call,
+        qualified_name="crm.add",
+        arguments_digest="1" * 64,
+        rule="tools.default_action",
     )
 
 
