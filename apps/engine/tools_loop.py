@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
+from apps.engine.events import EventType
 from apps.engine.generation import GenerationOptions
 from apps.engine.types import Message, Usage, WorkerResult
 
@@ -42,6 +43,9 @@ class ToolRun:
     status: str  # succeeded | failed | refused | blocked | held | pending_approval
     text: str
     rule: str = ""
+    # The arguments as the gate let them through (redacted), None when it refused them unread:
+    # what the live graph may show (never the model's raw arguments, which may hold a secret).
+    arguments: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,18 @@ class ToolCallRecord:
     status: str
     rule: str
     latency_ms: float
+    text: str = ""  # what the model read as the result
+
+
+class ToolPort(Protocol):
+    """What the host application gives a run (``run_request(tools=...)``): for one plan step, the
+    tools its worker is offered and the runner its calls go through, or None (no usable tool)."""
+
+    def catalog(self) -> Sequence[ToolSpec]: ...
+
+    def for_step(
+        self, step: Any
+    ) -> tuple[Sequence[ToolSpec], Callable[[str, dict[str, Any]], ToolRun]] | None: ...
 
 
 @dataclass(slots=True)
@@ -150,13 +166,64 @@ def run_tool_loop(
                 round=round_no,
                 call_id=str(call.get("id") or ""),
                 name=qualified,
-                arguments=arguments,
+                arguments=dict(ran.arguments) if ran.arguments is not None else {},
                 status=ran.status,
                 rule=ran.rule,
                 latency_ms=(time.perf_counter() - started) * 1000,
+                text=ran.text,
             )
             out.calls.append(record)
             if on_call is not None:
                 on_call(record)
             msgs.append({"role": "tool", "tool_call_id": record.call_id, "content": ran.text})
     raise AssertionError("unreachable: the last round returns")  # pragma: no cover
+
+
+def complete_with_tools(
+    session: Any,
+    step: Any,
+    worker: Any,
+    messages: list[Message],
+    *,
+    max_tokens: int | None,
+    timeout: float | None,
+    extra: Mapping[str, Any] | None = None,
+) -> WorkerResult | None:
+    """The executor's hook: a step granted tools runs the loop; None means "call the worker as
+    usual" (no tools granted or usable, no tool port, or an API client's own tools on this call)."""
+    port: ToolPort | None = getattr(session, "tools", None)
+    if port is None or not getattr(step, "tools", ()) or extra:
+        return None
+    found = port.for_step(step)
+    if found is None:
+        return None
+    specs, runner = found
+    if not specs:
+        return None
+
+    def on_call(record: ToolCallRecord) -> None:
+        session.emitter.emit(
+            EventType.TOOL_CALLED,
+            {
+                "index": step.index,
+                "round": record.round,
+                "call_id": record.call_id,
+                "tool": record.name,
+                "arguments": dict(record.arguments),
+                "status": record.status,
+                "rule": record.rule,
+                "output": record.text[:4000],
+                "latency_ms": round(record.latency_ms, 3),
+            },
+        )
+
+    return run_tool_loop(
+        worker,
+        messages,
+        specs,
+        runner,
+        max_rounds=MAX_ROUNDS,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        on_call=on_call,
+    ).result

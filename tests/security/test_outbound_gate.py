@@ -85,6 +85,10 @@ PLUMBING = {"shared_sdk_client", "shared_http_client", "build_client", "Llama", 
 # Every call of ``.complete(`` under apps/ (module, enclosing function) and why it is gated.
 COMPLETE_CALLERS = {
     ("apps/engine/executor.py", "target"): "a worker step: pool worker built with the run's gate",
+    (
+        "apps/engine/tools_loop.py",
+        "run_tool_loop",
+    ): "a worker step's tool rounds (issue 43): the same pool worker, built with the run's gate",
     ("apps/engine/session.py", "<lambda>"): "the conductor's planning call (and JSON repair): same pool",
     ("apps/policies/guardrails/judge.py", "judge"): "a guardrail judge: a worker of the run's pool",
     (
