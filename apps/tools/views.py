@@ -8,9 +8,12 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
+from apps.governance import selectors as gov
+from apps.governance.forms import apply_service_errors
 from apps.tools import approvals, services
+from apps.tools.forms import ToolServerForm
 from apps.tools.models import ToolServer, ToolVersion
 
 
@@ -25,6 +28,27 @@ def _back(request: HttpRequest) -> HttpResponse:
 
 def _messages(err: ValidationError) -> str:
     return " ".join(str(m) for m in err.messages)
+
+
+@require_http_methods(["GET", "POST"])
+def server_create(request: HttpRequest) -> HttpResponse:
+    teams = gov.teams_configurable_by(request.user)
+    if not teams.exists():
+        raise PermissionDenied("Only team admins and policy admins can register tool servers.")
+    form = ToolServerForm(request.POST or None, teams=teams)
+    if request.method == "POST" and form.is_valid():
+        data = dict(form.cleaned_data)
+        data["credential"] = data.get("credential") or None
+        try:
+            server = services.tool_server_register(actor=request.user, **data)
+        except ValidationError as exc:
+            apply_service_errors(form, exc)
+        else:
+            messages.success(request, f"Tool server “{server.name}” registered: discover its tools next.")
+            pool = server.team.default_pool if server.team_id and server.team else None
+            return redirect("workers:pool_detail", pool.slug) if pool else redirect("workers:pool_list")
+    ctx = {"form": form, "title": "Register a tool server (MCP)"}
+    return render(request, "workers/form.html", ctx, status=400 if form.errors else 200)
 
 
 @require_POST

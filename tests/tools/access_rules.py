@@ -55,6 +55,17 @@ MANAGE = {
 }
 
 RULES = {
+    # Anyone who configures some team may open the form; others get a 403.
+    "tools:server_create": {
+        "anonymous": "login",
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 403,
+        "reviewer": 403,
+        "policy_admin": 200,
+        "team_admin": 200,
+        "superuser": 200,
+    },
     "tools:server_discover": {
         "method": "POST",
         "kwargs": lambda ctx: {"slug": ctx.memo("server", _server).slug},
