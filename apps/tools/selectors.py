@@ -57,3 +57,27 @@ def tool_by_name(team: Any, qualified: str) -> Tool | None:
         .select_related("server", "server__team")
         .first()
     )
+
+
+STATUS_COLUMNS = ("succeeded", "failed", "refused", "blocked", "held", "pending_approval")
+
+
+def tool_call_counts(team_ids: list[int], start: Any, end: Any) -> list[dict[str, Any]]:
+    """Per tool: calls by status in [start, end) for the given teams (the /insights/ table)."""
+    from django.db.models import Count
+
+    from apps.tools.models import ToolCall
+
+    rows: dict[str, dict[str, Any]] = {}
+    for r in (
+        ToolCall.objects.filter(team_id__in=team_ids, created_at__gte=start, created_at__lt=end)
+        .values("qualified_name", "status")
+        .annotate(n=Count("pk"))
+        .order_by("qualified_name")
+    ):
+        row = rows.setdefault(
+            r["qualified_name"], {"tool": r["qualified_name"], "total": 0, **dict.fromkeys(STATUS_COLUMNS, 0)}
+        )
+        row[r["status"]] = row.get(r["status"], 0) + r["n"]
+        row["total"] += r["n"]
+    return list(rows.values())

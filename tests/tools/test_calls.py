@@ -148,3 +148,17 @@ def test_metrics_count_tool_calls_refusals_and_approvals(
     ):
         line = f'conductor_tool_calls_total{{source="run",status="{status}",team="alpha",tool="{tool}"}} 1.0'
         assert line in body, body[-2000:]
+
+
+def test_insights_count_tool_calls_of_the_viewers_teams_only(
+    alpha: Any, crm: Any, client: Any, owner: Any, outsider: Any
+) -> None:
+    tool_call(team=alpha, qualified="crm.add", arguments={"a": 1, "b": 2})
+    tool_call(team=alpha, qualified="crm.add", arguments={"a": "x", "b": 2})  # refused: schema
+    client.force_login(owner)
+    page = client.get("/insights/").content.decode()
+    row = page.split('data-tool="crm.add"', 1)[1].split("</tr>", 1)[0]
+    cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+    assert cells[:4] == ["2", "1", "0", "1"]  # calls, succeeded, failed, refused
+    client.force_login(outsider)
+    assert 'data-tool="crm.add"' not in client.get("/insights/").content.decode()
