@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from apps.api.mcp_endpoint import app as mcp_app  # noqa: E402
 from conductor_web import daphne_requests, daphne_ws  # noqa: E402
 from conductor_web.background import start_server_background  # noqa: E402
 from conductor_web.handlers import ApiASGIHandler, http_application  # noqa: E402
@@ -24,7 +25,7 @@ start_server_background()
 application = ProtocolTypeRouter(
     {
         # /v1 through its own all-async chain (conductor_web.handlers); the pages through Django's.
-        "http": http_application(django_asgi_app, ApiASGIHandler()),
+        "http": http_application(django_asgi_app, ApiASGIHandler(), mcp_app),
         # Scheme, host and port of the Origin (conductor_web.ws_origin), before any session read.
         "websocket": OriginCheck(ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

@@ -31,6 +31,7 @@ from conductor_web.executor_db import served_on_loop
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 API_PREFIXES = (V1_PREFIX,)
+MCP_PATH = "/mcp"
 
 # Middleware for browser sessions: the /v1 chain leaves these out.
 BROWSER_ONLY = frozenset(
@@ -83,14 +84,19 @@ class ApiASGIHandler(ASGIHandler):
             await self.handle(scope, receive, send)
 
 
-def http_application(pages: ASGIApp, api: ASGIApp) -> ASGIApp:
-    """``api`` for paths under `API_PREFIXES` (below the mount point), ``pages`` for the rest."""
+def http_application(pages: ASGIApp, api: ASGIApp, mcp: ASGIApp | None = None) -> ASGIApp:
+    """``api`` for paths under `API_PREFIXES` (below the mount point), ``mcp`` for ``/mcp`` (the
+    governed tool endpoint, issue 43: the SDK's own transport, key-authenticated), ``pages`` for
+    the rest."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
+        if mcp is not None and path in (MCP_PATH, MCP_PATH + "/"):
+            await mcp(scope, receive, send)
+            return
         target = api if path.startswith(API_PREFIXES) else pages
         await target(scope, receive, send)
 

@@ -39,6 +39,7 @@ from apps.governance.models import Team
 from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
 from apps.policies.budgets import budget_status
 from apps.policies.services import effective_policy
+from apps.tools.models import ToolCall
 from apps.workers.models import Worker
 from conductor_web.telemetry import PROVIDER_NAMES
 
@@ -185,6 +186,22 @@ class DatabaseCollector(Collector):
                 if remaining is not None:
                     budget.add_metric([team.slug, window.name], float(Decimal(remaining)))
         yield budget
+
+        # Issue 43: every tool call, allowed or refused (refusals and approvals are statuses).
+        tools = CounterMetricFamily(
+            "conductor_tool_calls",
+            "Tool calls by tool, status (succeeded, failed, refused, blocked, held, pending_approval) and source",
+            labels=["team", "tool", "status", "source"],
+        )
+        for t in (
+            ToolCall.objects.values("team__slug", "qualified_name", "status", "source")
+            .annotate(n=Count("pk"))
+            .order_by("team__slug", "qualified_name", "status", "source")
+        ):
+            tools.add_metric(
+                [t["team__slug"] or "", t["qualified_name"], t["status"], t["source"]], int(t["n"])
+            )
+        yield tools
 
         audit = AuditEvent.objects.aggregate(top=Max("seq"), lag=Count("pk", filter=Q(seq__isnull=True)))
         yield GaugeMetricFamily(

@@ -22,6 +22,7 @@ urlpatterns = [
     path("learning/", include("apps.learning.urls")),
     path("", include("apps.feedback.urls")),
     path("experiments/", include("apps.experiments.urls")),
+    path("tools/", include("apps.tools.urls")),
 ]
 
 handler403 = "conductor_web.views.permission_denied"

@@ -16,6 +16,7 @@ class ApiScope(models.TextChoices):
     POOLS_WRITE = "pools:write", "Manage the team's pools, workers and providers"
     AUDIT_READ = "audit:read", "Read and export the team's audit trail"
     TEAM_ADMIN = "team:admin", "Manage the team's settings, members and API keys"
+    TOOLS_CALL = "tools:call", "List and call the team's allowed tools on /mcp"
 
 
 # Least privilege: what a key gets when its creator names no scopes.

@@ -49,9 +49,11 @@ ROLE_SCOPES: dict[str, frozenset[str]] = {
             ApiScope.POLICIES_WRITE,
             ApiScope.POOLS_WRITE,
             ApiScope.AUDIT_READ,
+            ApiScope.TOOLS_CALL,
         }
     ),
-    Role.MEMBER: frozenset({ApiScope.RUNS_WRITE, ApiScope.RUNS_READ}),
+    # Calling the team's tools on /mcp is running (issue 43): the roles that may start runs.
+    Role.MEMBER: frozenset({ApiScope.RUNS_WRITE, ApiScope.RUNS_READ, ApiScope.TOOLS_CALL}),
     Role.REVIEWER: frozenset({ApiScope.RUNS_READ, ApiScope.RUNS_REVIEW, ApiScope.AUDIT_READ}),
 }
 

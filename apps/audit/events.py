@@ -97,6 +97,17 @@ class AuditEventType(models.TextChoices):
     EXPERIMENT_CANCELLED = "experiment.cancelled"
     EXPERIMENT_FINISHED = "experiment.finished"
     TRAINING_EXPORTED = "training.exported"
+    # Governed tools (issue 43): MCP servers, their tools' versions, and every tool call
+    TOOL_SERVER_REGISTERED = "tool.server_registered"
+    TOOL_SERVER_UPDATED = "tool.server_updated"
+    TOOL_DISCOVERED = "tool.discovered"  # a new tool or a changed one: a version waiting for acceptance
+    TOOL_VERSION_ACCEPTED = "tool.version_accepted"
+    TOOL_CALLED = "tool.called"  # a call outside a run (the /mcp endpoint), allowed or refused
+    RUN_TOOL_CALLED = "run.tool_called"
+    TOOL_APPROVAL_REQUESTED = "tool.approval_requested"
+    TOOL_CALL_APPROVED = "tool.call_approved"
+    TOOL_CALL_REJECTED = "tool.call_rejected"
+    TOOL_APPROVAL_EXPIRED = "tool.approval_expired"
 
     @property
     def kind(self) -> str:
@@ -104,6 +115,11 @@ class AuditEventType(models.TextChoices):
             "feedback.recorded",
             "feedback.evaluation_skipped",
             "outbound.checked",
+            "tool.called",
+            "tool.approval_requested",
+            "tool.call_approved",
+            "tool.call_rejected",
+            "tool.approval_expired",
         ):
             return AuditKind.RUN  # feedback on a run, and the gate's record of a call, are decisions
         if self.value.startswith(("audit.", "auth.", "budget.")):

@@ -100,6 +100,7 @@ class EventType(StrEnum):
     RUN_FINISHED = "run.finished"
     RUN_AWAITING_APPROVAL = "run.awaiting_approval"
     RUN_PLAN_DECIDED = "run.plan_decided"  # written by the Django side (apps.runs.approvals)
+    TOOL_CALLED = "tool.called"  # a step's worker called a tool (issue 43): a node of the live graph
 
 
 class StepStatus(StrEnum):

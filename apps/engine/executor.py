@@ -40,6 +40,7 @@ from apps.engine.plan import Plan, PlanStep
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
 from apps.engine.providers.gate import ProviderRequestRefused
 from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
+from apps.engine.tools_loop import complete_with_tools
 from apps.engine.types import Message, Usage, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -199,13 +200,18 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             result: WorkerResult | None = None
             error: ProviderError | None = None
             try:
-                result = worker.complete(
-                    messages,
-                    max_tokens=max_tokens,
-                    timeout=timeout,
-                    on_delta=on_delta if limits.stream else None,
-                    **extra,
+                # Issue 43: a step granted tools runs the bounded tool loop (apps.engine.tools_loop).
+                result = complete_with_tools(
+                    session, step, worker, messages, max_tokens=max_tokens, timeout=timeout, extra=extra
                 )
+                if result is None:
+                    result = worker.complete(
+                        messages,
+                        max_tokens=max_tokens,
+                        timeout=timeout,
+                        on_delta=on_delta if limits.stream else None,
+                        **extra,
+                    )
             except ProviderError as err:
                 error = err
             except Exception as err:

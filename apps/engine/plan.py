@@ -31,7 +31,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 CONDUCTOR_SELF = -1
@@ -58,6 +58,9 @@ class PlanStep:
     access: Access
     # A chat to send as it is instead of the built context (a pool model's tool conversation).
     messages: tuple[dict[str, Any], ...] | None = None
+    # The step's tool access list (issue 43): the tools (<server>.<tool>) its worker may call.
+    # Empty: none. The policy may still narrow it; it can never widen it.
+    tools: tuple[str, ...] = ()
 
     @property
     def is_self(self) -> bool:
@@ -438,7 +441,7 @@ def parse_plan(
 ) -> Plan:
     """Parse a conductor reply into a validated Plan, or raise `PlanError` (and only that)."""
     workers, instructions, access = extract_plan_lists(text)
-    return build_plan(
+    plan = build_plan(
         workers,
         instructions,
         access,
@@ -447,6 +450,68 @@ def parse_plan(
         allow_self=allow_self,
         index_offset=index_offset,
     )
+    return with_tool_access(plan, extract_tool_access(text))
+
+
+# ----------------------------------------------------------------------------- tool access (issue 43)
+
+MAX_STEP_TOOLS = 20
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,50}\.[A-Za-z0-9_.-]{1,128}$")
+_TOOL_ACCESS_KEYS = ("tool_access", "tool_access_list", "tool_access_lists", "tools")
+_TOOL_LITERAL = re.compile(r"(?<![\w.])tool_access(?:_lists?)?\s*=\s*\[")
+
+
+def _tool_entry(raw: object) -> tuple[str, ...]:
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        return ()
+    names = [n.strip() for n in raw if isinstance(n, str) and _TOOL_NAME.match(n.strip())]
+    return tuple(dict.fromkeys(names))[:MAX_STEP_TOOLS]
+
+
+def extract_tool_access(text: str) -> list[tuple[str, ...]] | None:
+    """The per-step tool access lists a conductor wrote beside its plan, or None when it wrote
+    none: ``tool_access = [[...], ...]`` (the list form), a ``tool_access`` key in the JSON object,
+    or a ``tools`` key per step in the ``steps`` form. Anything malformed grants nothing (a
+    step without a readable list gets no tools)."""
+    decoder = json.JSONDecoder()
+    found: object = None
+    for m in _TOOL_LITERAL.finditer(text):
+        try:
+            found, _ = decoder.raw_decode(text, m.end() - 1)
+        except ValueError:
+            continue
+    if found is None:
+        for m in _OBJ_START.finditer(text):
+            try:
+                obj, _ = decoder.raw_decode(text, m.start())
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            inner = obj.get("plan") if isinstance(obj.get("plan"), dict) else obj
+            has, value = _lookup(inner, _TOOL_ACCESS_KEYS[:3])
+            if has:
+                found = value
+                continue
+            steps = inner.get("steps")
+            if isinstance(steps, list) and any(isinstance(s, dict) and "tools" in s for s in steps):
+                found = [s.get("tools") if isinstance(s, dict) else None for s in steps]
+    if not isinstance(found, list):
+        return None
+    return [_tool_entry(entry) for entry in found]
+
+
+def with_tool_access(plan: Plan, access: Sequence[Sequence[str]] | None) -> Plan:
+    """The plan with each step's tool access list (by position; missing entries grant nothing)."""
+    if not access:
+        return plan
+    steps = [
+        replace(step, tools=tuple(access[i])) if i < len(access) and not step.is_self else step
+        for i, step in enumerate(plan.steps)
+    ]
+    return Plan(tuple(steps))
 
 
 # ----------------------------------------------------------------------------- schema & serialisation
@@ -460,6 +525,7 @@ def plan_json_schema(
     strict: bool = False,
     max_instruction_chars: int | None = None,
     shape: Literal["lists", "steps"] = "lists",
+    tools: Sequence[str] = (),
 ) -> dict:
     """JSON schema for constrained decoding of a plan object: the three lists (``lists``), or
     ``{"steps": [{"worker", "subtask", "access"}]}`` (``steps``). `strict=True` keeps only the
@@ -487,12 +553,17 @@ def plan_json_schema(
     if shape == "steps":
         # One object per step: equal list lengths hold by construction, which three parallel
         # arrays cannot express in JSON schema (small grammar-constrained models get it wrong).
-        step = {
+        step: dict[str, Any] = {
             "type": "object",
             "properties": {"worker": ints, "subtask": text, "access": access_item},
             "required": ["worker", "subtask", "access"],
             "additionalProperties": False,
         }
+        if tools:
+            # The step's tool access list (issue 43): only names the run may grant.
+            step["properties"]["tools"] = {"type": "array", "items": {"type": "string", "enum": list(tools)}}
+            if strict:
+                step["required"].append("tools")  # strict structured outputs require every key
         return {
             "type": "object",
             "properties": {"steps": arr(step)},
@@ -534,6 +605,8 @@ def plan_to_dict(
                 "worker_key": key(s.worker),
                 "instruction": s.instruction,
                 "access": "all" if s.access == "all" else list(s.access),
+                # Only when granted, so a plan without tools keeps its stored form (and digest).
+                **({"tools": list(s.tools)} if s.tools else {}),
             }
             for s in plan.steps
         ]
@@ -568,7 +641,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> Plan:
             raise PlanError(f"steps[{i}]: access must be 'all' or a list of earlier step indices")
         if i and index != steps[-1].index + 1:
             raise PlanError(f"steps[{i}]: indices must be consecutive")
-        steps.append(PlanStep(index, worker, instruction, acc))
+        steps.append(PlanStep(index, worker, instruction, acc, tools=_tool_entry(s.get("tools"))))
     return Plan(tuple(steps))
 
 
@@ -578,11 +651,14 @@ def plan_to_text(plan: Plan, *, pool_size: int | None = None) -> str:
     self_id = pool_size if pool_size is not None else CONDUCTOR_SELF
     workers = [self_id if s.is_self else s.worker for s in plan.steps]
     access = ["all" if s.access == "all" else list(s.access) for s in plan.steps]
-    return (
+    text = (
         f"model_id = {workers!r}\n"
         f"subtasks = {json.dumps([s.instruction for s in plan.steps], ensure_ascii=False)}\n"
         f"access_list = {json.dumps(access)}"
     )
+    if any(s.tools for s in plan.steps):
+        text += f"\ntool_access = {json.dumps([list(s.tools) for s in plan.steps])}"
+    return text
 
 
 def single_step_plan(worker: int, instruction: str, *, index_offset: int = 0, access: Access = ()) -> Plan:

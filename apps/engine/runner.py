@@ -90,6 +90,7 @@ def run_request(
     limits: Limits | None = None,
     metadata: dict[str, Any] | None = None,
     generation: GenerationOptions | None = None,
+    tools: Any = None,
 ) -> RunResult:
     """Run one request synchronously on the calling thread (steps fan out to helper threads).
 
@@ -110,7 +111,9 @@ def run_request(
         started_monotonic=time.monotonic(),
         generation=generation,
     )
-    session = RunSession(ctx=ctx, pool=pool, limits=limits, emitter=emitter, hooks=hooks, cancel=cancel)
+    session = RunSession(
+        ctx=ctx, pool=pool, limits=limits, emitter=emitter, hooks=hooks, cancel=cancel, tools=tools
+    )
     status, answer, error, reason = RunStatus.FAILED, None, None, "internal_error"
     ending: dict[str, Any] = {}
     paused: dict[str, Any] | None = None  # set when the plan is held for an approver

@@ -161,8 +161,11 @@ class RunSession:
         emitter: Emitter,
         hooks: GovernanceHooks,
         cancel: CancelToken | None,
+        tools: Any = None,
     ) -> None:
         self.ctx = ctx
+        # The host's tool port (apps.engine.tools_loop.ToolPort), None: no step may call tools.
+        self.tools = tools
         self.pool = pool
         self.limits = limits
         self.emitter = emitter

@@ -258,6 +258,29 @@ They are numbered from {first}; an access list may name any earlier step number 
 The last new step must produce the final answer."""
 
 
+TOOLS_PROMPT = """
+
+Tools the workers may call (name - what it does):
+{tools}
+A step's worker may only call the tools you grant that step. Grant each step only the tools its \
+instruction needs, {how}"""
+
+
+def _tools_prompt(session: RunSession, *, constrained: bool) -> str:
+    """The tool catalogue and how to grant tools per step (issue 43); empty without tools."""
+    port = getattr(session, "tools", None)
+    catalog = list(port.catalog()) if port is not None else []
+    if not catalog:
+        return ""
+    lines = "\n".join(f"{t.name} - {' '.join(t.description.split())[:200]}" for t in catalog)
+    how = (
+        'with a "tools" list in that step\'s object, e.g. "tools": ["' + catalog[0].name + '"].'
+        if constrained
+        else "with a fourth list: tool_access = [for each step: [] or a list of tool names]."
+    )
+    return TOOLS_PROMPT.format(tools=lines, how=how)
+
+
 class ConductorStrategy(_Base):
     name = "conductor"
 
@@ -316,7 +339,7 @@ class ConductorStrategy(_Base):
             constraints.append("only the worker ids listed above")
         if not allow_self:
             constraints.append("no further re-planning")
-        return SYSTEM_PROMPT.format(
+        prompt = SYSTEM_PROMPT.format(
             workers="\n".join(lines),
             max_steps=session.limits.max_steps,
             first=first,
@@ -325,6 +348,7 @@ class ConductorStrategy(_Base):
             guidance=preset.guidance if preset else "",
             reply_format=(STEPS_REPLY if self.constrained else LISTS_REPLY).format(w=order[0]),
         )
+        return prompt + _tools_prompt(session, constrained=self.constrained)
 
     def _results_text(self, session: RunSession, self_step: PlanStep) -> str:
         parts = []
@@ -364,6 +388,7 @@ class ConductorStrategy(_Base):
                 allow_self=allow_self,
                 max_instruction_chars=self.max_instruction_chars,
                 shape="steps",
+                tools=[t.name for t in session.tools.catalog()] if session.tools is not None else (),
             )
             if self.constrained
             else None

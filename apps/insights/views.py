@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET
 
 from apps.insights import selectors
 from apps.insights.forms import InsightFilterForm
+from apps.tools.selectors import tool_call_counts
 
 
 @require_GET
@@ -34,6 +35,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "end": end,
             "charts_json": data["charts"],
             "notices": selectors.notices_for(request.user),
+            # Issue 43: tool calls, refusals and approvals of the visible teams in the window.
+            "tool_calls": tool_call_counts(scope.team_ids, start, end),
         },
         status=200 if valid else 400,
     )

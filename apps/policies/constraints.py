@@ -135,7 +135,7 @@ def _truncate(plan: Plan, n: int) -> Plan:
     else:
         refs = [r for r in last.access if r < offset or r in kept_ids]
         access = "all" if len(refs) != len(last.access) else tuple(refs)
-    kept.append(PlanStep(new_index, last.worker, last.instruction, access))
+    kept.append(PlanStep(new_index, last.worker, last.instruction, access, tools=last.tools))
     return Plan(tuple(kept))
 
 

@@ -96,6 +96,8 @@ BoundaryLabel = Literal["pii", "secrets"]
 GuardAction = Literal["block", "redact", "warn", "require_review"]
 OnCheckError = Literal["fail_closed", "fail_open"]
 TermKind = Literal["keyword", "regex"]
+# A tool call (issue 43): run it, hold it for an approver first, or refuse it.
+ToolAction = Literal["allow", "require_approval", "block"]
 
 PII_TYPES = ("email", "phone", "card", "iban", "national_id", "ip")
 SECRET_TYPES = ("openai", "aws", "github", "slack", "private_key", "jwt", "generic")
@@ -113,7 +115,7 @@ STRICTNESS: dict[str, int] = {
     "block": 4,
     "fail_open": 1,
     "fail_closed": 2,
-    "allow": 1,
+    "allow": 0,
     "deny": 2,
 }
 
@@ -570,6 +572,82 @@ class Guardrails(_Spec):
     output: StageGuardrails = _f(StageGuardrails, "Checks on the final answer.", "nested")
 
 
+# ------------------------------------------------------------------------------------ tools
+
+
+class ToolRule(_Spec):
+    """One rule for one tool. Several rules may name the same tool (the platform's and the team's,
+    or one per argument): every one of them applies, so adding a rule can only tighten."""
+
+    tool: str = _f("", "The tool, as <server slug>.<tool name> (e.g. crm.lookup).", "union", required=True)
+    action: ToolAction = _f(
+        "allow",
+        "allow: run it; require_approval: the call waits for an approver and then runs exactly the "
+        "approved arguments; block: refuse it.",
+        "union",
+    )
+    argument: str = _f("", "An argument this rule constrains (empty: none).", "union")
+    pattern: str = _f(
+        "",
+        "Regular expression the argument's value (as text) must match in full; a call without the "
+        "argument or with a value that does not match is refused.",
+        "union",
+        regex=True,
+    )
+    max_calls_per_run: int | None = _f(None, "Most calls of this tool in one run.", "union", minimum=1)
+    max_calls_per_hour: int | None = _f(
+        None, "Most calls of this tool by the team in any rolling hour (the rate limit).", "union", minimum=1
+    )
+    cost_per_call_usd: Decimal | None = _f(
+        None,
+        "What one call costs (USD); counted into the run's cost and the daily limit.",
+        "union",
+        minimum=0,
+    )
+    max_cost_usd_per_day: Decimal | None = _f(
+        None, "Most spend (USD) on this tool by the team per UTC day (the cost limit).", "union", minimum=0
+    )
+
+
+class ToolOutputInjection(InjectionCheck):
+    enabled: bool = _f(True, "Heuristics for instructions smuggled into a tool's output.", "or")
+
+
+class ToolOutputChecks(_Spec):
+    injection: ToolOutputInjection = _f(
+        ToolOutputInjection,
+        "Indirect prompt injection in what a tool returned (block: no model reads it; redact: the "
+        "phrase is removed; require_review: the output is held and the call flagged).",
+        "nested",
+    )
+    pii: PiiCheck = _f(PiiCheck, "Personal data in what a tool returned.", "nested")
+    secrets: SecretsCheck = _f(SecretsCheck, "Secrets in what a tool returned.", "nested")
+
+
+class ToolsPolicy(_Spec):
+    allowed_tools: tuple[str, ...] | None = _f(
+        None,
+        "Tools (<server>.<tool>) the team may call. Empty: every accepted tool of the team's and "
+        "the platform's servers.",
+        "intersection",
+    )
+    denied_tools: tuple[str, ...] = _f((), "Tools no call may ever use.", "union")
+    default_action: ToolAction = _f(
+        "allow",
+        "The action for an allowed tool that no rule names: allow, require_approval or block.",
+        "stricter",
+    )
+    rules: tuple[ToolRule, ...] = _f(
+        (), "Per-tool actions, argument patterns, rate and cost limits.", "union"
+    )
+    max_calls_per_run: int | None = _f(
+        20, "Most tool calls of any tool in one run.", "min", minimum=1, maximum=1000
+    )
+    output: ToolOutputChecks = _f(
+        ToolOutputChecks, "Checks on every tool output before any model (or /mcp client) reads it.", "nested"
+    )
+
+
 class PolicySpec(_Spec):
     constraints: Constraints = _f(
         Constraints, "Workflow constraints, checked at plan time and before every step.", "nested"
@@ -577,6 +655,9 @@ class PolicySpec(_Spec):
     budgets: Budgets = _f(Budgets, "Team spend limits.", "nested")
     learning: Learning = _f(Learning, "The learned router: exploration, reward and metric.", "nested")
     guardrails: Guardrails = _f(Guardrails, "Guardrails per stage.", "nested")
+    tools: ToolsPolicy = _f(
+        ToolsPolicy, "Governed tools (MCP): which tools, with what arguments, how often.", "nested"
+    )
 
 
 # ------------------------------------------------------------------------------------ validation
@@ -901,6 +982,15 @@ def _cross_checks(obj: Any) -> Problems:
         problem = _regex_problem(obj.pattern)
         if problem:
             problems.append(("pattern", problem))
+    if isinstance(obj, ToolRule):
+        if "." not in obj.tool.strip("."):
+            problems.append(("tool", "name the tool as <server slug>.<tool name>"))
+        if bool(obj.argument) != bool(obj.pattern):
+            problems.append(("pattern", "give both an argument and its pattern, or neither"))
+        elif obj.pattern:
+            problem = _regex_problem(obj.pattern)
+            if problem:
+                problems.append(("pattern", problem))
     if isinstance(obj, WorkerRule):
         both = sorted(set(obj.allowed_workers or ()) & set(obj.denied_workers))
         if both:

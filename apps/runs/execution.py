@@ -62,6 +62,7 @@ from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
 from apps.runs.selectors import approved_digests
 from apps.runs.sink import RunSink
 from apps.runs.sweeper import run_job, start_sweeper
+from apps.tools.loop import RunToolPort
 from apps.workers.engine_adapter import use_preset_conductor
 from conductor_web.compiled import CompiledDelete, CompiledGet, CompiledUpdate
 from conductor_web.request_context import set_request_id
@@ -529,6 +530,10 @@ def _drive_engine(
             "policy_version_id": run.policy_version_id,
         },
         generation=generation_for(run),
+        # Issue 43: the tools a plan step may be granted, through the tool gate (apps.tools.calls).
+        tools=RunToolPort(
+            team=run.team, run_id=run.id, actor_id=run.created_by_id, effective=policy.effective
+        ),
     )
     sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try
     return sink.finished_data, sink.verdict

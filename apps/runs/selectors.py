@@ -95,7 +95,8 @@ def run_snapshot(
     started: Any = _NOT_READ
     for e in RunEvent.objects.filter(
         run_id=run.pk,
-        type__in=(*DECISION_TYPES[:3], "plan.started", "plan.delta", "run.started"),
+        # tool.called too (issue 43): a late viewer sees the tool-call nodes of the graph.
+        type__in=(*DECISION_TYPES[:3], "plan.started", "plan.delta", "run.started", "tool.called"),
         seq__lte=run.last_seq,
     ).order_by("seq"):
         if e.type == "run.started":
@@ -391,6 +392,10 @@ def withhold_event_data(kind: str, data: Any) -> Any:
         if _later_round(data.get("round")):
             out["instruction"] = ""
     elif kind == "step.finished":
+        out["output"] = ""
+    elif kind == "tool.called":
+        # A tool's arguments are model output and its result is content (issue 43).
+        out["arguments"] = {}
         out["output"] = ""
     elif kind == "run.finished":
         out["answer"] = None

@@ -15,6 +15,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.governance import selectors as gov
+from apps.tools.pages import tool_rows
 from apps.workers import selectors, services
 from apps.workers.forms import ExistingWorkerForm, PoolForm, ProviderForm, WorkerForm, apply_service_errors
 from apps.workers.models import Pool, Provider, Worker
@@ -98,6 +99,8 @@ def pool_detail(request: HttpRequest, slug: str) -> HttpResponse:
             "can_change": Pool.objects.allows(user, "change", pool),
             "can_use": Pool.objects.allows(user, "use", pool),
             "teams": teams_granted_pool(pool).filter(pk__in=gov.teams_visible_to(user).values("pk")),
+            # Issue 43: the MCP tool servers the pool's team (and the platform) registered.
+            "tool_servers": tool_rows(pool.team, user),
         },
     )
 

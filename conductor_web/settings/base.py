@@ -111,6 +111,7 @@ INSTALLED_APPS = [
     "apps.learning",
     "apps.feedback",
     "apps.experiments",
+    "apps.tools",
 ]
 
 MIDDLEWARE = [
@@ -376,6 +377,13 @@ PROVIDER_KEY_ENV_PREFIX = env.str("PROVIDER_KEY_ENV_PREFIX", default="CONDUCTOR_
 PROVIDER_KEY_ENV_ALLOWED = env.list(
     "PROVIDER_KEY_ENV_ALLOWED", default=["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"]
 )
+
+# --- governed tools (issue 43) -------------------------------------------------------------------
+# Executables a stdio MCP server may start (absolute paths; comma list). Empty: no stdio servers.
+# Registering one is a platform decision (superusers only): it runs a command on this host.
+MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[])
+# Seconds one discovery or tool call may take before it is abandoned.
+MCP_CALL_TIMEOUT_S = env.float("MCP_CALL_TIMEOUT_S", default=30.0)
 
 # --- Auth ----------------------------------------------------------------------------------------
 AUTHENTICATION_BACKENDS = [

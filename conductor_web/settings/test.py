@@ -1,6 +1,7 @@
 """Test settings. The mode follows the environment exactly like production would:
 DATABASE_URL / REDIS_URL / CELERY_BROKER_URL set → distributed, unset → embedded."""
 
+import sys
 from typing import Any, cast
 
 from .base import *  # noqa: F403
@@ -43,3 +44,5 @@ APIKEY_FAILURE_LIMIT = env.int("APIKEY_FAILURE_LIMIT", default=1000)
 # opened, so every attack spelling of 127.0.0.1 / ::1 stays refused. Subprocess servers read it too.
 FAKE_PROVIDER_HOST = "127.0.13.1"
 EGRESS_ALLOW = env.list("EGRESS_ALLOW", default=[FAKE_PROVIDER_HOST])
+# The stdio MCP server of the tool tests (tests/fakes/mcp_server.py) runs under this interpreter.
+MCP_STDIO_COMMANDS = env.list("MCP_STDIO_COMMANDS", default=[sys.executable])

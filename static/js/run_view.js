@@ -47,6 +47,7 @@
     this.decisions = [];  // guardrail / plan events
     this.plans = {};      // round -> planning node (the conductor's planning call of that round)
     this.roundSteps = {}; // round -> indices of the steps its accepted plan runs
+    this.tools = {};      // "t<step>-<n>" -> a tool call of a step (issue 43): a node of its own
     this.inputChecked = false;
     this.cancelling = false;
     this.lastSeq = 0;
@@ -147,9 +148,10 @@
       this.decisions = [];
       this.plans = {};
       this.roundSteps = {};
+      this.tools = {};
       this.inputChecked = false;
       // Decisions come in seq order: planning nodes rebuild exactly as they grew live.
-      (msg.decisions || []).forEach(function (d) { self.applyDecision(d); self.applyPlanning(d); });
+      (msg.decisions || []).forEach(function (d) { self.applyDecision(d); self.applyPlanning(d); self.applyTool(d); });
       if (this.isTerminal()) this.endOpenNodes(this.run.status);
       this.lastSeq = msg.last_seq;
       this.render();
@@ -218,6 +220,16 @@
     }
   };
 
+  // Each tool call of a step's worker (tool.called): its arguments, output, latency and verdict.
+  RunView.prototype.applyTool = function (ev) {
+    if (!EV.TOOL_CALLED || ev.type !== EV.TOOL_CALLED) return;
+    var d = ev.data || {}, n = 0;
+    while (this.tools["t" + d.index + "-" + n]) n += 1;
+    var status = { refused: "blocked", held: "awaiting_approval", pending_approval: "awaiting_approval" }[d.status] || d.status;
+    this.tools["t" + d.index + "-" + n] = Object.assign({}, d, { key: "t" + d.index + "-" + n, kind: "tool", n: n,
+      step: d.index, verdict: d.status, status: status });
+  };
+
   RunView.prototype.apply = function (ev) {
     var d = ev.data || {};
     var run = this.run;
@@ -244,6 +256,9 @@
       case EV.STEP_STARTED:
         this.steps[d.index] = Object.assign({}, this.steps[d.index] || {}, d, { status: "running", live: "" });
         break;
+      case EV.TOOL_CALLED:
+        this.applyTool(ev);
+        break;
       case EV.STEP_DELTA:
         if (this.steps[d.index]) this.steps[d.index].live = (this.steps[d.index].live || "") + (d.text || "");
         // The answer as the output gate releases it (issue 45): the answer panel shows it live.
@@ -267,7 +282,7 @@
           // The next attempt replays planning from the journal and rebuilds the graph and usage.
           run.status = "queued"; run.error = ""; run.status_reason = "";
           run.input_tokens = 0; run.output_tokens = 0; run.cost_usd = null; run.step_count = 0;
-          this.steps = {}; this.plans = {}; this.roundSteps = {}; this.inputChecked = false; this.liveAnswer = "";
+          this.steps = {}; this.plans = {}; this.roundSteps = {}; this.tools = {}; this.inputChecked = false; this.liveAnswer = "";
         }
         if (run) run.plan_decision = d;
         break;
@@ -303,6 +318,10 @@
     return typeof key === "string" && key.charAt(0) === "p" ? this.plans[Number(key.slice(1))] : undefined;
   };
 
+  RunView.prototype.toolOf = function (key) {
+    return typeof key === "string" && key.charAt(0) === "t" ? this.tools[key] : undefined;
+  };
+
   // Deterministic layout: x = round band + dependency depth within the round (from the stored
   // access lists); y = the step index; a round's planning node sits above its first step (and
   // beside the conductor step that asked for the re-plan). Nothing depends on arrival order.
@@ -323,11 +342,17 @@
       pos[p.key] = { x: (r - 1) * BAND, y: 1 - p.first };
       return p.key;
     });
-    return { order: plans.concat(idx), steps: idx, pos: pos, depth: depth };
+    // A tool call sits just below and right of its step, one beside the other.
+    var tools = Object.keys(this.tools).filter(function (k) { return pos[self.tools[k].step] !== undefined; });
+    tools.forEach(function (k) {
+      var t = self.tools[k], p = pos[t.step];
+      pos[k] = { x: p.x + 0.45 + 0.4 * t.n, y: p.y - 0.45 };
+    });
+    return { order: plans.concat(idx).concat(tools), steps: idx, tools: tools, pos: pos, depth: depth };
   };
 
   RunView.prototype.node = function (key) {
-    return this.planOf(key) || this.steps[key];
+    return this.planOf(key) || this.toolOf(key) || this.steps[key];
   };
 
   RunView.prototype.renderGraph = function () {
@@ -349,6 +374,7 @@
       var plan = self.plans[s.round || 1];
       if (plan && lay.depth[i] === 0) arrow(lay.pos[plan.key], p);
     });
+    (lay.tools || []).forEach(function (k) { arrow(lay.pos[self.tools[k].step], lay.pos[k]); });
     Object.keys(this.plans).forEach(function (r) {
       rounds[r] = true;
       var prev = self.steps[self.plans[r].first - 1];
@@ -366,6 +392,7 @@
     });
     var label = function (k) {
       var n = self.node(k);
+      if (n.kind === "tool") return n.tool;
       return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : k + " · " + (n.worker_key || "?");
     };
     var nodes = {
@@ -375,13 +402,14 @@
       text: lay.order.map(label),
       hovertext: lay.order.map(function (k) {
         var n = self.node(k);
+        if (n.kind === "tool") return n.verdict + (n.rule ? " (" + n.rule + ")" : "") + ": " + n.tool;
         return n.status + ": " + (n.kind === "plan" ? "planning round " + n.round : String(n.instruction || "").slice(0, 80));
       }),
       customdata: lay.order,
       textposition: "bottom center",
       cliponaxis: false, // a label centred on a node at the band's edge stays whole
-      marker: { size: 26, line: { width: 2, color: "#fff" },
-        symbol: lay.order.map(function (k) { return self.planOf(k) ? "diamond" : "circle"; }),
+      marker: { size: lay.order.map(function (k) { return self.toolOf(k) ? 16 : 26; }), line: { width: 2, color: "#fff" },
+        symbol: lay.order.map(function (k) { return self.planOf(k) ? "diamond" : (self.toolOf(k) ? "square" : "circle"); }),
         color: lay.order.map(function (k) { return COLOURS[self.node(k).status] || "#9aa6ba"; }) }
     };
     var edges = { type: "scatter", mode: "lines", x: ex, y: ey, hoverinfo: "skip", line: { color: "#c3cad6", width: 1 } };
@@ -407,15 +435,16 @@
     var list = this.q("nodes"), self = this;
     if (!list) return;
     var entries = Object.keys(this.plans).map(function (r) { var p = self.plans[r]; return { key: p.key, sort: p.first - 0.5 }; })
-      .concat(Object.keys(this.steps).map(function (i) { return { key: Number(i), sort: Number(i) }; }));
+      .concat(Object.keys(this.steps).map(function (i) { return { key: Number(i), sort: Number(i) }; }))
+      .concat(Object.keys(this.tools).map(function (k) { var t = self.tools[k]; return { key: k, sort: t.step + 0.1 + 0.01 * t.n }; }));
     entries.forEach(function (e) {
-      var n = self.node(e.key), isPlan = n.kind === "plan";
-      var testid = isPlan ? "plan-node-" + n.round : "step-node-" + e.key;
+      var n = self.node(e.key), isPlan = n.kind === "plan", isTool = n.kind === "tool";
+      var testid = isPlan ? "plan-node-" + n.round : (isTool ? "tool-node-" + e.key.slice(1) : "step-node-" + e.key);
       var btn = list.querySelector("[data-testid='" + testid + "']");
       if (!btn) {
         var li = el("li");
         btn = el("button", { type: "button", "class": "step-node", "data-testid": testid, "data-sort": String(e.sort),
-          "data-kind": isPlan ? "plan" : "step", "aria-pressed": "false" });
+          "data-kind": isPlan ? "plan" : (isTool ? "tool" : "step"), "aria-pressed": "false" });
         btn.addEventListener("click", function () { self.inspect(e.key, true); });
         li.appendChild(btn);
         // Keep DOM order by position even when a later node arrives first (no re-append: focus stays).
@@ -425,7 +454,9 @@
       btn.setAttribute("data-status", n.status);
       btn.setAttribute("aria-pressed", self.selected === e.key ? "true" : "false");
       btn.style.borderLeftColor = COLOURS[n.status] || "#9aa6ba";
-      btn.textContent = isPlan
+      btn.textContent = isTool
+        ? "Tool call · step " + n.step + " · " + n.tool + " — " + n.verdict + (n.rule ? " (" + n.rule + ")" : "")
+        : isPlan
         ? "Planning · round " + n.round + " · " + (n.worker_key || "conductor") + " — " + n.status
         : "Step " + e.key + " · round " + (n.round || 1) + " · " + (n.worker_key || "?") + " — " + n.status;
     });
@@ -599,6 +630,28 @@
     box.hidden = false;
     var isPlan = s.kind === "plan";
     var set = function (role, value) { var n = box.querySelector("[data-field=" + role + "]"); if (n) n.textContent = value; };
+    if (s.kind === "tool") {
+      // A tool call: what was asked (as the gate let it through), what came back, and the verdict.
+      box.setAttribute("data-kind", "tool");
+      set("title", "Tool call · " + s.tool + " (step " + s.step + ")");
+      set("worker", s.tool);
+      set("status", s.verdict + (s.rule ? " — rule " + s.rule : ""));
+      set("instruction-label", "Arguments");
+      set("instruction", JSON.stringify(s.arguments || {}));
+      set("access", "granted to step " + s.step);
+      set("tokens", "—");
+      set("cost", "—");
+      set("latency", s.latency_ms !== undefined ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
+      set("error", s.verdict === "succeeded" ? "" : (s.rule || ""));
+      set("output", s.output || "");
+      var tl = box.querySelector("[data-field=messages-label]");
+      if (tl) tl.hidden = true;
+      var tm = box.querySelector("[data-field=messages]");
+      if (tm) { tm.hidden = true; tm.textContent = ""; }
+      var tr = box.querySelector("[data-field=replay]");
+      if (tr) tr.hidden = true;
+      return;
+    }
     box.setAttribute("data-kind", isPlan ? "plan" : "step");
     set("title", isPlan ? "Planning · round " + s.round : "Step " + s.index + " (round " + (s.round || 1) + ")");
     set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.model ? " (" + s.model + ")" : "") +

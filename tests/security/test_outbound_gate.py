@@ -53,7 +53,7 @@ SOURCES = [
 
 # Modules that can open a connection or run a model, and the only places that may import them.
 NETWORK_MODULES = ("openai", "anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "llama_cpp", "requests",
-                   "urllib3", "aiohttp", "urllib.request", "http.client")  # fmt: skip
+                   "urllib3", "aiohttp", "urllib.request", "http.client", "mcp")  # fmt: skip
 ALLOWED_IMPORTS = {
     ("apps/engine/providers/openai_provider.py", "openai"): "the OpenAI worker: sends only Admitted requests",
     ("apps/engine/providers/anthropic_provider.py", "anthropic"): "the Anthropic worker: same",
@@ -68,6 +68,12 @@ ALLOWED_IMPORTS = {
         "apps/audit/witnessing.py",
         "urllib.request",
     ): "checkpoints to the operator's configured witnesses (AUDIT_WITNESSES): tree heads, no content",
+    # Issue 43: MCP tool servers are not model providers (no prompt leaves through them; a tool's
+    # arguments pass the tool gate in apps.tools.calls first). Egress-checked at connect like providers.
+    ("apps/api/mcp_endpoint.py", "mcp"): "the /mcp endpoint: an MCP *server* (opens no connection)",
+    ("apps/engine/toolclient.py", "mcp"): "the MCP client of registered tool servers (docs/tools.md)",
+    ("apps/engine/toolclient.py", "httpx2"): "its HTTP client: no proxy from the environment, no redirect",
+    ("apps/engine/toolclient.py", "httpcore2"): "its connection pool (egress check at connect)",
 }
 
 # Calls that build something able to reach a provider: each must be given a gate.
@@ -79,6 +85,10 @@ PLUMBING = {"shared_sdk_client", "shared_http_client", "build_client", "Llama", 
 # Every call of ``.complete(`` under apps/ (module, enclosing function) and why it is gated.
 COMPLETE_CALLERS = {
     ("apps/engine/executor.py", "target"): "a worker step: pool worker built with the run's gate",
+    (
+        "apps/engine/tools_loop.py",
+        "run_tool_loop",
+    ): "a worker step's tool rounds (issue 43): the same pool worker, built with the run's gate",
     ("apps/engine/session.py", "<lambda>"): "the conductor's planning call (and JSON repair): same pool",
     ("apps/policies/guardrails/judge.py", "judge"): "a guardrail judge: a worker of the run's pool",
     (

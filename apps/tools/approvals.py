@@ -1,0 +1,175 @@
+"""Tool calls held for an approver (issue 43 item 4), by the rules plans follow (apps.runs.approvals):
+
+- who decides: a holder of ``governance.review_team_runs`` on the call's team, never the person the
+  call acts for (separation of duties: ``separation_of_duties``);
+- how long it waits: ``constraints.approval.timeout_s`` of the team's policy, then it expires;
+- what an approval allows: exactly one call of that tool with arguments of that digest. The first
+  identical call after the approval consumes it with one conditional update, so it runs once;
+- every request, decision and expiry is audited with the state change.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from apps.audit.events import AuditEventType
+from apps.audit.services import audit_record
+from apps.governance.visibility import has_object_perm, is_platform_admin, teams_with
+from apps.policies.spec import EffectivePolicy
+from apps.tools.models import ApprovalState, ToolApproval, ToolCall
+
+APPROVE_PERMISSION = "governance.review_team_runs"
+MAX_NOTE_CHARS = 2000
+
+
+class ToolApprovalError(Exception):
+    def __init__(self, message: str, *, rule: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.rule, self.status = rule, status
+
+
+def _payload(a: ToolApproval) -> dict[str, Any]:
+    return {
+        "approval": a.pk,
+        "tool": a.qualified_name,
+        "arguments_sha256": a.arguments_digest,
+        "rule": a.rule,
+        "state": a.state,
+        "deadline_at": a.deadline_at.isoformat() if a.deadline_at else None,
+    }
+
+
+def request_approval(
+    *, call: ToolCall, requested_by: Any, rule: str, effective: EffectivePolicy
+) -> ToolApproval:
+    """Inside the transaction that records the held call."""
+    timeout = effective.spec.constraints.approval.timeout_s
+    approval = ToolApproval.objects.create(
+        team=call.team,
+        call=call,
+        qualified_name=call.qualified_name,
+        arguments_digest=call.arguments_digest,
+        requested_by=requested_by if getattr(requested_by, "pk", None) else None,
+        rule=rule,
+        deadline_at=timezone.now() + timedelta(seconds=float(timeout)) if timeout else None,
+    )
+    audit_record(
+        event_type=AuditEventType.TOOL_APPROVAL_REQUESTED,
+        actor=approval.requested_by,
+        team=call.team,
+        obj=approval,
+        run_id=call.run_id,
+        api_key_id=call.api_key_id,
+        payload=_payload(approval),
+    )
+    return approval
+
+
+def open_approval(team: Any, qualified: str, digest: str) -> ToolApproval | None:
+    """A pending approval for this very call (a retry waits on it instead of asking again)."""
+    return (
+        ToolApproval.objects.filter(
+            team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.PENDING
+        )
+        .filter(_not_expired())
+        .first()
+    )
+
+
+def _not_expired() -> Any:
+    from django.db.models import Q
+
+    return Q(deadline_at__isnull=True) | Q(deadline_at__gt=timezone.now())
+
+
+def consume_approval(team: Any, qualified: str, digest: str) -> ToolApproval | None:
+    """The approved, unused approval for exactly this call, marked used; None when there is none.
+    One conditional update: two identical calls racing cannot both run."""
+    for candidate in ToolApproval.objects.filter(
+        team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.APPROVED
+    ).order_by("decided_at"):
+        if ToolApproval.objects.filter(pk=candidate.pk, state=ApprovalState.APPROVED).update(
+            state=ApprovalState.USED
+        ):
+            candidate.state = ApprovalState.USED
+            return candidate
+    return None
+
+
+def approvals_for_desk(user: Any) -> QuerySet[ToolApproval]:
+    """Pending tool approvals the user may decide (the desk)."""
+    qs = ToolApproval.objects.filter(state=ApprovalState.PENDING).filter(_not_expired())
+    if not is_platform_admin(user):
+        qs = qs.filter(team__in=teams_with(user, APPROVE_PERMISSION))
+    return qs.select_related("team", "requested_by", "call").order_by("requested_at")
+
+
+def tool_approval_decide(
+    *, actor: Any, approval: ToolApproval, approve: bool, note: str = ""
+) -> ToolApproval:
+    if len(note) > MAX_NOTE_CHARS:
+        raise ToolApprovalError(f"note: at most {MAX_NOTE_CHARS} characters.", rule="note", status=400)
+    if not has_object_perm(actor, APPROVE_PERMISSION, approval.team):
+        raise ToolApprovalError(
+            f"Deciding a held tool call needs the team permission {APPROVE_PERMISSION}.",
+            rule=APPROVE_PERMISSION,
+            status=403,
+        )
+    if approval.requested_by_id is not None and approval.requested_by_id == getattr(actor, "pk", None):
+        raise ToolApprovalError(
+            "You asked for this call: someone else must approve it (separation of duties).",
+            rule="separation_of_duties",
+            status=403,
+        )
+    with transaction.atomic():
+        locked = ToolApproval.objects.select_for_update().get(pk=approval.pk)
+        if locked.state != ApprovalState.PENDING:
+            raise ToolApprovalError(
+                f"This call was already {locked.get_state_display().lower()}.", rule="approval.state"
+            )
+        now = timezone.now()
+        if locked.deadline_at is not None and locked.deadline_at <= now:
+            locked.state = ApprovalState.EXPIRED
+            locked.save(update_fields=["state"])
+            audit_record(
+                event_type=AuditEventType.TOOL_APPROVAL_EXPIRED,
+                team=locked.team,
+                obj=locked,
+                payload=_payload(locked),
+            )
+            raise ToolApprovalError("The approval window has passed.", rule="constraints.approval.timeout_s")
+        locked.state = ApprovalState.APPROVED if approve else ApprovalState.REJECTED
+        locked.decided_by = actor
+        locked.decided_at = now
+        locked.note = note
+        locked.save(update_fields=["state", "decided_by", "decided_at", "note"])
+        audit_record(
+            event_type=AuditEventType.TOOL_CALL_APPROVED if approve else AuditEventType.TOOL_CALL_REJECTED,
+            actor=actor,
+            team=locked.team,
+            obj=locked,
+            run_id=locked.call.run_id,
+            payload={**_payload(locked), "note_chars": len(note)},
+        )
+    return locked
+
+
+def expire_tool_approvals() -> int:
+    """The sweep: pending approvals past their deadline expire (audited)."""
+    n = 0
+    for a in ToolApproval.objects.filter(state=ApprovalState.PENDING, deadline_at__lte=timezone.now()):
+        with transaction.atomic():
+            if ToolApproval.objects.filter(pk=a.pk, state=ApprovalState.PENDING).update(
+                state=ApprovalState.EXPIRED
+            ):
+                a.state = ApprovalState.EXPIRED
+                audit_record(
+                    event_type=AuditEventType.TOOL_APPROVAL_EXPIRED, team=a.team, obj=a, payload=_payload(a)
+                )
+                n += 1
+    return n
