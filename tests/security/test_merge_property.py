@@ -28,6 +28,7 @@ from apps.policies.spec import (
     LengthCheck,
     ModelJudgeCheck,
     PolicySpec,
+    ToolRule,
     _hints,
     is_section,
     merge_specs,
@@ -44,6 +45,7 @@ CONSTRAINT_RANK = {"repair": 1, "block": 2}
 HOLD_RANK = {"require_approval": 1, "block": 2}
 ON_ERROR_RANK = {"fail_open": 1, "fail_closed": 2}
 PARTIAL_RANK = {"allow": 1, "deny": 2}  # issue 44: denying partial answers is stricter
+TOOL_RANK = {"allow": 1, "require_approval": 2, "block": 3}  # issue 43: a tool call's action
 
 # Leaf field → what "stricter" means for it. Paths are dotted from the spec root; `*` is a stage.
 #   limit         a number; smaller is stricter; None means no limit
@@ -124,6 +126,21 @@ SEMANTICS: dict[str, str] = {
     "guardrails.*.model_judge.enabled": "switch",
     "guardrails.*.model_judge.action": "rank:guard",
     "guardrails.*.model_judge.judges": "more",
+    # Governed tools (issue 43): an allow list narrows, denials and rules only add restrictions.
+    "tools.allowed_tools": "fewer",
+    "tools.denied_tools": "more",
+    "tools.default_action": "rank:tool",
+    "tools.rules": "more",
+    "tools.max_calls_per_run": "limit",
+    "tools.output.injection.enabled": "switch",
+    "tools.output.injection.action": "rank:guard",
+    "tools.output.injection.extra_patterns": "more",
+    "tools.output.pii.enabled": "switch",
+    "tools.output.pii.action": "rank:guard",
+    "tools.output.pii.types": "more",
+    "tools.output.secrets.enabled": "switch",
+    "tools.output.secrets.action": "rank:guard",
+    "tools.output.secrets.types": "more",
 }
 RANKS = {
     "guard": GUARD_RANK,
@@ -131,6 +148,7 @@ RANKS = {
     "on_error": ON_ERROR_RANK,
     "hold": HOLD_RANK,
     "partial": PARTIAL_RANK,
+    "tool": TOOL_RANK,
 }
 
 
@@ -253,6 +271,11 @@ def _repair(obj: Any) -> Any:
         return obj.model_copy(update={"enabled": False})
     if isinstance(obj, BlockedTermsCheck) and obj.enabled and not obj.terms:
         return obj.model_copy(update={"enabled": False})
+    if isinstance(obj, ToolRule):  # a tool is named <server>.<tool>; a pattern needs its argument
+        argument = obj.argument if obj.pattern else ""
+        return obj.model_copy(
+            update={"tool": f"crm.{obj.tool}", "argument": argument or ("q" if obj.pattern else "")}
+        )
     if hasattr(obj, "allowed_workers") and obj.allowed_workers:
         return obj.model_copy(
             update={"denied_workers": tuple(w for w in obj.denied_workers if w not in obj.allowed_workers)}
