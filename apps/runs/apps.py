@@ -8,7 +8,7 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_out
         from django.db import connections
-        from django.db.models.signals import post_save
+        from django.db.models.signals import post_migrate, post_save
 
         from apps.engine.threads import set_task_cleanup
         from apps.runs.approvals import install_approval_hooks
@@ -31,4 +31,21 @@ class RunsConfig(AppConfig):
         post_save.connect(on_run_saved, sender=Run, dispatch_uid="runs.review_notice")
         # Issue 39: a logout closes the session's open run sockets at once.
         user_logged_out.connect(on_logged_out, dispatch_uid="runs.ws_session_ended")
+        # Issue 42: SQLite drops a table's triggers when a migration rebuilds it; the run search
+        # index (FTS5) is re-made after every migrate that did.
+        post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="runs.search_index")
         # Servers start the lease keeper and sweeper once Django is set up: conductor_web.background.
+
+
+def _ensure_search_index(sender: object, using: str = "default", **kwargs: object) -> None:
+    from django.db import connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from apps.runs.search import ensure_sqlite_index
+
+    conn = connections[using]
+    if conn.vendor != "sqlite":
+        return
+    applied = MigrationRecorder(conn).applied_migrations()
+    if ("runs", "0009_run_search") in applied:
+        ensure_sqlite_index(conn)
