@@ -104,8 +104,18 @@ def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
             "changes": changes if isinstance(changes, dict) else None,
             "linked": selectors.linked_events(event, request.user),
             "chain": selectors.chain_state(),
+            "policy_version": _policy_version(event.policy_version_id),
         },
     )
+
+
+def _policy_version(version_id: int | None) -> Any:
+    """The policy version by its number (v4 of a policy), never its database id (issue 42)."""
+    if version_id is None:
+        return None
+    from apps.policies.models import PolicyVersion
+
+    return PolicyVersion.objects.select_related("policy", "policy__team").filter(pk=version_id).first()
 
 
 @require_GET

@@ -35,6 +35,14 @@
     return isNaN(n) ? String(v) : "$" + n.toFixed(n < 0.01 ? 6 : 4);
   }
 
+  // One way to write a duration on every surface (the pages' ``duration`` filter writes the same):
+  // milliseconds below a second, seconds with one decimal above.
+  function fmtDuration(ms) {
+    if (ms === null || ms === undefined || ms === "" || isNaN(Number(ms))) return "—";
+    var n = Number(ms);
+    return n < 1000 ? n.toFixed(0) + " ms" : (n / 1000).toFixed(1) + " s";
+  }
+
   function RunView(root) {
     this.root = root;
     this.runId = root.getAttribute("data-run-id");
@@ -279,6 +287,9 @@
           run.finished_at = new Date(ev.ts * 1000).toISOString();
           if (t.input_tokens !== undefined) { run.input_tokens = t.input_tokens; run.output_tokens = t.output_tokens; run.cost_usd = t.cost_usd; }
           if (t.latency_ms !== undefined) run.latency_ms = t.latency_ms;
+          // The engine's count (a conductor's own re-plan step is not a worker step): the runs
+          // list shows the same number.
+          if (t.steps !== undefined) run.step_count = t.steps;
         }
         this.cancelling = false;
         this.endOpenNodes(d.status);
@@ -293,6 +304,28 @@
     var end = status === "succeeded" ? "succeeded" : (COLOURS[status] ? status : "failed");
     var self = this;
     Object.keys(this.plans).forEach(function (r) { if (self.plans[r].status === "running") self.plans[r].status = end; });
+  };
+
+  // ONE step numbering on every surface (nodes, graph, progress line, inspector): from 1 within
+  // the step's round, in the order its accepted plan lists them; "round n" when there are several.
+  RunView.prototype.stepNo = function (i) {
+    var s = this.steps[i] || {}, r = s.round || 1, planned = this.roundSteps[r] || [];
+    var k = planned.indexOf(Number(i));
+    if (k >= 0) return k + 1;
+    var plan = this.plans[r];
+    return plan && plan.first !== undefined && i >= plan.first ? i - plan.first + 1 : Number(i) + 1;
+  };
+
+  RunView.prototype.rounds = function () {
+    var self = this, most = 1;
+    Object.keys(this.plans).forEach(function (r) { most = Math.max(most, Number(r)); });
+    Object.keys(this.steps).forEach(function (i) { most = Math.max(most, self.steps[i].round || 1); });
+    return most;
+  };
+
+  RunView.prototype.stepName = function (i) {
+    var s = this.steps[i] || {};
+    return "Step " + this.stepNo(i) + (this.rounds() > 1 ? " · round " + (s.round || 1) : "");
   };
 
   RunView.prototype.planOf = function (key) {
@@ -362,7 +395,7 @@
     });
     var label = function (k) {
       var n = self.node(k);
-      return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : k + " · " + (n.worker_key || "?");
+      return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : self.stepNo(k) + " · " + (n.worker_key || "?");
     };
     var nodes = {
       type: "scatter", mode: "markers+text", hoverinfo: "text",
@@ -423,7 +456,7 @@
       btn.style.borderLeftColor = COLOURS[n.status] || "#9aa6ba";
       btn.textContent = isPlan
         ? "Planning · round " + n.round + " · " + (n.worker_key || "conductor") + " — " + n.status
-        : "Step " + e.key + " · round " + (n.round || 1) + " · " + (n.worker_key || "?") + " — " + n.status;
+        : self.stepName(e.key) + " · " + (n.worker_key || "?") + " — " + n.status;
     });
   };
 
@@ -451,9 +484,9 @@
     var running = Object.keys(this.steps).map(Number).filter(function (i) { return self.steps[i].status === "running"; });
     if (running.length) {
       var s = this.steps[running[0]], planned = this.roundSteps[s.round || 1] || [];
-      var pos = function (i) { var k = planned.indexOf(i); return k >= 0 ? k + 1 : i + 1; };
+      var pos = function (i) { return self.stepNo(i); };
       var of = planned.length ? " of " + planned.length : "";
-      var round = Object.keys(this.plans).length > 1 || (s.round || 1) > 1 ? " (round " + (s.round || 1) + ")" : "";
+      var round = this.rounds() > 1 ? " (round " + (s.round || 1) + ")" : "";
       if (running.length === 1) return "Step " + pos(s.index) + of + round + ": " + (s.worker_name || s.worker_key || "worker") + " is working…";
       return "Steps " + running.map(pos).join(", ") + of + round + " are running in parallel…";
     }
@@ -473,7 +506,8 @@
     }
     var status = this.q("status");
     if (status) {
-      status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "") +
+      // A succeeded run's reason is always "completed": saying it twice reads as a stutter.
+      status.textContent = run.status + (run.status_reason && this.isTerminal() && run.status !== "succeeded" ? " (" + run.status_reason + ")" : "") +
         (run.answer_held ? " · held for review" : "") +
         (this.polling ? " · live channel down, polling" : "");
       status.setAttribute("data-held", run.answer_held ? "true" : "false");
@@ -484,9 +518,12 @@
     // Rewritten only when it changes: it is a live region, and screen readers announce each write.
     if (progress && progress.textContent !== text) progress.textContent = text;
     var elapsed = this.q("elapsed");
-    if (elapsed && run.started_at) {
+    // Once ended, the run's recorded latency (what the runs list and insights show); until then
+    // the time since it started.
+    if (elapsed && this.isTerminal() && run.latency_ms) elapsed.textContent = fmtDuration(run.latency_ms);
+    else if (elapsed && run.started_at) {
       var end = run.finished_at ? Date.parse(run.finished_at) : Date.now();
-      elapsed.textContent = ((end - Date.parse(run.started_at)) / 1000).toFixed(1) + " s";
+      elapsed.textContent = fmtDuration(end - Date.parse(run.started_at));
     }
     var tokens = this.q("tokens");
     if (tokens) tokens.textContent = run.input_tokens + " in / " + run.output_tokens + " out";
@@ -511,10 +548,11 @@
     var box = this.q("decisions");
     if (!box) return;
     box.textContent = "";
+    var self = this;
     this.decisions.forEach(function (ev) {
       var d = ev.data || {}, li = el("li");
       if (ev.type === EV.GUARDRAIL_CHECKED) {
-        li.appendChild(el("strong", {}, "Guardrails (" + d.stage + (d.step !== null && d.step !== undefined ? " step " + d.step : "") + "): "));
+        li.appendChild(el("strong", {}, "Guardrails (" + d.stage + (d.step !== null && d.step !== undefined ? ", " + self.stepName(d.step).toLowerCase() : "") + "): "));
         (d.checks || []).forEach(function (c) {
           li.appendChild(el("span", { "class": "badge badge-" + c.status }, c.name + " " + c.status));
           li.appendChild(document.createTextNode(" "));
@@ -584,7 +622,7 @@
     var isPlan = s.kind === "plan";
     var set = function (role, value) { var n = box.querySelector("[data-field=" + role + "]"); if (n) n.textContent = value; };
     box.setAttribute("data-kind", isPlan ? "plan" : "step");
-    set("title", isPlan ? "Planning · round " + s.round : "Step " + s.index + " (round " + (s.round || 1) + ")");
+    set("title", isPlan ? "Planning · round " + s.round : this.stepName(s.index));
     set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.model ? " (" + s.model + ")" : "") +
       (s.fallback_from ? " (fallback from " + s.fallback_from + ")" : ""));
     set("status", s.status + (isPlan && s.attempts > 1 ? " after " + s.attempts + " attempts" : ""));
@@ -594,7 +632,7 @@
     var u = s.usage || {};
     set("tokens", (u.input_tokens || 0) + " in / " + (u.output_tokens || 0) + " out");
     set("cost", fmtCost(s.cost_usd) + (s.priced === false ? " (unpriced)" : ""));
-    set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
+    set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? fmtDuration(s.latency_ms) : "—");
     set("error", s.error || "");
     var label = box.querySelector("[data-field=messages-label]");
     if (label) label.hidden = isPlan;
@@ -635,7 +673,7 @@
       String(run.step_count),
       run.input_tokens + " / " + run.output_tokens,
       fmtCost(run.cost_usd) + (run.priced === false ? " (partly unpriced)" : ""),
-      run.started_at ? ((end - Date.parse(run.started_at)) / 1000).toFixed(1) + " s" : "—"
+      run.finished_at && run.latency_ms ? fmtDuration(run.latency_ms) : run.started_at ? fmtDuration(end - Date.parse(run.started_at)) : "—"
     ];
     row.textContent = "";
     cells.forEach(function (text, i) { row.appendChild(el(i ? "td" : "th", i ? {} : { scope: "row" }, text)); });
