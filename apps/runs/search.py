@@ -19,8 +19,8 @@ import uuid
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q, QuerySet
-from django.db.models.expressions import RawSQL
+from django.db.models import BooleanField, Q, QuerySet
+from django.db.models.expressions import Expression, RawSQL
 
 from apps.runs.models import Run, RunStatus
 
@@ -81,9 +81,24 @@ _PG_MATCH = {
     "question": "SELECT id FROM runs_run WHERE to_tsvector('simple', question) @@ to_tsquery('simple', %s)",
     "answer": "SELECT id FROM runs_run WHERE to_tsvector('simple', answer) @@ to_tsquery('simple', %s)",
 }
-_SQLITE_MATCH = (
-    "SELECT id FROM runs_run WHERE rowid IN (SELECT rowid FROM runs_run_fts WHERE runs_run_fts MATCH %s)"
-)
+_SQLITE_MATCH = "rowid IN (SELECT rowid FROM runs_run_fts WHERE runs_run_fts MATCH %s)"
+
+
+class _SqliteMatch(Expression):
+    """``<the query's runs_run>.rowid IN (FTS5 matches)``: the FTS rowids probe the table's own
+    rowid (no second lookup by id), under whatever alias the query gives ``runs_run`` (it is
+    relabelled inside subqueries). Measured in bench/SEARCH.md: 4x faster than ``id IN (…)``."""
+
+    output_field = BooleanField()
+    conditional = True
+
+    def __init__(self, match: str) -> None:
+        super().__init__()
+        self.match = match
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
+        alias = compiler.quote_name_unless_alias(compiler.query.get_initial_alias())
+        return f"{alias}.{_SQLITE_MATCH}", [self.match]
 
 
 def _matching(column: str, terms: list[str]) -> Q:
@@ -97,7 +112,7 @@ def _matching(column: str, terms: list[str]) -> Q:
     if vendor == "sqlite":
         # An FTS5 column filter over quoted phrases (a \w+ term holds no double quote).
         match = f"{column} : (" + " ".join(f'"{t}"' for t in terms) + ")"
-        return Q(pk__in=RawSQL(_SQLITE_MATCH, [match]))  # noqa: S611 - constant SQL, bound words
+        return Q(_SqliteMatch(match))
     q = Q()
     for t in terms:
         q &= Q(**{f"{column}__icontains": t})
