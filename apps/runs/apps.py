@@ -15,6 +15,7 @@ class RunsConfig(AppConfig):
         from apps.runs.models import Run
         from apps.runs.policy_ports import install_policy_ports
         from apps.runs.ports import install_audit_port
+        from apps.runs.search import ensure_search_index
         from apps.runs.sink import on_run_saved
         from apps.runs.ws_access import on_logged_out
 
@@ -33,19 +34,5 @@ class RunsConfig(AppConfig):
         user_logged_out.connect(on_logged_out, dispatch_uid="runs.ws_session_ended")
         # Issue 42: SQLite drops a table's triggers when a migration rebuilds it; the run search
         # index (FTS5) is re-made after every migrate that did.
-        post_migrate.connect(_ensure_search_index, sender=self, dispatch_uid="runs.search_index")
+        post_migrate.connect(ensure_search_index, sender=self, dispatch_uid="runs.search_index")
         # Servers start the lease keeper and sweeper once Django is set up: conductor_web.background.
-
-
-def _ensure_search_index(sender: object, using: str = "default", **kwargs: object) -> None:
-    from django.db import connections
-    from django.db.migrations.recorder import MigrationRecorder
-
-    from apps.runs.search import ensure_sqlite_index
-
-    conn = connections[using]
-    if conn.vendor != "sqlite":
-        return
-    applied = MigrationRecorder(conn).applied_migrations()
-    if ("runs", "0009_run_search") in applied:
-        ensure_sqlite_index(conn)

@@ -18,7 +18,8 @@ import re
 import uuid
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
+from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import Expression, RawSQL
 
@@ -181,6 +182,15 @@ def ensure_sqlite_index(conn: Any) -> bool:
         if missing:
             cur.execute("INSERT INTO runs_run_fts(runs_run_fts) VALUES ('rebuild')")
     return bool(missing)
+
+
+def ensure_search_index(sender: object, using: str = "default", **kwargs: object) -> None:
+    """post_migrate: re-make the SQLite index if a migration rebuilt ``runs_run`` (once 0009 ran)."""
+    conn = connections[using]
+    if conn.vendor != "sqlite":
+        return
+    if ("runs", "0009_run_search") in MigrationRecorder(conn).applied_migrations():
+        ensure_sqlite_index(conn)
 
 
 def drop_sqlite_index(conn: Any) -> None:

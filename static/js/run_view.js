@@ -323,6 +323,18 @@
     return most;
   };
 
+  // An access list in the same numbering: "step 1, step 2", "all earlier steps", "nothing earlier".
+  // ``planSteps``: the plan being described, when its steps are not steps of the run yet.
+  RunView.prototype.accessText = function (access, planSteps) {
+    if (access === "all") return "all earlier steps";
+    if (!access || !access.length) return "nothing earlier";
+    var self = this;
+    return access.map(function (i) {
+      var k = planSteps ? planSteps.map(function (p) { return p.index; }).indexOf(i) : -1;
+      return "step " + (k >= 0 ? k + 1 : self.stepNo(i));
+    }).join(", ");
+  };
+
   RunView.prototype.stepName = function (i) {
     var s = this.steps[i] || {};
     return "Step " + this.stepNo(i) + (this.rounds() > 1 ? " · round " + (s.round || 1) : "");
@@ -625,21 +637,35 @@
     set("title", isPlan ? "Planning · round " + s.round : this.stepName(s.index));
     set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.model ? " (" + s.model + ")" : "") +
       (s.fallback_from ? " (fallback from " + s.fallback_from + ")" : ""));
-    set("status", s.status + (isPlan && s.attempts > 1 ? " after " + s.attempts + " attempts" : ""));
+    // A held plan is not a failure: it waits for an approver (the reason and deadline are in the
+    // approval panel); a repaired plan says how many tries it took.
+    var held = isPlan && s.status === "awaiting_approval";
+    var tries = isPlan && s.attempts > 1 ? (held ? " (written in " + s.attempts + " attempts)" : " after " + s.attempts + " attempts") : "";
+    set("status", (held ? "waiting for an approver" + (s.error ? ": " + s.error : "") : s.status) + tries);
     set("instruction-label", isPlan ? "What the conductor does" : "Instruction");
     set("instruction", isPlan ? "Writes the workflow for round " + s.round + ": which worker does what, and which earlier outputs each may read." : (s.instruction || ""));
-    set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : JSON.stringify(s.access || []));
+    set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : this.accessText(s.access));
     var u = s.usage || {};
     set("tokens", (u.input_tokens || 0) + " in / " + (u.output_tokens || 0) + " out");
     set("cost", fmtCost(s.cost_usd) + (s.priced === false ? " (unpriced)" : ""));
     set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? fmtDuration(s.latency_ms) : "—");
-    set("error", s.error || "");
+    set("error", held ? "" : s.error || "");
+    var errorField = box.querySelector("[data-field=error]");
+    if (errorField) {
+      errorField.hidden = !(s.error && !held);
+      if (errorField.previousElementSibling) errorField.previousElementSibling.hidden = errorField.hidden;
+    }
     var label = box.querySelector("[data-field=messages-label]");
     if (label) label.hidden = isPlan;
-    var planText = isPlan && s.plan && s.plan.steps ? s.plan.steps.map(function (p) {
-      return p.index + ". " + p.worker_key + " (reads " + JSON.stringify(p.access) + "): " + p.instruction;
+    var self = this;
+    var planText = isPlan && s.plan && s.plan.steps ? s.plan.steps.map(function (p, k) {
+      return "Step " + (k + 1) + ". " + p.worker_key + " (reads " + self.accessText(p.access, s.plan.steps) + "): " + (p.instruction || "(withheld)");
     }).join("\n") : "";
-    set("output", s.withheld ? WITHHELD : (isPlan ? (planText || s.output || (s.status === "running" ? "(planning…)" : "")) : (s.output || s.live || "")));
+    // A plan's steps are shown whenever the viewer may see them (round 1 always): only a plan
+    // with nothing to show gets the withheld note, in a plan's words, not a held answer's.
+    var planWithheld = "(withheld: this run's policy may hold its answer for review, and a re-plan reads earlier outputs)";
+    set("output", isPlan ? (planText || (s.withheld ? planWithheld : s.output) || (s.status === "running" ? "(planning…)" : ""))
+      : (s.withheld ? WITHHELD : (s.output || s.live || "")));
     var msgs = box.querySelector("[data-field=messages]");
     msgs.hidden = isPlan;
     msgs.textContent = s.withheld ? WITHHELD : "";
