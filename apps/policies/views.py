@@ -43,8 +43,10 @@ from apps.policies.spec import (
     PolicySpec,
     SpecError,
     default_spec,
+    inert_fields,
     iter_field_help,
     merge_specs,
+    parse_spec,
     spec_to_dict,
     validate_spec,
 )
@@ -83,7 +85,23 @@ def _summary(spec: PolicySpec) -> dict[str, Any]:
             if cfg.enabled:
                 enabled.append({"name": name, "action": cfg.action})
         stages.append({"stage": stage, "checks": enabled})
-    return {"c": c, "budgets": spec.budgets, "stages": stages, "on_check_error": g.on_check_error}
+    return {
+        "c": c,
+        "budgets": spec.budgets,
+        "stages": stages,
+        "on_check_error": g.on_check_error,
+        "inert": inert_fields(spec),
+    }
+
+
+def _draft_inert(draft: PolicyVersion | None) -> list[dict[str, str]]:
+    """Inert fields of the draft under review (flagged before publish, issue 42)."""
+    if draft is None:
+        return []
+    try:
+        return inert_fields(parse_spec(draft.spec))
+    except ValueError:
+        return []
 
 
 def _can_view_policy_of(user: Any, team: Team | None, policy: Policy | None) -> bool:
@@ -241,6 +259,7 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
         "draft_diff": [
             {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in draft_diff
         ],
+        "draft_inert": _draft_inert(draft),
         "current": current,
         "form": form,
         "mode": mode,

@@ -10,6 +10,7 @@ import pytest
 
 from apps.runs.models import Run
 from tests.factories.runs import RunEventFactory, RunFactory, StepFactory
+from tests.runs.test_builder_journey import save_screen
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 
@@ -68,6 +69,7 @@ def test_find_a_run_by_words_and_short_id(
     assert short == str(found.pk)[:8]
     _fits(page, width)
     assert _serious(page) == []
+    save_screen(page, f"runs-search-{width}")
 
     # The 8 characters the page shows find the run, and lead to it.
     page.fill("[data-testid=run-search]", short)
