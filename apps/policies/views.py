@@ -419,6 +419,25 @@ def policy_rollback_view(request: HttpRequest, policy_id: int, number: int) -> H
     target = get_object_or_404(policy.versions, number=number)
     form = RollbackForm(request.POST)
     note = form.cleaned_data["note"] if form.is_valid() else ""
+    current = policy.current_version
+    if request.POST.get("confirm") != _digest(target.spec):
+        # Like publish (issue 42): a rollback shows what changes and asks before it acts; the
+        # confirmation carries the target's fingerprint, so a stale page cannot confirm.
+        diff = policy_diff(current, target)
+        return render(
+            request,
+            "policies/rollback_confirm.html",
+            {
+                "policy": policy,
+                "target": target,
+                "current": current,
+                "note": note,
+                "confirm": _digest(target.spec),
+                "diff": [
+                    {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in diff
+                ],
+            },
+        )
     try:
         new = policy_rollback(actor=request.user, policy=policy, to_version=target, note=note)
     except ValueError as err:
