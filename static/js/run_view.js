@@ -344,24 +344,28 @@
     return typeof key === "string" && key.charAt(0) === "p" ? this.plans[Number(key.slice(1))] : undefined;
   };
 
-  // Deterministic layout: x = round band + dependency depth within the round (from the stored
-  // access lists); y = the step index; a round's planning node sits above its first step (and
-  // beside the conductor step that asked for the re-plan). Nothing depends on arrival order.
+  // Deterministic layout from the access lists (issue 42: the graph must not draw parallel steps
+  // as a chain): x = round band + 1 + dependency depth within the round, so a chain runs left to
+  // right; y = the step's rank among the steps of its column, so steps that read nothing from
+  // each other stand side by side (one column, one row each). A round's planning node sits left of
+  // its first column, centred on it. Nothing depends on arrival order.
   RunView.prototype.layout = function () {
     var idx = Object.keys(this.steps).map(Number).sort(function (a, b) { return a - b; });
-    var depth = {}, pos = {}, self = this;
+    var depth = {}, pos = {}, perColumn = {}, self = this;
     idx.forEach(function (i) {
-      var s = self.steps[i], dd = 0;
-      (s.access || []).forEach(function (a) {
+      var s = self.steps[i], dd = 0, all = s.access === "all";
+      (all ? idx.filter(function (a) { return a < i; }) : s.access || []).forEach(function (a) {
         var dep = self.steps[a];
         if (dep && dep.round === s.round && depth[a] !== undefined) dd = Math.max(dd, depth[a] + 1);
       });
       depth[i] = Math.min(dd, BAND - 2);
-      pos[i] = { x: ((s.round || 1) - 1) * BAND + depth[i], y: -i };
+      var column = (s.round || 1) + ":" + depth[i];
+      perColumn[column] = (perColumn[column] || 0) + 1;
+      pos[i] = { x: ((s.round || 1) - 1) * BAND + 1 + depth[i], y: 1 - perColumn[column] };
     });
     var plans = Object.keys(this.plans).map(Number).sort(function (a, b) { return a - b; }).map(function (r) {
-      var p = self.plans[r];
-      pos[p.key] = { x: (r - 1) * BAND, y: 1 - p.first };
+      var p = self.plans[r], first = perColumn[r + ":0"] || 1;
+      pos[p.key] = { x: (r - 1) * BAND, y: -(first - 1) / 2 };
       return p.key;
     });
     return { order: plans.concat(idx), steps: idx, pos: pos, depth: depth };

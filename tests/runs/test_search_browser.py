@@ -94,20 +94,22 @@ def test_the_run_page_numbers_steps_from_one_and_writes_durations_one_way(
         answer="42",
         latency_ms=97177,
         step_count=3,
-        last_seq=3,
+        last_seq=4,
     )
     for i in range(3):
         StepFactory(run=run, index=i, worker_key=f"fake-w{i}", access=[], latency_ms=1500 + i, output=f"o{i}")
     plan = {"steps": [{"index": i, "worker": f"fake-w{i}", "access": []} for i in range(3)]}
+    started = {"round": 1, "worker_key": "fake-planner", "first": 0}
+    RunEventFactory(run=run, seq=1, type="plan.started", data=started)
     RunEventFactory(
-        run=run, seq=1, type="plan.validated", data={"round": 1, "plan": plan, "action": "accepted"}
+        run=run, seq=2, type="plan.validated", data={"round": 1, "plan": plan, "action": "accepted"}
     )
     RunEventFactory(
-        run=run, seq=2, type="guardrail.checked", data={"stage": "step_output", "step": 0, "checks": []}
+        run=run, seq=3, type="guardrail.checked", data={"stage": "step_output", "step": 0, "checks": []}
     )
     RunEventFactory(
         run=run,
-        seq=3,
+        seq=4,
         type="run.finished",
         data={"status": "succeeded", "answer": "42", "totals": {"steps": 3, "latency_ms": 97177}},
     )
@@ -118,6 +120,17 @@ def test_the_run_page_numbers_steps_from_one_and_writes_durations_one_way(
     labels = [page.inner_text(f"[data-testid=step-node-{i}]") for i in range(3)]
     assert [label.split(" · ")[0] for label in labels] == ["Step 1", "Step 2", "Step 3"], labels
     assert "round" not in labels[0]  # one round: no round to name
+    # Three steps that read nothing from each other stand side by side (one column, three rows),
+    # not in a line that reads as a chain; the plan node is left of them.
+    page.wait_for_selector("[data-testid=step-graph] .main-svg")
+    points = page.evaluate(
+        """() => { const t = document.querySelector('[data-testid=step-graph]').data[1];
+                   return t.customdata.map((k, n) => [String(k), t.x[n], t.y[n]]); }"""
+    )
+    steps = {k: (x, y) for k, x, y in points if not k.startswith("p")}
+    plan = [(x, y) for k, x, y in points if k.startswith("p")]
+    assert len({x for x, _ in steps.values()}) == 1 and len({y for _, y in steps.values()}) == 3, points
+    assert plan and plan[0][0] < next(iter(steps.values()))[0]
     page.click("[data-testid=step-node-0]")
     title = page.locator(f"#inspector-title-{run.pk}")
     assert title.inner_text() == "Step 1"
