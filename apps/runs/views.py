@@ -75,6 +75,9 @@ def _view_entry(request: HttpRequest, run: Run, local: dict[Any, list[str]]) -> 
         "id": str(run.id),
         "can_cancel": not run.is_terminal and _may_cancel(request, run),
         "local_models": local.get(run.pool_id, []),
+        # Offer only what step_replay accepts (issue 42): with input guardrails, an edited subtask
+        # is refused, so the form says so up front and offers the unchanged replay.
+        "replay_guarded": _input_guardrails(run.team),
     }
 
 
