@@ -6,8 +6,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseServerError
 from django.shortcuts import redirect, render
 from django.template import loader
 
+from apps.audit.selectors import reviews_any_team
+from apps.governance.selectors import teams_runnable_by
+
 
 def home(request: HttpRequest) -> HttpResponse:
+    """Where a signed-in user starts (also where login lands): the playground, or for a reviewer
+    who cannot start runs, the review desk (issue 42: not a playground that says "no pool")."""
+    user = request.user
+    if user.is_authenticated and reviews_any_team(user) and not teams_runnable_by(user).exists():
+        return redirect("audit:review_queue")
     return redirect("playground")
 
 

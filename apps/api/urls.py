@@ -4,7 +4,7 @@ team key pages ``/teams/<slug>/keys/``."""
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
-from django.urls import include, path, re_path
+from django.urls import include, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
@@ -16,6 +16,22 @@ from apps.api.v1.errors import error_response, unknown_url_error
 from apps.feedback import views as feedback_views
 
 app_name = "api"
+
+
+class RunRefConverter:
+    """A run id: the full UUID, or the short id the pages show (8+ hex characters; the views
+    resolve it against the runs the caller may see, apps.runs.search)."""
+
+    regex = "[0-9a-fA-F]{8}(?:[0-9a-fA-F-]{0,28})"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: object) -> str:
+        return str(value)
+
+
+register_converter(RunRefConverter, "run_ref")
 
 # Named in the answer to any other /v1 path (keep in step with ``v1`` below).
 V1_ENDPOINTS = [
@@ -83,12 +99,12 @@ rest = [
     ),
     # runs
     path("runs/", runs.RunListCreate.as_view(), name="run_list"),
-    path("runs/<uuid:run_id>/", runs.RunDetail.as_view(), name="run_detail"),
-    path("runs/<uuid:run_id>/steps/", runs.RunSteps.as_view(), name="run_steps"),
-    path("runs/<uuid:run_id>/events/", runs.RunEvents.as_view(), name="run_events"),
-    path("runs/<uuid:run_id>/cancel/", runs.RunCancel.as_view(), name="run_cancel"),
-    path("runs/<uuid:run_id>/review/", runs.RunReview.as_view(), name="run_review"),
-    path("runs/<uuid:run_id>/approval/", runs.RunApproval.as_view(), name="run_approval"),
+    path("runs/<run_ref:run_id>/", runs.RunDetail.as_view(), name="run_detail"),
+    path("runs/<run_ref:run_id>/steps/", runs.RunSteps.as_view(), name="run_steps"),
+    path("runs/<run_ref:run_id>/events/", runs.RunEvents.as_view(), name="run_events"),
+    path("runs/<run_ref:run_id>/cancel/", runs.RunCancel.as_view(), name="run_cancel"),
+    path("runs/<run_ref:run_id>/review/", runs.RunReview.as_view(), name="run_review"),
+    path("runs/<run_ref:run_id>/approval/", runs.RunApproval.as_view(), name="run_approval"),
     path("runs/<uuid:run_id>/feedback/", feedback_views.RunFeedback.as_view(), name="run_feedback"),
     # audit
     path("audit/events/", audit.AuditEventList.as_view(), name="audit_event_list"),

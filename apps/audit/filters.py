@@ -55,10 +55,15 @@ def _apply(qs: QuerySet[AuditEvent], name: str, value: str) -> QuerySet[AuditEve
     if not value:
         return qs
     if name == "run":
-        try:
-            return qs.filter(run_id=uuid.UUID(value))
-        except ValueError:
-            raise ValidationError({"run": ["Enter a run id (a UUID)."]}) from None
+        # The full id, or the short one the pages show: a prefix of 8+ hex characters is a range
+        # of ids on the (run_id, seq) index (apps.runs.search reads run references the same way).
+        plain = value.lower().replace("-", "")
+        if not (8 <= len(plain) <= 32) or any(c not in "0123456789abcdef" for c in plain):
+            raise ValidationError(
+                {"run": ["Enter a run id: the full id or its first 8 characters or more (e.g. 3f2a9c1d)."]}
+            )
+        low, high = uuid.UUID(plain.ljust(32, "0")), uuid.UUID(plain.ljust(32, "f"))
+        return qs.filter(run_id=low) if low == high else qs.filter(run_id__gte=low, run_id__lte=high)
     if name == "team":
         if value.isdigit():
             return qs.filter(team_id=int(value))

@@ -41,7 +41,8 @@ from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
-from apps.runs.approvals import approvals_waiting_for
+from apps.policies.models import PolicyVersion
+from apps.runs.approvals import approvals_to_decide
 from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible
 
@@ -104,8 +105,16 @@ def event_detail(request: HttpRequest, seq: int) -> HttpResponse:
             "changes": changes if isinstance(changes, dict) else None,
             "linked": selectors.linked_events(event, request.user),
             "chain": selectors.chain_state(),
+            "policy_version": _policy_version(event.policy_version_id),
         },
     )
+
+
+def _policy_version(version_id: int | None) -> Any:
+    """The policy version by its number (v4 of a policy), never its database id (issue 42)."""
+    if version_id is None:
+        return None
+    return PolicyVersion.objects.select_related("policy", "policy__team").filter(pk=version_id).first()
 
 
 @require_GET
@@ -189,6 +198,8 @@ def review_queue(request: HttpRequest) -> HttpResponse:
         age=filters.get("age") or "",
     )
     runs = list(qs[: selectors.QUEUE_PAGE])
+    approvals = list(approvals_to_decide(request.user))
+    answers_waiting = selectors.awaiting_review_count(request.user)
     params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
     return render(
         request,
@@ -204,7 +215,10 @@ def review_queue(request: HttpRequest) -> HttpResponse:
             "shown": len(runs),
             "here": request.get_full_path(),
             "has_filters": bool(params),
-            "approvals": list(approvals_waiting_for(request.user)[:50]),
+            "approvals": approvals[:50],
+            "answers_waiting": answers_waiting,
+            # One count for the nav badge and the desk: answers to review plus plans to decide.
+            "waiting_total": answers_waiting + len(approvals),
         },
     )
 

@@ -16,6 +16,7 @@ from apps.experiments.models import Experiment
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.learning.services import RouterError
+from apps.policies.models import PolicyVersion
 
 
 def _experiment_for(user: Any, pk: int) -> Experiment:
@@ -110,6 +111,10 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "data": data,
             "scatter_json": data["scatter"],
             "can_teach": gov.can_manage_team(request.user, experiment.team),
+            # By its number, as the policy editor shows it, never the database id (issue 42).
+            "policy_version_number": PolicyVersion.objects.filter(pk=experiment.policy_version_id_at_start)
+            .values_list("number", flat=True)
+            .first(),
         },
     )
 

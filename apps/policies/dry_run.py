@@ -257,6 +257,14 @@ def replay_runs(
     for stage in ("step_output", "output"):
         if getattr(draft.spec.guardrails, stage).model_judge.enabled:
             report.notes.append(f"Model-judged checks ({stage}) are not replayed: replay calls no model.")
+    # Issue 42: say what the counts leave out, so "unchanged" is not read as "forecast-safe".
+    forecasts = (current.spec.constraints.forecast, draft.spec.constraints.forecast)
+    if any(f.enabled for f in forecasts) or forecasts[0] != forecasts[1]:
+        report.notes.append(
+            "Plan forecasts (constraints.forecast) are not replayed: replay re-checks recorded plans "
+            "and text, it does not forecast tokens or cost again, so plans the forecast would block "
+            "or hold for approval are not counted above."
+        )
     for run in runs:
         if run.erased_at is not None:
             report.not_replayable.append(

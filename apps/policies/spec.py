@@ -1286,3 +1286,34 @@ class EffectivePolicy:
             kwargs["run_timeout_s"] = min(base.run_timeout_s, c.caps.max_wall_clock_s)
         kwargs["partial_answers"] = c.partial_answers == "allow"
         return dataclasses.replace(base, **kwargs)
+
+
+def inert_fields(spec: PolicySpec) -> list[dict[str, str]]:
+    """Configured but without effect (issue 42): a field set away from its default inside a
+    section that is switched off (``enabled: false``), e.g. ``constraints.forecast.max_tokens``
+    with the forecast disabled. ``[{path, why}]``, for the editor's review and Summary."""
+    found: list[dict[str, str]] = []
+
+    def visit(obj: Any, path: str) -> None:
+        if not isinstance(obj, BaseModel):
+            return
+        fields = type(obj).model_fields
+        if "enabled" in fields and obj.enabled is False:  # type: ignore[attr-defined]
+            try:
+                default = type(obj)()
+            except ValidationError:
+                return  # a section without defaults: nothing to compare with
+            for name in fields:
+                if name != "enabled" and getattr(obj, name) != getattr(default, name):
+                    found.append(
+                        {
+                            "path": f"{path}.{name}",
+                            "why": f"{path}.enabled is off, so {path}.{name} has no effect until it is turned on",
+                        }
+                    )
+            return
+        for name in fields:
+            visit(getattr(obj, name), _join(path, name) if path else name)
+
+    visit(spec, "")
+    return found

@@ -43,8 +43,10 @@ from apps.policies.spec import (
     PolicySpec,
     SpecError,
     default_spec,
+    inert_fields,
     iter_field_help,
     merge_specs,
+    parse_spec,
     spec_to_dict,
     validate_spec,
 )
@@ -83,7 +85,23 @@ def _summary(spec: PolicySpec) -> dict[str, Any]:
             if cfg.enabled:
                 enabled.append({"name": name, "action": cfg.action})
         stages.append({"stage": stage, "checks": enabled})
-    return {"c": c, "budgets": spec.budgets, "stages": stages, "on_check_error": g.on_check_error}
+    return {
+        "c": c,
+        "budgets": spec.budgets,
+        "stages": stages,
+        "on_check_error": g.on_check_error,
+        "inert": inert_fields(spec),
+    }
+
+
+def _draft_inert(draft: PolicyVersion | None) -> list[dict[str, str]]:
+    """Inert fields of the draft under review (flagged before publish, issue 42)."""
+    if draft is None:
+        return []
+    try:
+        return inert_fields(parse_spec(draft.spec))
+    except ValueError:
+        return []
 
 
 def _can_view_policy_of(user: Any, team: Team | None, policy: Policy | None) -> bool:
@@ -241,6 +259,7 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
         "draft_diff": [
             {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in draft_diff
         ],
+        "draft_inert": _draft_inert(draft),
         "current": current,
         "form": form,
         "mode": mode,
@@ -400,6 +419,25 @@ def policy_rollback_view(request: HttpRequest, policy_id: int, number: int) -> H
     target = get_object_or_404(policy.versions, number=number)
     form = RollbackForm(request.POST)
     note = form.cleaned_data["note"] if form.is_valid() else ""
+    current = policy.current_version
+    if request.POST.get("confirm") != _digest(target.spec):
+        # Like publish (issue 42): a rollback shows what changes and asks before it acts; the
+        # confirmation carries the target's fingerprint, so a stale page cannot confirm.
+        diff = policy_diff(current, target)
+        return render(
+            request,
+            "policies/rollback_confirm.html",
+            {
+                "policy": policy,
+                "target": target,
+                "current": current,
+                "note": note,
+                "confirm": _digest(target.spec),
+                "diff": [
+                    {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in diff
+                ],
+            },
+        )
     try:
         new = policy_rollback(actor=request.user, policy=policy, to_version=target, note=note)
     except ValueError as err:

@@ -337,6 +337,12 @@ def approvals_waiting_for(user: Any) -> Any:
     )
 
 
+def approvals_to_decide(user: Any) -> Any:
+    """Held plans waiting for ``user``'s decision: theirs to decide, not their own runs (nobody
+    decides on their own run). The nav badge and the review desk count exactly these."""
+    return approvals_waiting_for(user).exclude(run__created_by=user)
+
+
 def install_approval_hooks() -> None:
     """At app ready: the sink (below) pauses a held plan through ``approval_requested``, and the
     sweep (below) ends held plans past their timeout through ``expire_approvals``."""

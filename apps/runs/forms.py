@@ -6,6 +6,7 @@ from django import forms
 
 from apps.governance import selectors as gov
 from apps.runs.models import RunStatus, Strategy
+from apps.runs.search import MAX_QUERY_CHARS, run_ref_range
 from apps.runs.services import MAX_QUESTION_CHARS
 from apps.workers.engine_adapter import pool_unavailable_reason
 from apps.workers.models import Pool, Worker
@@ -108,11 +109,40 @@ class PlaygroundForm(forms.Form):
 
 
 class RunFilterForm(forms.Form):
+    q = forms.CharField(
+        required=False,
+        max_length=MAX_QUERY_CHARS,
+        label="Search",
+        help_text="Words in the question or the answer, or a run id (8 characters are enough).",
+        widget=forms.TextInput(
+            attrs={
+                "type": "search",
+                "data-testid": "run-search",
+                "placeholder": "Search questions and answers",
+            }
+        ),
+    )
     team = forms.CharField(required=False, max_length=50)
     user = forms.CharField(required=False, max_length=150)
     status = forms.ChoiceField(choices=[("", "any"), *RunStatus.choices], required=False)
     strategy = forms.ChoiceField(choices=[("", "any"), *Strategy.choices], required=False)
+    pool = forms.CharField(required=False, max_length=50, help_text="Pool slug")
+    model = forms.CharField(required=False, max_length=100, help_text="Worker slug or model name")
     worker = forms.CharField(required=False, max_length=60, help_text="Worker slug")
+    key = forms.CharField(required=False, max_length=100, label="API key", help_text="Key prefix or name")
+    request_id = forms.CharField(required=False, max_length=64, label="Request id")
+    client_user = forms.CharField(
+        required=False, max_length=256, label="Client user", help_text="The user field of a /v1 request"
+    )
+    metadata = forms.CharField(
+        required=False,
+        max_length=600,
+        help_text="key=value of a /v1 request's metadata",
+        error_messages={"invalid": "Write metadata as key=value."},
+    )
+    id = forms.CharField(
+        required=False, max_length=36, label="Run id", help_text="Full or first 8 characters"
+    )
     date_from = forms.DateField(
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
@@ -133,6 +163,23 @@ class RunFilterForm(forms.Form):
         ],
         required=False,
     )
+
+    def clean_metadata(self) -> tuple[str, str] | None:
+        raw = self.cleaned_data.get("metadata") or ""
+        if not raw:
+            return None
+        key, sep, value = raw.partition("=")
+        if not sep or not key.strip():
+            raise forms.ValidationError("Write metadata as key=value, e.g. customer=acme.")
+        return key.strip(), value.strip()
+
+    def clean_id(self) -> str:
+        value = (self.cleaned_data.get("id") or "").strip()
+        if value and run_ref_range(value) is None:
+            raise forms.ValidationError(
+                "Enter a run id: the full id or its first 8 characters or more (e.g. 3f2a9c1d)."
+            )
+        return value
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

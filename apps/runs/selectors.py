@@ -7,12 +7,14 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
 from apps.policies.guardrails.stream import policy_buffered_reason
-from apps.runs import integration
+from apps.runs import integration, search
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunEvent, RunStatus, Step
 
 SORTS = {
@@ -30,12 +32,32 @@ def _start_of(day: date) -> datetime:
 
 
 def run_get_visible(*, user: Any, run_id: UUID | str) -> Run | None:
-    return (
-        Run.objects.visible_to(user, "view")
-        .select_related("team", "pool", "created_by", "worker")
-        .filter(pk=run_id)
-        .first()
-    )
+    """``run_id``: the full id, or a short one (the 8 characters the pages show) that names
+    exactly one run the user may view."""
+    qs = Run.objects.visible_to(user, "view").select_related("team", "pool", "created_by", "worker")
+    if isinstance(run_id, UUID):
+        return qs.filter(pk=run_id).first()
+    run, _count = search.resolve_run_ref(qs, run_id)
+    return run
+
+
+def by_metadata(qs: QuerySet[Run], key: str, value: str) -> QuerySet[Run]:
+    """Runs whose /v1 request carried ``metadata[key] == value`` (its ``user`` is recorded as
+    ``metadata["user"]``, apps.api.v1.chat). The key is a bound parameter, never SQL."""
+    # Cast: compare text with text (a bare key transform would compare JSON with JSON).
+    value_of = Cast(KeyTextTransform(key, KeyTransform("metadata", "api_request")), TextField())
+    return qs.alias(_meta=value_of).filter(_meta=value)
+
+
+def by_api_key(qs: QuerySet[Run], key: str) -> QuerySet[Run]:
+    """The key's prefix (what the key list shows) or its name."""
+    return qs.filter(Q(api_key__prefix=key) | Q(api_key__name=key))
+
+
+def by_model(qs: QuerySet[Run], model: str) -> QuerySet[Run]:
+    """A worker's slug or its provider model name, used by any step or named by the run."""
+    steps = Step.objects.filter(Q(worker_key=model) | Q(worker__model_name=model)).values("run_id")
+    return qs.filter(Q(pk__in=steps) | Q(worker__model_name=model) | Q(worker__slug=model))
 
 
 def run_list(
@@ -49,13 +71,39 @@ def run_list(
     date_from: date | None = None,
     date_to: date | None = None,
     sort: str = "newest",
+    text: str | None = None,
+    run_ref: str | None = None,
+    pool: str | None = None,
+    api_key: str | None = None,
+    model: str | None = None,
+    request_id: str | None = None,
+    metadata: tuple[str, str] | None = None,
+    client_user: str | None = None,
 ) -> QuerySet[Run]:
-    """Visible runs, filtered. Every filter rides an index of Run (see models.Meta.indexes)."""
+    """Visible runs, filtered. Every filter rides an index of Run (see models.Meta.indexes);
+    ``text`` the full-text indexes (apps.runs.search). ``run_ref``: a full or short run id
+    (raises ``search.BadRunRef`` if it is neither)."""
     qs = Run.objects.visible_to(user, "view")
+    if run_ref:
+        qs = search.filter_run_ref(qs, run_ref)
+    if text:
+        qs = search.text_search(qs, user=user, text=text)
     if team:
         qs = qs.filter(team__slug=team)
     if created_by:
         qs = qs.filter(created_by__username=created_by)
+    if pool:
+        qs = qs.filter(pool__slug=pool)
+    if api_key:
+        qs = by_api_key(qs, api_key)
+    if model:
+        qs = by_model(qs, model)
+    if request_id:
+        qs = qs.filter(request_id=request_id)
+    if metadata:
+        qs = by_metadata(qs, *metadata)
+    if client_user:
+        qs = by_metadata(qs, "user", client_user)
     if status:
         qs = qs.filter(status=status)
     if strategy:
@@ -71,7 +119,8 @@ def run_list(
     return (
         qs.select_related("team", "pool", "created_by")
         .order_by(SORTS.get(sort, "-created_at"))
-        .defer("question", "answer", "replay_messages", "error", "status_reason")
+        # The question is listed (a line of it); the answer never is (held answers).
+        .defer("answer", "replay_messages", "error", "status_reason", "api_request")
     )
 
 

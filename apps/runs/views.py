@@ -19,7 +19,7 @@ from apps.audit.selectors import TOTAL_CAP, capped_total
 from apps.governance import selectors as gov
 from apps.learning.selectors import decision_for_run
 from apps.policies.models import Policy
-from apps.runs import approvals, integration, selectors, services
+from apps.runs import approvals, integration, search, selectors, services
 from apps.runs.forms import PlaygroundForm, RunFilterForm, split_strategy
 from apps.runs.models import Run, RunSource, Strategy
 from apps.workers.models import ProviderKind, Worker
@@ -75,6 +75,9 @@ def _view_entry(request: HttpRequest, run: Run, local: dict[Any, list[str]]) -> 
         "id": str(run.id),
         "can_cancel": not run.is_terminal and _may_cancel(request, run),
         "local_models": local.get(run.pool_id, []),
+        # Offer only what step_replay accepts (issue 42): with input guardrails, an edited subtask
+        # is refused, so the form says so up front and offers the unchanged replay.
+        "replay_guarded": _input_guardrails(run.team),
     }
 
 
@@ -148,7 +151,8 @@ def playground(request: HttpRequest) -> HttpResponse:
 
 def run_list(request: HttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET or None)
-    filters = form.cleaned_data if form.is_valid() else {}
+    valid = form.is_valid()
+    filters = form.cleaned_data if valid else {}
     qs = selectors.run_list(
         user=request.user,
         team=filters.get("team") or None,
@@ -159,7 +163,17 @@ def run_list(request: HttpRequest) -> HttpResponse:
         date_from=filters.get("date_from"),
         date_to=filters.get("date_to"),
         sort=filters.get("sort") or "newest",
+        text=filters.get("q") or None,
+        run_ref=filters.get("id") or None,
+        pool=filters.get("pool") or None,
+        api_key=filters.get("key") or None,
+        model=filters.get("model") or None,
+        request_id=filters.get("request_id") or None,
+        metadata=filters.get("metadata"),
+        client_user=filters.get("client_user") or None,
     )
+    if request.GET and not valid:
+        qs = qs.none()  # a search that did not parse lists nothing (its error says why), not everything
     raw_page = request.GET.get("page") or "1"
     page = int(raw_page) if raw_page.isdigit() and len(raw_page) <= 9 else 0
     if page < 1:
@@ -186,6 +200,18 @@ def run_list(request: HttpRequest) -> HttpResponse:
             "teams": gov.teams_with_runs_visible_to(request.user).order_by("slug"),
         },
     )
+
+
+def run_by_short_id(request: HttpRequest, ref: str) -> HttpResponse:
+    """``/runs/<8 characters>/``: the short id the pages show leads to the run (or, if it names
+    several runs you may see, to the list of them)."""
+    qs = Run.objects.visible_to(request.user, "view")
+    run, count = search.resolve_run_ref(qs, ref)
+    if run is not None:
+        return HttpResponseRedirect(reverse("runs:detail", args=[run.pk]))
+    if count > 1:
+        return HttpResponseRedirect(f"{reverse('runs:list')}?{urlencode({'id': ref})}")
+    raise Http404(f"No run you may see has an id starting with {ref}.")
 
 
 def run_detail(request: HttpRequest, run_id: str) -> HttpResponse:

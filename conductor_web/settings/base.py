@@ -393,7 +393,7 @@ AUTHENTICATION_BACKENDS = [
 ANONYMOUS_USER_NAME = None  # guardian: no anonymous user object; anonymous sees nothing
 GUARDIAN_RAISE_403 = True
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "playground"
+LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

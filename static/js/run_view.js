@@ -35,6 +35,14 @@
     return isNaN(n) ? String(v) : "$" + n.toFixed(n < 0.01 ? 6 : 4);
   }
 
+  // One way to write a duration on every surface (the pages' ``duration`` filter writes the same):
+  // milliseconds below a second, seconds with one decimal above.
+  function fmtDuration(ms) {
+    if (ms === null || ms === undefined || ms === "" || isNaN(Number(ms))) return "—";
+    var n = Number(ms);
+    return n < 1000 ? n.toFixed(0) + " ms" : (n / 1000).toFixed(1) + " s";
+  }
+
   function RunView(root) {
     this.root = root;
     this.runId = root.getAttribute("data-run-id");
@@ -298,6 +306,9 @@
           run.finished_at = new Date(ev.ts * 1000).toISOString();
           if (t.input_tokens !== undefined) { run.input_tokens = t.input_tokens; run.output_tokens = t.output_tokens; run.cost_usd = t.cost_usd; }
           if (t.latency_ms !== undefined) run.latency_ms = t.latency_ms;
+          // The engine's count (a conductor's own re-plan step is not a worker step): the runs
+          // list shows the same number.
+          if (t.steps !== undefined) run.step_count = t.steps;
         }
         this.cancelling = false;
         this.endOpenNodes(d.status);
@@ -314,6 +325,40 @@
     Object.keys(this.plans).forEach(function (r) { if (self.plans[r].status === "running") self.plans[r].status = end; });
   };
 
+  // ONE step numbering on every surface (nodes, graph, progress line, inspector): from 1 within
+  // the step's round, in the order its accepted plan lists them; "round n" when there are several.
+  RunView.prototype.stepNo = function (i) {
+    var s = this.steps[i] || {}, r = s.round || 1, planned = this.roundSteps[r] || [];
+    var k = planned.indexOf(Number(i));
+    if (k >= 0) return k + 1;
+    var plan = this.plans[r];
+    return plan && plan.first !== undefined && i >= plan.first ? i - plan.first + 1 : Number(i) + 1;
+  };
+
+  RunView.prototype.rounds = function () {
+    var self = this, most = 1;
+    Object.keys(this.plans).forEach(function (r) { most = Math.max(most, Number(r)); });
+    Object.keys(this.steps).forEach(function (i) { most = Math.max(most, self.steps[i].round || 1); });
+    return most;
+  };
+
+  // An access list in the same numbering: "step 1, step 2", "all earlier steps", "nothing earlier".
+  // ``planSteps``: the plan being described, when its steps are not steps of the run yet.
+  RunView.prototype.accessText = function (access, planSteps) {
+    if (access === "all") return "all earlier steps";
+    if (!access || !access.length) return "nothing earlier";
+    var self = this;
+    return access.map(function (i) {
+      var k = planSteps ? planSteps.map(function (p) { return p.index; }).indexOf(i) : -1;
+      return "step " + (k >= 0 ? k + 1 : self.stepNo(i));
+    }).join(", ");
+  };
+
+  RunView.prototype.stepName = function (i) {
+    var s = this.steps[i] || {};
+    return "Step " + this.stepNo(i) + (this.rounds() > 1 ? " · round " + (s.round || 1) : "");
+  };
+
   RunView.prototype.planOf = function (key) {
     return typeof key === "string" && key.charAt(0) === "p" ? this.plans[Number(key.slice(1))] : undefined;
   };
@@ -322,24 +367,28 @@
     return typeof key === "string" && key.charAt(0) === "t" ? this.tools[key] : undefined;
   };
 
-  // Deterministic layout: x = round band + dependency depth within the round (from the stored
-  // access lists); y = the step index; a round's planning node sits above its first step (and
-  // beside the conductor step that asked for the re-plan). Nothing depends on arrival order.
+  // Deterministic layout from the access lists (issue 42: the graph must not draw parallel steps
+  // as a chain): x = round band + 1 + dependency depth within the round, so a chain runs left to
+  // right; y = the step's rank among the steps of its column, so steps that read nothing from
+  // each other stand side by side (one column, one row each). A round's planning node sits left of
+  // its first column, centred on it. Nothing depends on arrival order.
   RunView.prototype.layout = function () {
     var idx = Object.keys(this.steps).map(Number).sort(function (a, b) { return a - b; });
-    var depth = {}, pos = {}, self = this;
+    var depth = {}, pos = {}, perColumn = {}, self = this;
     idx.forEach(function (i) {
-      var s = self.steps[i], dd = 0;
-      (s.access || []).forEach(function (a) {
+      var s = self.steps[i], dd = 0, all = s.access === "all";
+      (all ? idx.filter(function (a) { return a < i; }) : s.access || []).forEach(function (a) {
         var dep = self.steps[a];
         if (dep && dep.round === s.round && depth[a] !== undefined) dd = Math.max(dd, depth[a] + 1);
       });
       depth[i] = Math.min(dd, BAND - 2);
-      pos[i] = { x: ((s.round || 1) - 1) * BAND + depth[i], y: -i };
+      var column = (s.round || 1) + ":" + depth[i];
+      perColumn[column] = (perColumn[column] || 0) + 1;
+      pos[i] = { x: ((s.round || 1) - 1) * BAND + 1 + depth[i], y: 1 - perColumn[column] };
     });
     var plans = Object.keys(this.plans).map(Number).sort(function (a, b) { return a - b; }).map(function (r) {
-      var p = self.plans[r];
-      pos[p.key] = { x: (r - 1) * BAND, y: 1 - p.first };
+      var p = self.plans[r], first = perColumn[r + ":0"] || 1;
+      pos[p.key] = { x: (r - 1) * BAND, y: -(first - 1) / 2 };
       return p.key;
     });
     // A tool call sits just below and right of its step, one beside the other.
@@ -393,7 +442,7 @@
     var label = function (k) {
       var n = self.node(k);
       if (n.kind === "tool") return n.tool;
-      return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : k + " · " + (n.worker_key || "?");
+      return n.kind === "plan" ? "plan · " + (n.worker_key || "conductor") : self.stepNo(k) + " · " + (n.worker_key || "?");
     };
     var nodes = {
       type: "scatter", mode: "markers+text", hoverinfo: "text",
@@ -455,10 +504,10 @@
       btn.setAttribute("aria-pressed", self.selected === e.key ? "true" : "false");
       btn.style.borderLeftColor = COLOURS[n.status] || "#9aa6ba";
       btn.textContent = isTool
-        ? "Tool call · step " + n.step + " · " + n.tool + " — " + n.verdict + (n.rule ? " (" + n.rule + ")" : "")
+        ? "Tool call · " + self.stepName(n.step).toLowerCase() + " · " + n.tool + " — " + n.verdict + (n.rule ? " (" + n.rule + ")" : "")
         : isPlan
         ? "Planning · round " + n.round + " · " + (n.worker_key || "conductor") + " — " + n.status
-        : "Step " + e.key + " · round " + (n.round || 1) + " · " + (n.worker_key || "?") + " — " + n.status;
+        : self.stepName(e.key) + " · " + (n.worker_key || "?") + " — " + n.status;
     });
   };
 
@@ -489,9 +538,9 @@
     var running = Object.keys(this.steps).map(Number).filter(function (i) { return self.steps[i].status === "running"; });
     if (running.length) {
       var s = this.steps[running[0]], planned = this.roundSteps[s.round || 1] || [];
-      var pos = function (i) { var k = planned.indexOf(i); return k >= 0 ? k + 1 : i + 1; };
+      var pos = function (i) { return self.stepNo(i); };
       var of = planned.length ? " of " + planned.length : "";
-      var round = Object.keys(this.plans).length > 1 || (s.round || 1) > 1 ? " (round " + (s.round || 1) + ")" : "";
+      var round = this.rounds() > 1 ? " (round " + (s.round || 1) + ")" : "";
       if (running.length === 1) return "Step " + pos(s.index) + of + round + ": " + (s.worker_name || s.worker_key || "worker") + " is working…";
       return "Steps " + running.map(pos).join(", ") + of + round + " are running in parallel…";
     }
@@ -511,7 +560,8 @@
     }
     var status = this.q("status");
     if (status) {
-      status.textContent = run.status + (run.status_reason && this.isTerminal() ? " (" + run.status_reason + ")" : "") +
+      // A succeeded run's reason is always "completed": saying it twice reads as a stutter.
+      status.textContent = run.status + (run.status_reason && this.isTerminal() && run.status !== "succeeded" ? " (" + run.status_reason + ")" : "") +
         (run.answer_held ? " · held for review" : "") +
         (this.polling ? " · live channel down, polling" : "");
       status.setAttribute("data-held", run.answer_held ? "true" : "false");
@@ -522,9 +572,12 @@
     // Rewritten only when it changes: it is a live region, and screen readers announce each write.
     if (progress && progress.textContent !== text) progress.textContent = text;
     var elapsed = this.q("elapsed");
-    if (elapsed && run.started_at) {
+    // Once ended, the run's recorded latency (what the runs list and insights show); until then
+    // the time since it started.
+    if (elapsed && this.isTerminal() && run.latency_ms) elapsed.textContent = fmtDuration(run.latency_ms);
+    else if (elapsed && run.started_at) {
       var end = run.finished_at ? Date.parse(run.finished_at) : Date.now();
-      elapsed.textContent = ((end - Date.parse(run.started_at)) / 1000).toFixed(1) + " s";
+      elapsed.textContent = fmtDuration(end - Date.parse(run.started_at));
     }
     var tokens = this.q("tokens");
     if (tokens) tokens.textContent = run.input_tokens + " in / " + run.output_tokens + " out";
@@ -558,10 +611,11 @@
     var box = this.q("decisions");
     if (!box) return;
     box.textContent = "";
+    var self = this;
     this.decisions.forEach(function (ev) {
       var d = ev.data || {}, li = el("li");
       if (ev.type === EV.GUARDRAIL_CHECKED) {
-        li.appendChild(el("strong", {}, "Guardrails (" + d.stage + (d.step !== null && d.step !== undefined ? " step " + d.step : "") + "): "));
+        li.appendChild(el("strong", {}, "Guardrails (" + d.stage + (d.step !== null && d.step !== undefined ? ", " + self.stepName(d.step).toLowerCase() : "") + "): "));
         (d.checks || []).forEach(function (c) {
           li.appendChild(el("span", { "class": "badge badge-" + c.status }, c.name + " " + c.status));
           li.appendChild(document.createTextNode(" "));
@@ -633,12 +687,12 @@
     if (s.kind === "tool") {
       // A tool call: what was asked (as the gate let it through), what came back, and the verdict.
       box.setAttribute("data-kind", "tool");
-      set("title", "Tool call · " + s.tool + " (step " + s.step + ")");
+      set("title", "Tool call · " + s.tool + " (" + this.stepName(s.step).toLowerCase() + ")");
       set("worker", s.tool);
       set("status", s.verdict + (s.rule ? " — rule " + s.rule : ""));
       set("instruction-label", "Arguments");
       set("instruction", JSON.stringify(s.arguments || {}));
-      set("access", "granted to step " + s.step);
+      set("access", "granted to " + this.stepName(s.step).toLowerCase());
       set("tokens", "—");
       set("cost", "—");
       set("latency", s.latency_ms !== undefined ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
@@ -653,24 +707,38 @@
       return;
     }
     box.setAttribute("data-kind", isPlan ? "plan" : "step");
-    set("title", isPlan ? "Planning · round " + s.round : "Step " + s.index + " (round " + (s.round || 1) + ")");
+    set("title", isPlan ? "Planning · round " + s.round : this.stepName(s.index));
     set("worker", (s.worker_key || "?") + (s.worker_name ? " — " + s.worker_name : "") + (s.model ? " (" + s.model + ")" : "") +
       (s.fallback_from ? " (fallback from " + s.fallback_from + ")" : ""));
-    set("status", s.status + (isPlan && s.attempts > 1 ? " after " + s.attempts + " attempts" : ""));
+    // A held plan is not a failure: it waits for an approver (the reason and deadline are in the
+    // approval panel); a repaired plan says how many tries it took.
+    var held = isPlan && s.status === "awaiting_approval";
+    var tries = isPlan && s.attempts > 1 ? (held ? " (written in " + s.attempts + " attempts)" : " after " + s.attempts + " attempts") : "";
+    set("status", (held ? "waiting for an approver" + (s.error ? ": " + s.error : "") : s.status) + tries);
     set("instruction-label", isPlan ? "What the conductor does" : "Instruction");
     set("instruction", isPlan ? "Writes the workflow for round " + s.round + ": which worker does what, and which earlier outputs each may read." : (s.instruction || ""));
-    set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : JSON.stringify(s.access || []));
+    set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : this.accessText(s.access));
     var u = s.usage || {};
     set("tokens", (u.input_tokens || 0) + " in / " + (u.output_tokens || 0) + " out");
     set("cost", fmtCost(s.cost_usd) + (s.priced === false ? " (unpriced)" : ""));
-    set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? Number(s.latency_ms).toFixed(0) + " ms" : "—");
-    set("error", s.error || "");
+    set("latency", s.latency_ms !== null && s.latency_ms !== undefined && (!isPlan || s.status !== "running") ? fmtDuration(s.latency_ms) : "—");
+    set("error", held ? "" : s.error || "");
+    var errorField = box.querySelector("[data-field=error]");
+    if (errorField) {
+      errorField.hidden = !(s.error && !held);
+      if (errorField.previousElementSibling) errorField.previousElementSibling.hidden = errorField.hidden;
+    }
     var label = box.querySelector("[data-field=messages-label]");
     if (label) label.hidden = isPlan;
-    var planText = isPlan && s.plan && s.plan.steps ? s.plan.steps.map(function (p) {
-      return p.index + ". " + p.worker_key + " (reads " + JSON.stringify(p.access) + "): " + p.instruction;
+    var self = this;
+    var planText = isPlan && s.plan && s.plan.steps ? s.plan.steps.map(function (p, k) {
+      return "Step " + (k + 1) + ". " + p.worker_key + " (reads " + self.accessText(p.access, s.plan.steps) + "): " + (p.instruction || "(withheld)");
     }).join("\n") : "";
-    set("output", s.withheld ? WITHHELD : (isPlan ? (planText || s.output || (s.status === "running" ? "(planning…)" : "")) : (s.output || s.live || "")));
+    // A plan's steps are shown whenever the viewer may see them (round 1 always): only a plan
+    // with nothing to show gets the withheld note, in a plan's words, not a held answer's.
+    var planWithheld = "(withheld: this run's policy may hold its answer for review, and a re-plan reads earlier outputs)";
+    set("output", isPlan ? (planText || (s.withheld ? planWithheld : s.output) || (s.status === "running" ? "(planning…)" : ""))
+      : (s.withheld ? WITHHELD : (s.output || s.live || "")));
     var msgs = box.querySelector("[data-field=messages]");
     msgs.hidden = isPlan;
     msgs.textContent = s.withheld ? WITHHELD : "";
@@ -704,7 +772,7 @@
       String(run.step_count),
       run.input_tokens + " / " + run.output_tokens,
       fmtCost(run.cost_usd) + (run.priced === false ? " (partly unpriced)" : ""),
-      run.started_at ? ((end - Date.parse(run.started_at)) / 1000).toFixed(1) + " s" : "—"
+      run.finished_at && run.latency_ms ? fmtDuration(run.latency_ms) : run.started_at ? fmtDuration(end - Date.parse(run.started_at)) : "—"
     ];
     row.textContent = "";
     cells.forEach(function (text, i) { row.appendChild(el(i ? "td" : "th", i ? {} : { scope: "row" }, text)); });

@@ -116,6 +116,12 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     # Roll back to v1 from the history.
     page.click("text=Version history")
     page.click(f"[data-testid=rollback-{v1.number}]")
+    # Issue 42: like publish, a rollback shows the diff and asks first.
+    page.wait_for_selector("[data-testid=rollback-diff]")
+    assert "guardrails.input.pii" in page.inner_text("[data-testid=rollback-diff]")
+    assert effective_policy(alpha).spec.constraints.max_steps.value == 3  # not yet
+    assert _serious(page) == []
+    page.click("[data-testid=confirm-rollback]")
     page.wait_for_selector("text=Rolled back")
     spec = effective_policy(alpha).spec
     assert spec.guardrails.input.pii.enabled is False and spec.constraints.max_steps.value == 4

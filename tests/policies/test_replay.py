@@ -203,3 +203,11 @@ def test_outsider_cannot_replay_alpha(history: dict[str, Any], outsider: Any) ->
     c = Client()
     c.force_login(outsider)
     assert c.post(URL, {"spec": "{}", "action": "replay"}).status_code == 404
+
+
+def test_replay_says_forecasts_are_not_replayed(history: dict[str, Any], team_admin: Any, alpha: Any) -> None:
+    # Issue 42: "5 replayed, 5 unchanged" must not read as "the forecast limit is safe".
+    spec = {"constraints": {"forecast": {"enabled": True, "max_tokens": 100, "action": "require_approval"}}}
+    report = _replay(team_admin, alpha, spec)
+    assert any("constraints.forecast" in note and "not replayed" in note for note in report.notes)
+    assert not any("constraints.forecast" in note for note in _replay(team_admin, alpha, {}).notes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -118,7 +119,17 @@ def test_history_diff_and_rollback(policy_admin: Any, alpha: Any) -> None:
     c = client_for(policy_admin)
     html = c.get(f"/policies/{policy.pk}/history/?a=1&b=2").content.decode()
     assert "constraints.max_steps.value" in html and "<code>3</code>" in html and "<code>2</code>" in html
-    c.post(f"/policies/{policy.pk}/rollback/1/")
+    # Issue 42: the first post shows the diff and asks; nothing changes until it is confirmed.
+    asked = c.post(f"/policies/{policy.pk}/rollback/1/")
+    page = asked.content.decode()
+    assert asked.status_code == 200 and 'data-testid="rollback-diff"' in page
+    assert "constraints.max_steps.value" in page and 'data-testid="confirm-rollback"' in page
+    policy.refresh_from_db()
+    assert policy.current_version.number == 2
+    assert c.post(f"/policies/{policy.pk}/rollback/1/", {"confirm": "stale"}).status_code == 200
+    confirm = re.search(r'name="confirm" value="([0-9a-f]+)"', page)
+    assert confirm is not None
+    c.post(f"/policies/{policy.pk}/rollback/1/", {"confirm": confirm.group(1)})
     policy.refresh_from_db()
     assert (
         policy.current_version.number == 3 and effective_policy(alpha).spec.constraints.max_steps.value == 3

@@ -62,6 +62,13 @@ RULES: dict[str, Any] = {
     "runs:list": SIGNED_IN,
     "runs:detail": {"kwargs": _run_kwargs, **READ_RUN},
     "runs:snapshot": {"kwargs": _run_kwargs, **READ_RUN},
+    # The short id the pages show: a redirect to the run for whoever may view it, else a 404.
+    "runs:short": {
+        "kwargs": lambda ctx: {"ref": str(ctx.memo("run", _run).id)[:8]},
+        **{role: 302 for role, code in READ_RUN.items() if code == 200},
+        "anonymous": "login",
+        "outsider": 404,
+    },
     "runs:cancel": {"kwargs": _run_kwargs, "method": "POST", **ACT_RUN},
     # Deciding a held plan: team admins and reviewers (the run here waits for nothing: a 302 back
     # with the reason); runners who are not approvers get a 403 naming the permission.

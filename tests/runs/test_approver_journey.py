@@ -58,6 +58,16 @@ def test_a_plan_held_for_cost_is_approved_and_resumes(
     # Their run page explains why they cannot decide themselves.
     asker.click("[data-testid=run-page-link]")
     asker.wait_for_selector("[data-testid=approval-own]")
+    # Issue 42: to its author a held plan waits for an approver — no red error, the plan shown
+    # (steps from 1), the reason and the deadline in the panel.
+    asker.click("[data-testid=plan-node-1]")
+    status = asker.text_content("[data-run-view] [data-field=status]") or ""
+    assert status.startswith("waiting for an approver") and "constraints.forecast.max_tokens" in status
+    assert asker.locator("[data-run-view] [data-field=error]").is_hidden()
+    output = asker.text_content("[data-run-view] [data-field=output]") or ""
+    assert output.startswith("Step 1. ") and "withheld" not in output
+    waiting = asker.text_content("[data-testid=approval-waiting]") or ""
+    assert "waits for an approver" in waiting and "ends blocked at" in waiting
     assert serious_violations(asker) == []
 
     # --- the reviewer: badge, desk, the held plan, approve with a note -------------------------
@@ -70,6 +80,8 @@ def test_a_plan_held_for_cost_is_approved_and_resumes(
         page.fill("#id_password", "pw-for-tests-123")
         page.click("[data-testid=login-submit]")
         page.wait_for_selector("[data-testid=main-nav]")
+        # Issue 42: a reviewer who cannot start runs lands on the review desk, not the playground.
+        assert page.url.endswith(reverse("audit:review_queue"))
         page.set_viewport_size({"width": width, "height": 900})
         # The nav badge counts the held plan (text_content: the narrow layout folds the nav away).
         assert int((page.text_content("[data-testid=review-badge]") or "0").split()[0]) >= 1

@@ -55,7 +55,7 @@ def test_playground_live_graph_inspector_and_reload(
     for m in stored:
         assert m["content"] in messages
     assert "fake-planner-1 says" in messages and "<i>now</i>" in messages
-    assert page.text_content("[data-testid=inspector-access]") == "[0]"
+    assert page.text_content("[data-testid=inspector-access]") == "step 1"
     # Model output is shown as text: the worker's <b> tag is literal, not markup.
     output = page.text_content("[data-testid=inspector-output]")
     assert "<b>" in output

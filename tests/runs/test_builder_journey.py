@@ -175,7 +175,7 @@ def test_builder_journey(
     page.locator("[data-testid=step-graph] .scatterlayer .trace:last-child .point").nth(2).click(force=True)
     page.wait_for_selector("[data-testid=step-inspector][data-kind=step]")
     in_viewport(page, "[data-testid=step-inspector]")
-    assert page.text_content("[data-testid=inspector-access]") == "[0]"
+    assert page.text_content("[data-testid=inspector-access]") == "step 1"
     assert serious_violations(page) == []
     page.click("[data-testid=inspector-close]")
     save_screen(page, f"playground-{width}")

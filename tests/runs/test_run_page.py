@@ -139,3 +139,20 @@ def test_run_view_offers_replay_with_changes_and_inspector_controls(
     for testid in ("run-progress", "replay-instruction", "inspector-close", "run-cancel"):
         assert f'data-testid="{testid}"' in page
     assert page.count('data-testid="run-cancel"') == 1
+
+
+def test_a_guarded_team_is_offered_only_the_unchanged_replay(
+    client: Any, fake_pool: Any, owner: Any, alpha: Any, publish: Any
+) -> None:
+    # Issue 42 item 7: the edit that step_replay would refuse is not offered; the form says why.
+    run = make_run(team=alpha, pool=fake_pool.pool, created_by=owner, status=RunStatus.SUCCEEDED)
+    StepFactory(run=run, index=0, worker_key="fake-solver", messages=EXACT)
+    client.force_login(owner)
+    page = client.get(reverse("runs:detail", args=[run.id])).content.decode()
+    assert 'data-testid="replay-guarded"' not in page and "edit to change it" in page
+    publish(alpha, {"guardrails": {"input": {"pii": {"enabled": True, "action": "redact"}}}})
+    page = client.get(reverse("runs:detail", args=[run.id])).content.decode()
+    assert 'data-testid="replay-guarded"' in page and "guardrails.input.pii" in page
+    assert "edit to change it" not in page
+    textarea = page.split('data-testid="replay-instruction"', 1)[1].split(">", 1)[0]
+    assert "readonly" in textarea

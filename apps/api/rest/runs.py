@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import django_filters
-from django.shortcuts import get_object_or_404
+from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ValidationError
@@ -17,7 +17,8 @@ from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.api.v1.shaping import run_url
 from apps.audit.services import run_review
-from apps.runs import approvals
+from apps.runs import approvals, search
+from apps.runs import selectors as run_filters
 from apps.runs.models import (
     Preset,
     ReviewStatus,
@@ -243,6 +244,22 @@ class RunFilter(django_filters.FilterSet):
     worker = django_filters.CharFilter(method="filter_worker", help_text="worker key used by any step")
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    q = django_filters.CharFilter(
+        method="filter_text",
+        help_text="Full-text search: every word in the question, or in the answer where you may see "
+        "it (never a held or erased answer you may not see); a run id (full or its first 8 "
+        "characters) matches that run.",
+    )
+    id = django_filters.CharFilter(method="filter_id", help_text="A run id, full or its first 8+ characters")
+    key = django_filters.CharFilter(method="filter_key", help_text="API key prefix or name")
+    model = django_filters.CharFilter(method="filter_model", help_text="worker slug or provider model name")
+    request_id = django_filters.CharFilter(
+        field_name="request_id", help_text="the /v1 request's x-request-id"
+    )
+    metadata = django_filters.CharFilter(
+        method="filter_metadata", help_text="key=value of the /v1 request's metadata"
+    )
+    client_user = django_filters.CharFilter(method="filter_client_user", help_text="the /v1 request's user")
 
     class Meta:
         model = Run
@@ -252,14 +269,46 @@ class RunFilter(django_filters.FilterSet):
         # A subquery on the (worker_key, run) index instead of a row-duplicating join.
         return qs.filter(pk__in=Step.objects.filter(worker_key=value).values("run_id"))
 
+    def filter_text(self, qs: Any, name: str, value: str) -> Any:
+        if len(value) > search.MAX_QUERY_CHARS:
+            raise ValidationError({"q": [f"A search is at most {search.MAX_QUERY_CHARS} characters."]})
+        return search.text_search(qs, user=self.request.user, text=value)
+
+    def filter_id(self, qs: Any, name: str, value: str) -> Any:
+        try:
+            return search.filter_run_ref(qs, value)
+        except search.BadRunRef as exc:
+            raise ValidationError({"id": [str(exc)]}) from None
+
+    def filter_key(self, qs: Any, name: str, value: str) -> Any:
+        return run_filters.by_api_key(qs, value)
+
+    def filter_model(self, qs: Any, name: str, value: str) -> Any:
+        return run_filters.by_model(qs, value)
+
+    def filter_metadata(self, qs: Any, name: str, value: str) -> Any:
+        key, sep, val = value.partition("=")
+        if not sep or not key.strip():
+            raise ValidationError({"metadata": ["Write metadata as key=value, e.g. customer=acme."]})
+        return run_filters.by_metadata(qs, key.strip(), val.strip())
+
+    def filter_client_user(self, qs: Any, name: str, value: str) -> Any:
+        return run_filters.by_metadata(qs, "user", value)
+
 
 def visible_run(view: ApiView, run_id: Any) -> Run:
-    return get_object_or_404(
-        api_sel.runs_for(view.request.user, view.key).select_related(
-            "team", "pool", "created_by", "api_key", "worker"
-        ),
-        pk=run_id,
+    """``run_id``: the full id, or a short one (8+ characters) naming exactly one visible run."""
+    qs = api_sel.runs_for(view.request.user, view.key).select_related(
+        "team", "pool", "created_by", "api_key", "worker"
     )
+    run, count = search.resolve_run_ref(qs, str(run_id))
+    if count > 1:
+        raise ValidationError(
+            {"run": [f"The id {run_id} names {count} or more runs: give more of it (or the full id)."]}
+        )
+    if run is None:
+        raise Http404("No such run.")
+    return run
 
 
 class RunListCreate(ApiListView):

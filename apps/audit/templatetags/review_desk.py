@@ -7,7 +7,7 @@ from typing import Any
 from django import template
 
 from apps.audit.selectors import awaiting_review_count, reviews_any_team
-from apps.runs.approvals import approvals_waiting_for
+from apps.runs.approvals import approvals_to_decide
 
 register = template.Library()
 
@@ -21,5 +21,5 @@ def review_nav(context: template.Context) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not getattr(user, "is_authenticated", False) or not reviews_any_team(user):
         return {"show": False, "count": 0}
-    approvals = approvals_waiting_for(user).exclude(run__created_by=user).count()
+    approvals = approvals_to_decide(user).count()
     return {"show": True, "count": awaiting_review_count(user) + approvals, "approvals": approvals}
