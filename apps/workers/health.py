@@ -1,0 +1,175 @@
+"""The database side of the per-worker circuit breaker (issue 44; the engine's port is
+``apps.engine.health.HealthPort``).
+
+One ``WorkerHealth`` row per worker holds the breaker; ``WorkerCall`` rows are the recent calls
+(success rate, p50/p95 latency, the error rate over a window). Every change is a conditional
+UPDATE with ``F()``, so two processes recording at once lose no count and only one of them claims
+a half-open probe. Both runtimes use it: SQLite embedded, PostgreSQL distributed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from apps.workers.models import BreakerState, Worker, WorkerCall, WorkerHealth
+
+logger = logging.getLogger(__name__)
+
+KEEP_CALLS = 200  # recent calls kept per worker; the figures read the last STATS_CALLS
+STATS_CALLS = 100
+
+
+def _cooldown() -> timedelta:
+    return timedelta(seconds=float(settings.CIRCUIT_COOLDOWN_S))
+
+
+def _ids(keys: Iterable[str]) -> dict[str, int]:
+    return dict(Worker.objects.filter(slug__in=list(keys)).values_list("slug", "pk"))
+
+
+class DbWorkerHealth:
+    """``HealthPort`` over the database; stateless, so one instance may serve every run."""
+
+    def unavailable(self, keys: Iterable[str]) -> set[str]:
+        due = timezone.now() - _cooldown()
+        rows = WorkerHealth.objects.filter(worker__slug__in=list(keys)).filter(
+            Q(state=BreakerState.OPEN, opened_at__gt=due) | Q(state=BreakerState.HALF_OPEN, probe_at__gt=due)
+        )
+        return set(rows.values_list("worker__slug", flat=True))
+
+    def admit(self, key: str) -> bool:
+        row = WorkerHealth.objects.filter(worker__slug=key).values_list("worker_id", "state").first()
+        if row is None or row[1] == BreakerState.CLOSED:
+            return True
+        now = timezone.now()
+        due = now - _cooldown()
+        # One probe per cool-down: whoever's UPDATE matches first sends it (a lost probe — its run
+        # cancelled — is claimable again one cool-down later).
+        claimed = (
+            WorkerHealth.objects.filter(worker_id=row[0])
+            .filter(
+                Q(state=BreakerState.OPEN, opened_at__lte=due)
+                | Q(state=BreakerState.HALF_OPEN, probe_at__lte=due)
+            )
+            .update(state=BreakerState.HALF_OPEN, probe_at=now)
+        )
+        if claimed:
+            logger.info("circuit breaker: %s half-open, one probe goes out", key)
+        return bool(claimed)
+
+    def record(self, key: str, *, ok: bool, latency_ms: float | None) -> None:
+        worker_id = _ids([key]).get(key)
+        if worker_id is None:
+            return  # a worker deleted since the pool was built
+        _ensure_row(worker_id)
+        now = timezone.now()
+        call = WorkerCall.objects.create(worker_id=worker_id, ok=ok, latency_ms=latency_ms)
+        rows = WorkerHealth.objects.filter(worker_id=worker_id)
+        if ok:
+            closed = rows.exclude(state=BreakerState.CLOSED).update(
+                state=BreakerState.CLOSED, consecutive_failures=0, opened_at=None, probe_at=None
+            )
+            rows.update(consecutive_failures=0, calls=F("calls") + 1, last_success_at=now)
+            if closed:
+                logger.info("circuit breaker: %s answered its probe, closed", key)
+        else:
+            rows.update(
+                consecutive_failures=F("consecutive_failures") + 1,
+                calls=F("calls") + 1,
+                failures=F("failures") + 1,
+                last_failure_at=now,
+            )
+            opened = rows.filter(state=BreakerState.HALF_OPEN).update(
+                state=BreakerState.OPEN, opened_at=now, probe_at=None
+            )  # the probe failed: another cool-down
+            if not opened and (
+                rows.filter(consecutive_failures__gte=settings.CIRCUIT_FAILURES).exists()
+                or _rate_exceeded(worker_id)
+            ):
+                opened = rows.filter(state=BreakerState.CLOSED).update(state=BreakerState.OPEN, opened_at=now)
+            if opened:
+                logger.warning(
+                    "circuit breaker: %s is down, open for %.0f s", key, settings.CIRCUIT_COOLDOWN_S
+                )
+        if call.pk % 50 == 0:
+            _prune(worker_id)
+
+
+def _ensure_row(worker_id: int) -> None:
+    if WorkerHealth.objects.filter(worker_id=worker_id).exists():
+        return
+    try:
+        with transaction.atomic():
+            WorkerHealth.objects.create(worker_id=worker_id)
+    except IntegrityError:
+        pass  # another process created it first
+
+
+def _rate_exceeded(worker_id: int) -> bool:
+    window = int(settings.CIRCUIT_WINDOW)
+    recent = list(
+        WorkerCall.objects.filter(worker_id=worker_id).order_by("-id").values_list("ok", flat=True)[:window]
+    )
+    if len(recent) < window:
+        return False  # too few calls to call it a rate
+    return recent.count(False) / len(recent) >= float(settings.CIRCUIT_ERROR_RATE)
+
+
+def _prune(worker_id: int) -> None:
+    edge = (
+        WorkerCall.objects.filter(worker_id=worker_id)
+        .order_by("-id")
+        .values_list("id", flat=True)[KEEP_CALLS:][:1]
+    )
+    first_old = list(edge)
+    if first_old:
+        WorkerCall.objects.filter(worker_id=worker_id, id__lte=first_old[0]).delete()
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """A worker's health from its real calls (the pool page and /metrics)."""
+
+    state: str  # closed / open / half_open
+    calls: int  # in the recent window the figures are taken over
+    success_rate: float | None
+    p50_ms: float | None
+    p95_ms: float | None
+    consecutive_failures: int
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    # nearest rank: an observed latency, not an interpolation between two
+    rank = max(1, -(-int(q * len(sorted_values) * 100) // 100))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def worker_traffic(worker_ids: Iterable[int]) -> dict[int, Traffic]:
+    """Traffic figures for the workers that have any recorded call."""
+    out: dict[int, Traffic] = {}
+    for row in WorkerHealth.objects.filter(worker_id__in=list(worker_ids)):
+        recent = list(
+            WorkerCall.objects.filter(worker_id=row.worker_id)
+            .order_by("-id")
+            .values_list("ok", "latency_ms")[:STATS_CALLS]
+        )
+        latencies = sorted(lat for ok, lat in recent if ok and lat is not None)
+        out[row.worker_id] = Traffic(
+            state=row.state,
+            calls=len(recent),
+            success_rate=(sum(1 for ok, _ in recent if ok) / len(recent)) if recent else None,
+            p50_ms=_percentile(latencies, 0.5),
+            p95_ms=_percentile(latencies, 0.95),
+            consecutive_failures=row.consecutive_failures,
+        )
+    return out
