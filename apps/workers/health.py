@@ -1,7 +1,7 @@
 """The database side of the per-worker circuit breaker (issue 44; the engine's port is
 ``apps.engine.health.HealthPort``).
 
-One ``WorkerHealth`` row per worker holds the breaker; ``WorkerCall`` rows are the recent calls
+One ``WorkerBreaker`` row per worker holds the breaker; ``WorkerCall`` rows are the recent calls
 (success rate, p50/p95 latency, the error rate over a window). Every change is a conditional
 UPDATE with ``F()``, so two processes recording at once lose no count and only one of them claims
 a half-open probe. Both runtimes use it: SQLite embedded, PostgreSQL distributed.
@@ -10,16 +10,17 @@ a half-open probe. Both runtimes use it: SQLite embedded, PostgreSQL distributed
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from apps.workers.models import BreakerState, Worker, WorkerCall, WorkerHealth
+from apps.workers.models import BreakerState, Worker, WorkerBreaker, WorkerCall
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,13 @@ class DbWorkerHealth:
 
     def unavailable(self, keys: Iterable[str]) -> set[str]:
         due = timezone.now() - _cooldown()
-        rows = WorkerHealth.objects.filter(worker__slug__in=list(keys)).filter(
+        rows = WorkerBreaker.objects.filter(worker__slug__in=list(keys)).filter(
             Q(state=BreakerState.OPEN, opened_at__gt=due) | Q(state=BreakerState.HALF_OPEN, probe_at__gt=due)
         )
         return set(rows.values_list("worker__slug", flat=True))
 
     def admit(self, key: str) -> bool:
-        row = WorkerHealth.objects.filter(worker__slug=key).values_list("worker_id", "state").first()
+        row = WorkerBreaker.objects.filter(worker__slug=key).values_list("worker_id", "state").first()
         if row is None or row[1] == BreakerState.CLOSED:
             return True
         now = timezone.now()
@@ -54,7 +55,7 @@ class DbWorkerHealth:
         # One probe per cool-down: whoever's UPDATE matches first sends it (a lost probe — its run
         # cancelled — is claimable again one cool-down later).
         claimed = (
-            WorkerHealth.objects.filter(worker_id=row[0])
+            WorkerBreaker.objects.filter(worker_id=row[0])
             .filter(
                 Q(state=BreakerState.OPEN, opened_at__lte=due)
                 | Q(state=BreakerState.HALF_OPEN, probe_at__lte=due)
@@ -72,7 +73,7 @@ class DbWorkerHealth:
         _ensure_row(worker_id)
         now = timezone.now()
         call = WorkerCall.objects.create(worker_id=worker_id, ok=ok, latency_ms=latency_ms)
-        rows = WorkerHealth.objects.filter(worker_id=worker_id)
+        rows = WorkerBreaker.objects.filter(worker_id=worker_id)
         if ok:
             closed = rows.exclude(state=BreakerState.CLOSED).update(
                 state=BreakerState.CLOSED, consecutive_failures=0, opened_at=None, probe_at=None
@@ -104,11 +105,11 @@ class DbWorkerHealth:
 
 
 def _ensure_row(worker_id: int) -> None:
-    if WorkerHealth.objects.filter(worker_id=worker_id).exists():
+    if WorkerBreaker.objects.filter(worker_id=worker_id).exists():
         return
     try:
         with transaction.atomic():
-            WorkerHealth.objects.create(worker_id=worker_id)
+            WorkerBreaker.objects.create(worker_id=worker_id)
     except IntegrityError:
         pass  # another process created it first
 
@@ -140,36 +141,42 @@ class Traffic:
 
     state: str  # closed / open / half_open
     calls: int  # in the recent window the figures are taken over
-    success_rate: float | None
+    success_rate: float
     p50_ms: float | None
     p95_ms: float | None
     consecutive_failures: int
+    last_ok: bool  # the most recent call answered
+    last_call_at: datetime
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
     # nearest rank: an observed latency, not an interpolation between two
-    rank = max(1, -(-int(q * len(sorted_values) * 100) // 100))
+    rank = max(1, math.ceil(q * len(sorted_values)))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 def worker_traffic(worker_ids: Iterable[int]) -> dict[int, Traffic]:
     """Traffic figures for the workers that have any recorded call."""
     out: dict[int, Traffic] = {}
-    for row in WorkerHealth.objects.filter(worker_id__in=list(worker_ids)):
+    for row in WorkerBreaker.objects.filter(worker_id__in=list(worker_ids)):
         recent = list(
             WorkerCall.objects.filter(worker_id=row.worker_id)
             .order_by("-id")
-            .values_list("ok", "latency_ms")[:STATS_CALLS]
+            .values_list("ok", "latency_ms", "at")[:STATS_CALLS]
         )
-        latencies = sorted(lat for ok, lat in recent if ok and lat is not None)
+        if not recent:
+            continue
+        latencies = sorted(lat for ok, lat, _ in recent if ok and lat is not None)
         out[row.worker_id] = Traffic(
             state=row.state,
             calls=len(recent),
-            success_rate=(sum(1 for ok, _ in recent if ok) / len(recent)) if recent else None,
+            success_rate=sum(1 for ok, _, _ in recent if ok) / len(recent),
             p50_ms=_percentile(latencies, 0.5),
             p95_ms=_percentile(latencies, 0.95),
             consecutive_failures=row.consecutive_failures,
+            last_ok=recent[0][0],
+            last_call_at=recent[0][2],
         )
     return out

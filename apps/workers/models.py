@@ -156,7 +156,7 @@ class BreakerState(models.TextChoices):
     HALF_OPEN = "half_open", "Half-open (probing)"
 
 
-class WorkerHealth(models.Model):
+class WorkerBreaker(models.Model):
     """A worker's circuit breaker, fed by every provider call of every process (issue 44;
     ``apps.workers.health``). Counters move by conditional UPDATEs so concurrent calls lose none."""
 

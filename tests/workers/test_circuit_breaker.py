@@ -21,7 +21,7 @@ from django.utils import timezone
 from apps.runs.models import RunStatus, Step
 from apps.runs.services import run_create, run_wait
 from apps.workers.health import DbWorkerHealth, worker_traffic
-from apps.workers.models import BreakerState, WorkerHealth
+from apps.workers.models import BreakerState, WorkerBreaker
 from tests.fakes.openai_server import openai_error
 from tests.fixtures.runs import CONDUCTOR_MODEL
 
@@ -77,7 +77,7 @@ def test_a_worker_failing_5_times_is_skipped_then_probed_back(
     assert calls_when_down >= 5
 
     # Recorded by whichever process ran the runs; read here from the shared database.
-    breaker = WorkerHealth.objects.get(worker=solver)
+    breaker = WorkerBreaker.objects.get(worker=solver)
     assert breaker.state == BreakerState.OPEN
     assert breaker.consecutive_failures == 5
     assert DbWorkerHealth().unavailable(["fake-solver", "fake-critic"]) == {"fake-solver"}
@@ -98,7 +98,7 @@ def test_a_worker_failing_5_times_is_skipped_then_probed_back(
 
     # The provider is back and the cool-down is over (moved back rather than waited for).
     down["on"] = False
-    WorkerHealth.objects.filter(worker=solver).update(
+    WorkerBreaker.objects.filter(worker=solver).update(
         opened_at=timezone.now() - timedelta(seconds=settings.CIRCUIT_COOLDOWN_S + 1)
     )
     assert DbWorkerHealth().unavailable(["fake-solver"]) == set()  # due a probe
@@ -122,7 +122,7 @@ def test_only_failures_that_say_the_provider_is_down_count(
     fake_pool.server.responder = lambda req: openai_error("bad_request")  # our request, not their outage
     for _ in range(6):
         assert _run(owner, fake_pool.pool).status == RunStatus.FAILED
-    assert not WorkerHealth.objects.filter(worker=solver, state=BreakerState.OPEN).exists()
+    assert not WorkerBreaker.objects.filter(worker=solver, state=BreakerState.OPEN).exists()
     assert DbWorkerHealth().unavailable(["fake-solver"]) == set()
 
 
@@ -131,10 +131,49 @@ def test_only_one_process_claims_the_half_open_probe(fake_pool: Any) -> None:
     health = DbWorkerHealth()
     for _ in range(5):
         health.record("fake-solver", ok=False, latency_ms=None)
-    assert WorkerHealth.objects.get(worker=solver).state == BreakerState.OPEN
+    assert WorkerBreaker.objects.get(worker=solver).state == BreakerState.OPEN
     assert health.admit("fake-solver") is False  # cooling down
-    WorkerHealth.objects.filter(worker=solver).update(opened_at=timezone.now() - timedelta(days=1))
+    WorkerBreaker.objects.filter(worker=solver).update(opened_at=timezone.now() - timedelta(days=1))
     assert [health.admit("fake-solver") for _ in range(3)] == [True, False, False]
     health.record("fake-solver", ok=False, latency_ms=None)  # the probe failed: open again
-    assert WorkerHealth.objects.get(worker=solver).state == BreakerState.OPEN
+    assert WorkerBreaker.objects.get(worker=solver).state == BreakerState.OPEN
     assert health.admit("fake-solver") is False
+
+
+def test_pool_page_and_metrics_show_health_from_traffic(
+    fake_pool: Any, policy_admin: Any, settings: Any
+) -> None:
+    from django.test import Client
+    from django.urls import reverse
+    from prometheus_client.parser import text_string_to_metric_families
+
+    health = DbWorkerHealth()
+    for slug in ("fake-planner", "fake-critic", "fake-conductor"):  # served runs, never checked
+        health.record(slug, ok=True, latency_ms=100.0)
+        health.record(slug, ok=True, latency_ms=300.0)
+    for _ in range(5):
+        health.record("fake-solver", ok=False, latency_ms=None)
+
+    client = Client()
+    client.force_login(policy_admin)
+    page = client.get(reverse("workers:pool_detail", args=[fake_pool.pool.slug])).content.decode()
+    # Before issue 44 this read "not checked · 4 of 4 workers not passing" after any traffic.
+    assert 'data-state="ready"' in page and "not checked" not in page
+    assert 'data-testid="traffic-fake-solver" data-breaker="open"' in page
+    assert "circuit open" in page and "0% of the last 5 calls answered" in page
+    assert "100% of the last 2 calls answered · p50 100 ms · p95 300 ms" in page
+    assert "1 of 4 workers not passing" in page and "is down: its last 5 calls failed" in page
+
+    settings.METRICS_BEARER_TOKEN = "metrics-token-for-tests"
+    resp = client.get("/metrics", HTTP_AUTHORIZATION="Bearer metrics-token-for-tests")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(resp.content.decode())
+        for s in f.samples
+    }
+    assert samples[("conductor_worker_circuit_state", (("state", "open"), ("worker", "fake-solver")))] == 1
+    assert samples[("conductor_worker_circuit_state", (("state", "closed"), ("worker", "fake-critic")))] == 1
+    assert samples[("conductor_worker_success_ratio", (("worker", "fake-solver"),))] == 0
+    assert samples[("conductor_worker_latency_p95_seconds", (("worker", "fake-critic"),))] == pytest.approx(
+        0.3
+    )
