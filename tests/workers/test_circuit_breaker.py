@@ -177,3 +177,42 @@ def test_pool_page_and_metrics_show_health_from_traffic(
     assert samples[("conductor_worker_latency_p95_seconds", (("worker", "fake-critic"),))] == pytest.approx(
         0.3
     )
+
+
+def test_the_learned_router_offers_no_arm_on_an_open_worker(alpha: Any) -> None:
+    import uuid
+
+    from apps.engine.providers.gate import gate_without_policy
+    from apps.learning.arms import candidate_arms
+    from apps.learning.services import route
+    from apps.policies.services import effective_policy
+    from apps.workers.engine_adapter import build_engine_pool
+    from tests.factories.policies import publish_policy
+    from tests.learning.helpers import ArithGeoServer, build_pool
+
+    server = ArithGeoServer()
+    server.start()
+    try:
+        pool = build_pool(alpha, server)
+        publish_policy(alpha, {"learning": {"enabled": True}})
+        for _ in range(5):
+            DbWorkerHealth().record("geo", ok=False, latency_ms=None)
+        engine_pool = build_engine_pool(pool, gate=gate_without_policy())
+        effective = effective_policy(alpha)
+        arms, excluded = candidate_arms(
+            question="What is the capital of Peru?", pool=engine_pool, constraints=effective.spec.constraints
+        )
+        assert "single:geo" not in {a.id for a in arms} and "single:arith" in {a.id for a in arms}
+        assert [e.reason for e in excluded if e.arm == "single:geo"] == [
+            "circuit_open: its recent calls failed"
+        ]
+        decision = route(
+            run_id=uuid.uuid4(),
+            team_id=alpha.pk,
+            question="What is the capital of Peru?",
+            pool=engine_pool,
+            effective=effective,
+        )
+        assert "single:geo" not in {a["arm"] for a in decision.arms}
+    finally:
+        server.stop()
