@@ -32,8 +32,20 @@ def _cooldown() -> timedelta:
     return timedelta(seconds=float(settings.CIRCUIT_COOLDOWN_S))
 
 
-def _ids(keys: Iterable[str]) -> dict[str, int]:
-    return dict(Worker.objects.filter(slug__in=list(keys)).values_list("slug", "pk"))
+# slug -> pk: a worker's pk never changes and slugs are unique, so a process looks each up once
+# (a worker deleted and made again under its slug is looked up again: see ``_worker_id``).
+_PKS: dict[str, int] = {}
+
+
+def _worker_id(key: str, *, fresh: bool = False) -> int | None:
+    if not fresh and key in _PKS:
+        return _PKS[key]
+    pk = Worker.objects.filter(slug=key).values_list("pk", flat=True).first()
+    if pk is None:
+        _PKS.pop(key, None)
+    else:
+        _PKS[key] = pk
+    return pk
 
 
 class DbWorkerHealth:
@@ -47,15 +59,21 @@ class DbWorkerHealth:
         return set(rows.values_list("worker__slug", flat=True))
 
     def admit(self, key: str) -> bool:
-        row = WorkerBreaker.objects.filter(worker__slug=key).values_list("worker_id", "state").first()
-        if row is None or row[1] == BreakerState.CLOSED:
+        # One statement in the common case (closed, or no row yet: nothing is returned).
+        row = (
+            WorkerBreaker.objects.filter(worker__slug=key)
+            .exclude(state=BreakerState.CLOSED)
+            .values_list("worker_id", flat=True)
+            .first()
+        )
+        if row is None:
             return True
         now = timezone.now()
         due = now - _cooldown()
         # One probe per cool-down: whoever's UPDATE matches first sends it (a lost probe — its run
         # cancelled — is claimable again one cool-down later).
         claimed = (
-            WorkerBreaker.objects.filter(worker_id=row[0])
+            WorkerBreaker.objects.filter(worker_id=row)
             .filter(
                 Q(state=BreakerState.OPEN, opened_at__lte=due)
                 | Q(state=BreakerState.HALF_OPEN, probe_at__lte=due)
@@ -67,27 +85,29 @@ class DbWorkerHealth:
         return bool(claimed)
 
     def record(self, key: str, *, ok: bool, latency_ms: float | None) -> None:
-        worker_id = _ids([key]).get(key)
+        worker_id = _worker_id(key)
         if worker_id is None:
             return  # a worker deleted since the pool was built
-        _ensure_row(worker_id)
-        now = timezone.now()
-        call = WorkerCall.objects.create(worker_id=worker_id, ok=ok, latency_ms=latency_ms)
+        try:  # autocommit on the executor's threads: no savepoint (statements are counted)
+            call = WorkerCall.objects.create(worker_id=worker_id, ok=ok, latency_ms=latency_ms)
+        except IntegrityError:  # deleted, maybe made again under the same slug
+            worker_id = _worker_id(key, fresh=True)
+            if worker_id is None:
+                return
+            call = WorkerCall.objects.create(worker_id=worker_id, ok=ok, latency_ms=latency_ms)
         rows = WorkerBreaker.objects.filter(worker_id=worker_id)
         if ok:
-            closed = rows.exclude(state=BreakerState.CLOSED).update(
+            # Two statements per answered call (the INSERT above and this UPDATE, which matches a
+            # row only after failures): the /v1 statement budget counts them.
+            closed = rows.exclude(state=BreakerState.CLOSED, consecutive_failures=0).update(
                 state=BreakerState.CLOSED, consecutive_failures=0, opened_at=None, probe_at=None
             )
-            rows.update(consecutive_failures=0, calls=F("calls") + 1, last_success_at=now)
             if closed:
-                logger.info("circuit breaker: %s answered its probe, closed", key)
+                logger.info("circuit breaker: %s answered, closed", key)
         else:
-            rows.update(
-                consecutive_failures=F("consecutive_failures") + 1,
-                calls=F("calls") + 1,
-                failures=F("failures") + 1,
-                last_failure_at=now,
-            )
+            _ensure_row(worker_id)
+            now = timezone.now()
+            rows.update(consecutive_failures=F("consecutive_failures") + 1, last_failure_at=now)
             opened = rows.filter(state=BreakerState.HALF_OPEN).update(
                 state=BreakerState.OPEN, opened_at=now, probe_at=None
             )  # the probe failed: another cool-down
@@ -158,24 +178,29 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 def worker_traffic(worker_ids: Iterable[int]) -> dict[int, Traffic]:
-    """Traffic figures for the workers that have any recorded call."""
+    """Traffic figures for the workers that have any recorded call (no row: closed, never
+    failed; the breaker row is made at a worker's first failure)."""
+    ids = list(worker_ids)
+    called = set(WorkerCall.objects.filter(worker_id__in=ids).values_list("worker_id", flat=True).distinct())
+    breakers = {b.worker_id: b for b in WorkerBreaker.objects.filter(worker_id__in=called)}
     out: dict[int, Traffic] = {}
-    for row in WorkerBreaker.objects.filter(worker_id__in=list(worker_ids)):
+    for worker_id in sorted(called):
         recent = list(
-            WorkerCall.objects.filter(worker_id=row.worker_id)
+            WorkerCall.objects.filter(worker_id=worker_id)
             .order_by("-id")
             .values_list("ok", "latency_ms", "at")[:STATS_CALLS]
         )
         if not recent:
             continue
         latencies = sorted(lat for ok, lat, _ in recent if ok and lat is not None)
-        out[row.worker_id] = Traffic(
-            state=row.state,
+        breaker = breakers.get(worker_id)
+        out[worker_id] = Traffic(
+            state=breaker.state if breaker is not None else BreakerState.CLOSED.value,
             calls=len(recent),
             success_rate=sum(1 for ok, _, _ in recent if ok) / len(recent),
             p50_ms=_percentile(latencies, 0.5),
             p95_ms=_percentile(latencies, 0.95),
-            consecutive_failures=row.consecutive_failures,
+            consecutive_failures=breaker.consecutive_failures if breaker is not None else 0,
             last_ok=recent[0][0],
             last_call_at=recent[0][2],
         )

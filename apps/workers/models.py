@@ -163,11 +163,8 @@ class WorkerBreaker(models.Model):
     worker = models.OneToOneField(Worker, on_delete=models.CASCADE, primary_key=True, related_name="breaker")
     state = models.CharField(max_length=10, choices=BreakerState.choices, default=BreakerState.CLOSED)
     consecutive_failures = models.PositiveIntegerField(default=0)
-    calls = models.PositiveBigIntegerField(default=0)
-    failures = models.PositiveBigIntegerField(default=0)
     opened_at = models.DateTimeField(null=True, blank=True)
     probe_at = models.DateTimeField(null=True, blank=True)  # when the half-open probe went out
-    last_success_at = models.DateTimeField(null=True, blank=True)
     last_failure_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
