@@ -40,6 +40,7 @@ from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
 from apps.policies.budgets import budget_status
 from apps.policies.services import effective_policy
 from apps.tools.models import ToolCall
+from apps.workers.health import worker_traffic
 from apps.workers.models import Worker
 from conductor_web.telemetry import PROVIDER_NAMES
 
@@ -202,6 +203,7 @@ class DatabaseCollector(Collector):
                 [t["team__slug"] or "", t["qualified_name"], t["status"], t["source"]], int(t["n"])
             )
         yield tools
+        yield from _worker_health_families()
 
         audit = AuditEvent.objects.aggregate(top=Max("seq"), lag=Count("pk", filter=Q(seq__isnull=True)))
         yield GaugeMetricFamily(
@@ -214,6 +216,46 @@ class DatabaseCollector(Collector):
             "Audit events committed but not yet numbered",
             value=int(audit["lag"]),
         )
+
+
+def _worker_health_families() -> Iterator[Metric]:
+    """Each worker's circuit breaker and figures from its real calls (issue 44), and its last
+    explicit check: the same numbers the pool page shows."""
+    labels = ["worker"]
+    state = GaugeMetricFamily(
+        "conductor_worker_circuit_state", "1 for the breaker's current state", labels=["worker", "state"]
+    )
+    success = GaugeMetricFamily(
+        "conductor_worker_success_ratio", "Share of the recent real calls that answered", labels=labels
+    )
+    p50 = GaugeMetricFamily(
+        "conductor_worker_latency_p50_seconds", "Median latency of recent answers", labels=labels
+    )
+    p95 = GaugeMetricFamily(
+        "conductor_worker_latency_p95_seconds", "95th percentile of recent answers", labels=labels
+    )
+    checked = GaugeMetricFamily(
+        "conductor_worker_last_check_timestamp_seconds",
+        "When the last explicit health check ran, by its outcome",
+        labels=["worker", "status"],
+    )
+    workers = list(
+        Worker.objects.order_by("slug").values_list("pk", "slug", "health_status", "health_checked_at")
+    )
+    traffic = worker_traffic(pk for pk, *_ in workers)
+    for pk, slug, status, checked_at in workers:
+        if checked_at is not None:
+            checked.add_metric([slug, status], checked_at.timestamp())
+        t = traffic.get(pk)
+        if t is None:
+            continue
+        for name in ("closed", "open", "half_open"):
+            state.add_metric([slug, name], 1.0 if t.state == name else 0.0)
+        success.add_metric([slug], t.success_rate)
+        if t.p50_ms is not None and t.p95_ms is not None:
+            p50.add_metric([slug], t.p50_ms / 1000)
+            p95.add_metric([slug], t.p95_ms / 1000)
+    yield from (state, success, p50, p95, checked)
 
 
 def _registry() -> CollectorRegistry:

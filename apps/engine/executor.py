@@ -32,10 +32,11 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from apps.engine import outbound, threads
+from apps.engine import health, outbound, threads
 from apps.engine.answer import AnswerBlocked
 from apps.engine.events import EventType, RunStatus, StepStatus
 from apps.engine.generation import StepEnding, final_index, step_call_kwargs
+from apps.engine.health import CIRCUIT_OPEN, CircuitOpen
 from apps.engine.plan import Plan, PlanStep
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
 from apps.engine.providers.gate import ProviderRequestRefused
@@ -63,6 +64,13 @@ def build_messages(question: str, step: PlanStep, records: dict[int, StepRecord]
         messages.append({"role": "assistant", "content": rec.output or ""})
     messages.append({"role": "user", "content": step.instruction})
     return messages
+
+
+def _circuit_text(worker: Worker) -> str:
+    return (
+        f"{CIRCUIT_OPEN}: not called, the worker “{worker.info.name}” failed repeatedly in recent "
+        "calls and waits for its probe."
+    )
 
 
 @dataclass(slots=True)
@@ -247,6 +255,12 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             },
         )
         session.count_step()
+        if not health.admit(session.pool.health, worker.info.key):
+            # Known down (issue 44): not called, not waited on; its fallback may take the step.
+            now = time.monotonic()
+            att = _Attempt(next(_attempt_ids), step, worker, messages, now, now)
+            on_failure(att, CircuitOpen(_circuit_text(worker)), 0.0)
+            return
         launch(step, worker, messages, None)
 
     def fallback_for(att: _Attempt) -> Worker | None:
@@ -265,7 +279,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
         if allowed is not None and key not in allowed:
             return None
         gate = session.hooks.before_step(session.ctx, att.step, fb.info, session.totals())
-        return fb if gate.allowed else None
+        if not gate.allowed:
+            return None
+        return fb if health.admit(session.pool.health, key) else None
 
     def on_failure(att: _Attempt, error: ProviderError, elapsed_ms: float) -> None:
         if isinstance(error, ProviderRequestRefused):
@@ -315,6 +331,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
                     RunStatus.BLOCKED, "output_blocked", f"The answer was blocked: {error}{rule}"
                 )
             return
+        health.record(session.pool.health, att.worker.info.key, error=error, latency_ms=elapsed_ms)
         fb = fallback_for(att)
         if fb is not None and state.abort is None and not session.is_cancelled():
             logger.info(
@@ -327,7 +344,10 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             launch(att.step, fb, att.messages, att.worker.info.key)
             return
         timed_out = isinstance(error, ProviderTimeout)
-        status = StepStatus.TIMED_OUT if timed_out else StepStatus.FAILED
+        circuit_open = isinstance(error, CircuitOpen)
+        status = (
+            StepStatus.TIMED_OUT if timed_out else StepStatus.SKIPPED if circuit_open else StepStatus.FAILED
+        )
         finish(
             StepRecord(
                 att.step,
@@ -345,10 +365,11 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
         )
         if timed_out:
             session.add_usage(Usage(), None, False)
+        what = "timed out" if timed_out else "was skipped" if circuit_open else "failed"
         failure = RunAborted(
             RunStatus.FAILED,
-            "step_timed_out" if timed_out else "step_failed",
-            f"Step {att.step.index} ({att.worker.info.name}) {'timed out' if timed_out else 'failed'}: {error}",
+            "step_timed_out" if timed_out else CIRCUIT_OPEN if circuit_open else "step_failed",
+            f"Step {att.step.index} ({att.worker.info.name}) {what}: {error}",
         )
         if tolerant:
             tolerated.append(failure)  # a result the round goes on with (module docstring)
@@ -356,6 +377,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             state.abort = failure
 
     def on_success(att: _Attempt, result: WorkerResult, elapsed_ms: float) -> None:
+        if not result.replayed:  # a journaled answer is not a call
+            latency = result.latency_ms or elapsed_ms
+            health.record(session.pool.health, att.worker.info.key, error=None, latency_ms=latency)
         outbound.report(session, step=att.step.index, checks=result.outbound, blocked=False)
         session.add_usage(result.usage, result.cost_usd, result.priced)
         session.ctx.endings[att.step.index] = StepEnding(result.finish_reason, list(result.tool_calls))

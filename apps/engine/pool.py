@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from apps.engine.health import HealthPort, unavailable
 from apps.engine.providers.base import Worker
 from apps.engine.types import WorkerInfo
 
@@ -19,6 +20,8 @@ class WorkerPool:
     workers: list[Worker]
     default_index: int = 0
     conductor: Worker | None = None
+    # Per-worker circuit breakers shared across processes (apps.engine.health); None: no breaker.
+    health: HealthPort | None = None
     _by_key: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,3 +64,8 @@ class WorkerPool:
             return list(range(len(self.workers)))
         allowed = set(allowed_keys)
         return [i for i, w in enumerate(self.workers) if w.info.key in allowed]
+
+    def down_indices(self, indices: Sequence[int]) -> set[int]:
+        """The indices among ``indices`` whose worker's breaker is open (not due a probe)."""
+        down = unavailable(self.health, [self.workers[i].info.key for i in indices])
+        return {i for i in indices if self.workers[i].info.key in down}

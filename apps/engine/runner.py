@@ -7,7 +7,8 @@ Whatever happens — a provider outage, a blocked plan, cancellation, a bug — 
 exactly one `run.finished` event in a defined terminal state, and `run_request` returns a
 `RunResult` instead of raising. Reasons (`RunResult.reason`, `run.finished.reason`):
 completed, input_blocked, plan_blocked, step_blocked[:<cap>], step_output_blocked,
-outbound_blocked (the outbound gate refused a provider request), output_blocked, step_failed, step_timed_out, no_answer, cancelled, run_timeout, provider_error,
+outbound_blocked (the outbound gate refused a provider request), output_blocked, step_failed, step_timed_out,
+circuit_open (the step's worker is known down: apps.engine.health), no_answer, cancelled, run_timeout, provider_error,
 internal_error.
 """
 
@@ -304,8 +305,9 @@ def _released(session: RunSession) -> dict[str, Any]:
 
 
 # Run endings a partial answer may stand in for: a step that failed after its retries and
-# fallback. Not a block (a rule said no), a cancel (the user said stop) or the run's deadline.
-_PARTIAL_REASONS = frozenset({"step_failed", "step_timed_out"})
+# fallback, or one skipped because its worker is known down (issue 44). Not a block (a rule said
+# no), a cancel (the user said stop) or the run's deadline.
+_PARTIAL_REASONS = frozenset({"step_failed", "step_timed_out", "circuit_open"})
 
 
 def _partial_answer(session: RunSession, stop: RunAborted) -> StepRecord | None:

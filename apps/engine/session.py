@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from apps.engine import outbound, threads
+from apps.engine import health, outbound, threads
 from apps.engine.answer import AnswerStream, buffered
 from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
 from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
@@ -282,6 +282,7 @@ class RunSession:
             raise ProviderError("No conductor model is configured for this pool.")
         self.checkpoint()
         timeout = max(0.001, min(self.limits.step_timeout_s, worker.info.timeout_s, self.remaining()))
+        started = time.monotonic()
         try:
             result = call_in_thread(
                 lambda: worker.complete(
@@ -301,9 +302,16 @@ class RunSession:
             raise RunAborted(
                 RunStatus.BLOCKED, outbound.BLOCKED_REASON, f"The planning request was blocked: {refused}"
             ) from None
-        except ProviderTimeout:
+        except ProviderTimeout as err:
+            health.record(self.pool.health, worker.info.key, error=err, latency_ms=None)
             self.checkpoint()  # the run deadline, not just the call, may be what ran out
             raise
+        except ProviderError as err:
+            health.record(self.pool.health, worker.info.key, error=err, latency_ms=None)
+            raise
+        if not result.replayed:  # the planning call feeds the conductor's breaker too (issue 44)
+            latency = result.latency_ms or (time.monotonic() - started) * 1000
+            health.record(self.pool.health, worker.info.key, error=None, latency_ms=latency)
         outbound.report(self, step=None, checks=result.outbound, blocked=False)
         self.add_usage(result.usage, result.cost_usd, result.priced)
         return result

@@ -74,7 +74,10 @@ def _allowed(session: RunSession) -> list[int]:
     allowed = session.pool.allowed_indices(session.limits.allowed_workers)
     if not allowed:
         raise ProviderError("No worker in the pool is allowed by the limits in force.")
-    return allowed
+    # A worker whose breaker is open is left out of the planner's list (issue 44), unless every
+    # allowed one is: then the steps themselves are skipped with `circuit_open`.
+    down = session.pool.down_indices(allowed)
+    return [i for i in allowed if i not in down] or allowed
 
 
 def _default_worker(session: RunSession) -> int:

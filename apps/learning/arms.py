@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from apps.engine.health import CIRCUIT_OPEN, unavailable
 from apps.engine.providers.pricing import price_call
 from apps.engine.strategies import PRESETS
 from apps.engine.types import Usage, WorkerInfo
@@ -67,6 +68,14 @@ def candidate_arms(
             excluded.append(Excluded(f"single:{info.key}", problem[1]))
             continue
         allowed.append((info, getattr(worker, "base_url", None)))
+    health = getattr(pool, "health", None)
+    # A worker whose circuit breaker is open is no arm (issue 44), unless every allowed one is.
+    down = unavailable(health, [info.key for info, _ in allowed])
+    if down and len(down) < len(allowed):
+        excluded.extend(
+            Excluded(f"single:{key}", f"{CIRCUIT_OPEN}: its recent calls failed") for key in sorted(down)
+        )
+        allowed = [(info, url) for info, url in allowed if info.key not in down]
 
     arms: list[Arm] = [
         Arm(
@@ -112,6 +121,9 @@ def candidate_arms(
                 continue
             if conductor is None:
                 excluded.append(Excluded(arm_id, "the pool has no conductor model"))
+                continue
+            if unavailable(health, [conductor.info.key]):
+                excluded.append(Excluded(arm_id, f"{CIRCUIT_OPEN}: its conductor's recent calls failed"))
                 continue
             steps = min(preset.max_steps, max_steps or preset.max_steps) * preset.max_depth
             plan_cost = _call_cost(conductor.info, getattr(conductor, "base_url", None), q_tokens + 400)

@@ -16,6 +16,7 @@ from apps.engine.providers import OutboundGate, build_worker
 from apps.engine.providers import Worker as EngineWorker
 from apps.engine.types import WorkerInfo
 from apps.workers.egress import egress_policy, static_url_refusal
+from apps.workers.health import DbWorkerHealth
 from apps.workers.secrets import SecretError, key_status, resolve_api_key
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ def build_engine_pool(pool: Pool, rows: PoolRows | None = None, *, gate: Outboun
         conductor=conductor,
         preset_conductors=presets,
         unavailable_presets=unavailable,
+        health=DbWorkerHealth(),  # every call feeds, and open breakers steer, the run (issue 44)
     )
 
 

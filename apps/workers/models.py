@@ -148,3 +148,39 @@ class PoolWorker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool} #{self.position}: {self.worker}"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed", "Closed"
+    OPEN = "open", "Open"
+    HALF_OPEN = "half_open", "Half-open (probing)"
+
+
+class WorkerBreaker(models.Model):
+    """A worker's circuit breaker, fed by every provider call of every process (issue 44;
+    ``apps.workers.health``). Counters move by conditional UPDATEs so concurrent calls lose none."""
+
+    worker = models.OneToOneField(Worker, on_delete=models.CASCADE, primary_key=True, related_name="breaker")
+    state = models.CharField(max_length=10, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probe_at = models.DateTimeField(null=True, blank=True)  # when the half-open probe went out
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}: {self.state}"
+
+
+class WorkerCall(models.Model):
+    """One ended provider call (a bounded recent window per worker: success rate, p50/p95)."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="+")
+    ok = models.BooleanField()
+    latency_ms = models.FloatField(null=True, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["worker", "-id"], name="workercall_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id}: {'ok' if self.ok else 'failed'}"

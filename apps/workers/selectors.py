@@ -17,6 +17,7 @@ from apps.governance.access_version import AccessCache
 from apps.governance.models import Team
 from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers.engine_adapter import worker_unavailable_reason
+from apps.workers.health import Traffic, worker_traffic
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, HealthStatus, Pool, PoolWorker, Provider, Worker
 from conductor_web.lru import Lru
 
@@ -115,6 +116,7 @@ class WorkerHealth:
     role: str  # "worker" or "conductor"
     state: str  # passing | failing | unchecked | unavailable
     reason: str  # plain words why it does not pass ("" when it does); never a key
+    traffic: Traffic | None = None  # from its real calls (issue 44); None before its first call
 
     @property
     def passing(self) -> bool:
@@ -138,44 +140,75 @@ class PoolHealth:
         return [w for w in self.workers if not w.passing]
 
 
-def worker_health(worker: Worker, *, role: str = "worker") -> WorkerHealth:
+def worker_health(worker: Worker, *, role: str = "worker", traffic: Traffic | None = None) -> WorkerHealth:
+    """From the last explicit check and, since issue 44, the worker's real calls: an open circuit
+    breaker fails it whatever the check said; a closed one that answered recent calls passes it
+    when no check says otherwise (a pool that served runs is no longer "not checked")."""
     name = worker.display_name
     reason = worker_unavailable_reason(worker)
     if reason:
-        return WorkerHealth(worker, role, UNAVAILABLE, reason)
+        return WorkerHealth(worker, role, UNAVAILABLE, reason, traffic)
+    if traffic is not None and traffic.state != "closed":
+        return WorkerHealth(
+            worker,
+            role,
+            FAILING,
+            f"“{name}” is down: its last {traffic.consecutive_failures} calls failed (circuit {traffic.state}).",
+            traffic,
+        )
     if worker.health_status == HealthStatus.OK:
-        return WorkerHealth(worker, role, PASSING, "")
+        return WorkerHealth(worker, role, PASSING, "", traffic)
+    served = traffic is not None and traffic.last_ok
     if worker.health_status == HealthStatus.UNKNOWN:
-        return WorkerHealth(worker, role, UNCHECKED, f"“{name}” has not been checked yet.")
+        if served:
+            return WorkerHealth(worker, role, PASSING, "", traffic)
+        return WorkerHealth(worker, role, UNCHECKED, f"“{name}” has not been checked yet.", traffic)
+    if (
+        served
+        and traffic is not None
+        and worker.health_checked_at
+        and traffic.last_call_at > worker.health_checked_at
+    ):
+        return WorkerHealth(worker, role, PASSING, "", traffic)  # answered since the failed check
     detail = worker.health_detail or "no detail recorded"
     when = f" ({worker.health_checked_at:%Y-%m-%d %H:%M} UTC)" if worker.health_checked_at else ""
-    return WorkerHealth(worker, role, FAILING, f"“{name}” failed its last health check{when}: {detail}")
+    return WorkerHealth(
+        worker, role, FAILING, f"“{name}” failed its last health check{when}: {detail}", traffic
+    )
 
 
 def pool_health(pool: Pool, entries: list[PoolWorker] | None = None) -> PoolHealth:
-    """The pool's readiness from its workers' last health checks (no request is sent here)."""
+    """The pool's readiness from its workers' last health checks and real calls (no request is
+    sent here)."""
     if entries is None:
         entries = pool_entries(pool)
     if not pool.enabled:
         return PoolHealth(UNAVAILABLE, f"The pool “{pool.name}” is disabled.", ())
     if not entries:
         return PoolHealth(UNAVAILABLE, f"The pool “{pool.name}” has no workers.", ())
-    workers = [worker_health(e.worker) for e in entries]
+    presets_own = pool.own_preset_conductors()
+    ids = (
+        [e.worker_id for e in entries]
+        + [pool.conductor_worker_id or 0]
+        + [w.pk for w in presets_own.values()]
+    )
+    traffic = worker_traffic(ids)
+    workers = [worker_health(e.worker, traffic=traffic.get(e.worker_id)) for e in entries]
     conductor = pool.conductor_worker
     cond: WorkerHealth | None = None
     if conductor is not None:
         # The conductor plans every run: when it fails, no run starts, whoever else passes.
         cond = next((w for w in workers if w.worker.pk == conductor.pk), None)
         if cond is None:
-            cond = worker_health(conductor, role="conductor")
+            cond = worker_health(conductor, role="conductor", traffic=traffic.get(conductor.pk))
             workers.append(cond)
     # A preset's own conductor plans that preset only: failing, it makes that preset unavailable.
     presets_unavailable: list[tuple[str, str]] = []
-    for preset, own in pool.own_preset_conductors().items():
+    for preset, own in presets_own.items():
         role = f"conductor-{preset}"
         h = next((w for w in workers if w.worker.pk == own.pk), None)
         if h is None or h.role != "worker":
-            h = worker_health(own, role=role)
+            h = worker_health(own, role=role, traffic=traffic.get(own.pk))
             workers.append(h)
         if not h.passing:
             presets_unavailable.append((role, f"The conductor of {role}: {h.reason}"))

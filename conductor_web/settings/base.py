@@ -273,6 +273,11 @@ if WEB_PROCESSES > 1 and (not REDIS_URL or DATABASES["default"]["ENGINE"].endswi
         "sees only the runs of its own process"
     )
 RUN_TIMEOUT_S = env.int("RUN_TIMEOUT_S", default=600)
+# Per-worker circuit breaker from traffic (issue 44, docs/operations.md "Circuit breaker").
+CIRCUIT_FAILURES = env.int("CIRCUIT_FAILURES", default=5)  # consecutive down-failures that open it
+CIRCUIT_ERROR_RATE = env.float("CIRCUIT_ERROR_RATE", default=0.5)  # ...or this share of the window
+CIRCUIT_WINDOW = env.int("CIRCUIT_WINDOW", default=20)  # recent calls the error rate is taken over
+CIRCUIT_COOLDOWN_S = env.float("CIRCUIT_COOLDOWN_S", default=30.0)  # open, then one probe
 # A run still `running` this long after its deadline is swept to `timed_out` (dead worker).
 RUN_SWEEP_GRACE_S = env.int("RUN_SWEEP_GRACE_S", default=60)
 RUN_SWEEP_INTERVAL_S = env.int("RUN_SWEEP_INTERVAL_S", default=30)
