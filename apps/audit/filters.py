@@ -46,7 +46,16 @@ def _parse_moment(value: str, *, end_of_day: bool) -> dt.datetime:
         moment = dt.datetime.combine(day + dt.timedelta(days=1) if end_of_day else day, dt.time.min)
     if timezone.is_naive(moment):
         moment = timezone.make_aware(moment, dt.UTC)
-    return moment
+    return as_utc(moment)
+
+
+def as_utc(moment: dt.datetime) -> dt.datetime:
+    """The moment in UTC: PostgreSQL refuses offsets past ±15:59 that ISO 8601 parsers accept
+    (schemathesis sent -23:38); ``ValueError`` when UTC falls outside the years datetime holds."""
+    try:
+        return moment.astimezone(dt.UTC)
+    except OverflowError:
+        raise ValueError(f"{moment.isoformat()} is out of range") from None
 
 
 def _apply(qs: QuerySet[AuditEvent], name: str, value: str) -> QuerySet[AuditEvent]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 
-from apps.tools.models import Tool, ToolServer, ToolVersion
+from apps.tools.models import Tool, ToolCall, ToolServer, ToolVersion
 
 
 def servers_for_team(team: Any) -> QuerySet[ToolServer]:
@@ -64,10 +64,6 @@ STATUS_COLUMNS = ("succeeded", "failed", "refused", "blocked", "held", "pending_
 
 def tool_call_counts(team_ids: list[int], start: Any, end: Any) -> list[dict[str, Any]]:
     """Per tool: calls by status in [start, end) for the given teams (the /insights/ table)."""
-    from django.db.models import Count
-
-    from apps.tools.models import ToolCall
-
     rows: dict[str, dict[str, Any]] = {}
     for r in (
         ToolCall.objects.filter(team_id__in=team_ids, created_at__gte=start, created_at__lt=end)

@@ -16,6 +16,7 @@ from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.api.v1.shaping import run_url
+from apps.audit.filters import as_utc
 from apps.audit.services import run_review
 from apps.runs import approvals, search
 from apps.runs import selectors as run_filters
@@ -242,8 +243,10 @@ class RunFilter(django_filters.FilterSet):
     pool = django_filters.CharFilter(field_name="pool__slug", help_text="pool slug")
     review_status = django_filters.ChoiceFilter(choices=ReviewStatus.choices)
     worker = django_filters.CharFilter(method="filter_worker", help_text="worker key used by any step")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = django_filters.IsoDateTimeFilter(
+        method="filter_moment", help_text="created at or after (ISO 8601)"
+    )
+    until = django_filters.IsoDateTimeFilter(method="filter_moment", help_text="created before (ISO 8601)")
     q = django_filters.CharFilter(
         method="filter_text",
         help_text="Full-text search: every word in the question, or in the answer where you may see "
@@ -268,6 +271,13 @@ class RunFilter(django_filters.FilterSet):
     def filter_worker(self, qs: Any, name: str, value: str) -> Any:
         # A subquery on the (worker_key, run) index instead of a row-duplicating join.
         return qs.filter(pk__in=Step.objects.filter(worker_key=value).values("run_id"))
+
+    def filter_moment(self, qs: Any, name: str, value: Any) -> Any:
+        try:
+            moment = as_utc(value)
+        except ValueError as exc:
+            raise ValidationError({name: [f"Enter a date and time within range ({exc})."]}) from None
+        return qs.filter(**{"created_at__gte" if name == "since" else "created_at__lt": moment})
 
     def filter_text(self, qs: Any, name: str, value: str) -> Any:
         if len(value) > search.MAX_QUERY_CHARS:
