@@ -203,9 +203,13 @@ def drain_outbox(limit: int = 100) -> int:
                 RunDispatch.objects.filter(pk=pk, dispatched_by=owner).update(
                     dispatched_at=None, dispatched_by="", next_attempt_at=None
                 )
+    # A row never tried is its creator's to hand off on commit: taking it at once raced that
+    # hand-off, and another server ran a run its creator was about to run (seen in the survival
+    # tests); after the grace the creator is presumed gone.
+    fresh = now - timedelta(seconds=settings.RUN_DISPATCH_GRACE_S)
     pending = list(
         RunDispatch.objects.filter(dispatched_at__isnull=True)
-        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+        .filter(Q(next_attempt_at__isnull=True, created_at__lte=fresh) | Q(next_attempt_at__lte=now))
         .order_by("created_at")
         .values_list("pk", "run__request_id")[:limit]
     )

@@ -337,6 +337,9 @@ CELERY_BEAT_SCHEDULE["audit-sth-publish"] = {
 RUN_LEASE_S = env.float("RUN_LEASE_S", default=10.0)
 RUN_REAP_INTERVAL_S = env.float("RUN_REAP_INTERVAL_S", default=2.0)
 RUN_MAX_ATTEMPTS = env.int("RUN_MAX_ATTEMPTS", default=3)
+# A fresh outbox row is its creator's to hand off (on commit); other processes' drains take
+# it only after this long (a creator that died between commit and hand-off).
+RUN_DISPATCH_GRACE_S = env.float("RUN_DISPATCH_GRACE_S", default=5.0)
 RUN_EXECUTOR_NODE = env.str("RUN_EXECUTOR_NODE", default="")  # default: the host name
 CELERY_RUN_QUEUE = env.str("CELERY_RUN_QUEUE", default="")  # default: CELERY_TASK_DEFAULT_QUEUE
 # Fail a publish fast when the broker is down: the outbox keeps the run, the request returns.

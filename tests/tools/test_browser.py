@@ -105,7 +105,7 @@ def test_register_grant_watch_a_run_call_a_tool_live_and_approve_a_call(
     asker.select_option("[data-testid=strategy-select]", "conductor-mini")
     asker.select_option("[data-testid=pool-select]", label="Fake pool")
     asker.click("[data-testid=run-submit]")
-    asker.wait_for_selector("[data-run-view][data-connected=true]")
+    asker.wait_for_selector("[data-run-view][data-connected=true]", timeout=60_000)  # loaded CI machine
     added = asker.wait_for_selector("[data-testid=tool-node-0-0]", timeout=60_000)
     assert "crm.add — succeeded" in (added.text_content() or "")
     held = asker.wait_for_selector("[data-testid=tool-node-0-1]")
