@@ -8,6 +8,7 @@ set -uo pipefail
 BIN=.venv/bin
 REPORTS=var/test-reports
 mkdir -p "$REPORTS"
+rm -f "$REPORTS/distributed.xml" "$REPORTS/embedded.xml"  # a stale report must not be summarised
 PYTEST=("$BIN/python" -m pytest --durations=25)
 
 DIST_DATABASE_URL=${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/conductor}
@@ -52,5 +53,7 @@ CONDUCTOR_PHASE=embedded env -u DATABASE_URL -u REDIS_URL -u CELERY_BROKER_URL \
   "${PYTEST[@]}" --junitxml="$REPORTS/embedded.xml" "$@" || { rc=$?; [ $status -eq 0 ] && status=$rc; }
 echo "make test: embedded phase took $((SECONDS - started)) s"
 
+echo "=== make test: summary ==="
+python3 scripts/junit_summary.py "$REPORTS/distributed.xml" "$REPORTS/embedded.xml"
 if [ $status -ne 0 ]; then echo "make test: FAILED (exit $status)"; else echo "make test: both phases passed"; fi
 exit $status
