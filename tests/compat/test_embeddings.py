@@ -62,7 +62,7 @@ def test_sync_sdk_embeds_float_and_base64_with_usage_and_an_audit_row_of_digests
     assert result.model == "embed" and result.object == "list"
     assert [d.index for d in result.data] == [0, 1]
     assert [d.embedding for d in result.data] == [embedding_of(t) for t in texts]
-    assert result.usage.prompt_tokens == 8 and result.usage.total_tokens == 8
+    assert result.usage.prompt_tokens == 9 and result.usage.total_tokens == 9  # 4 + 5 words
     request_id = raw.headers["x-request-id"]
     # The SDK's default asks for base64 and decodes it: the same vectors.
     default = sdk.embeddings.create(model="embed", input="the quick brown fox")
@@ -73,8 +73,8 @@ def test_sync_sdk_embeds_float_and_base64_with_usage_and_an_audit_row_of_digests
     row = AuditEvent.objects.get(event_type="embedding.created", payload__request_id=request_id)
     assert row.payload["input_sha256"] == [hashlib.sha256(t.encode()).hexdigest() for t in texts]
     assert row.payload["pool"] == "embed" and row.payload["worker"] == "fake-embedder"
-    assert row.payload["prompt_tokens"] == 8 and row.payload["vectors"] == 2
-    stored = json.dumps(row.payload) + json.dumps(row.after or {})
+    assert row.payload["prompt_tokens"] == 9 and row.payload["vectors"] == 2
+    stored = json.dumps(row.payload)
     assert "quick brown" not in stored and str(embedding_of(texts[0])[0]) not in stored
 
 
