@@ -206,6 +206,31 @@ def test_scope_budget_and_token_limits_refuse_before_the_provider(
     assert len(fake_pool.server.embedding_requests()) == 1  # only the first runner call
 
 
+def test_embedding_spend_counts_against_the_team_budget(
+    fake_pool: Any, sdk: openai.OpenAI, alpha: Any, owner: Any
+) -> None:
+    from apps.runs.services import RunRefused, run_create
+
+    # $0.50 per input token: one call of 3 tokens spends a $1 daily budget.
+    worker = worker_create(
+        actor=None, provider=fake_pool.provider, slug="dear-embedder", display_name="Dear", model_name=EMBED_MODEL,
+        input_price_per_mtok="500000", output_price_per_mtok="500000",
+    )  # fmt: skip
+    pool_create(actor=None, team=alpha, slug="dear", name="Dear", workers=[worker], default_worker=worker)
+    publish_policy(alpha, {"budgets": {"daily": {"hard_usd": "1.00"}}})
+    sdk.embeddings.create(model="dear", input="one two three")
+    with pytest.raises(openai.RateLimitError) as spent:
+        sdk.embeddings.create(model="dear", input="again")
+    assert (
+        spent.value.body["code"] == "budget_exhausted"
+        and "daily budget ($1.00)" in spent.value.body["message"]
+    )
+    with pytest.raises(RunRefused) as refused:  # runs share the budget the embeddings spent
+        run_create(actor=owner, team=alpha, pool=fake_pool.pool, question="hello", source="playground")
+    assert refused.value.code == "budget_exhausted"
+    assert len(fake_pool.server.embedding_requests()) == 1
+
+
 def test_a_provider_failure_is_a_named_5xx_in_openai_shape_without_the_key(
     fake_pool: Any, embed_pool: Pool, sdk: openai.OpenAI
 ) -> None:
@@ -261,3 +286,29 @@ def test_unknown_model_404s_suggest_close_names_the_key_may_use(
         timeout=30,
     )
     assert far.status_code == 404 and "Did you mean" not in far.json()["error"]["message"]
+
+
+# --- the local model embeds -------------------------------------------------------------------------
+
+
+def test_local_pool_refuses_dimensions_by_name(local_pool: Any, sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.embeddings.create(model="local", input="hi", dimensions=8)
+    assert err.value.body["param"] == "dimensions" and "local" in err.value.body["message"]
+
+
+@pytest.mark.slow
+def test_local_model_embeds_through_the_policy(local_pool: Any, sdk: openai.OpenAI, alpha: Any) -> None:
+    publish_policy(
+        alpha, {"guardrails": {"input": {"pii": {"enabled": True, "action": "redact", "types": ["card"]}}}}
+    )
+    texts = ["Paris is the capital of France.", f"card {CARD}", "card 5555 5555 5555 4444"]
+    result = sdk.embeddings.create(model="local", input=texts, encoding_format="float")
+    vectors = [d.embedding for d in result.data]
+    assert len(vectors) == 3 and len({len(v) for v in vectors}) == 1 and len(vectors[0]) > 8
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in vectors)  # unit length, as OpenAI's
+    assert result.usage.prompt_tokens > 0 and result.usage.total_tokens == result.usage.prompt_tokens
+    # Both cards were masked before the model read them: the two texts embed the same.
+    assert vectors[1] == pytest.approx(vectors[2])
+    row = AuditEvent.objects.get(event_type="embedding.created")
+    assert row.payload["provider_kind"] == "local" and row.payload["cost_usd"] == "0"

@@ -53,7 +53,7 @@ from apps.engine.types import EmbeddingResult
 from apps.policies.outbound import outbound_gate
 from apps.runs import integration
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker
-from apps.workers.models import Worker
+from apps.workers.models import EmbeddingSpend, Worker
 from conductor_web.executor_db import off_loop
 
 logger = logging.getLogger(__name__)
@@ -223,6 +223,16 @@ def _audit(
     if refusal is not None:
         payload["refusal"] = refusal
     with transaction.atomic():
+        if result is not None:
+            # What the team's budgets count (apps.runs.policy_ports.team_spend), with its record.
+            EmbeddingSpend.objects.create(
+                team=key.team,
+                pool=target.pool,
+                worker=worker,
+                request_id=request_id[:64],
+                input_tokens=result.usage.input_tokens,
+                cost_usd=result.cost_usd,
+            )
         audit_record(
             event_type=event,
             actor=key.created_by,
