@@ -332,7 +332,13 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
         raise OpenAIError(
             429, exc.message, type_="insufficient_quota", code="budget_exhausted", param=None, headers=headers
         ) from None
-    audit_kw = {"key": key, "req": req, "request_id": state.request_id, "target": target, "worker": worker}
+    audit_kw: dict[str, Any] = {
+        "key": key,
+        "req": req,
+        "request_id": state.request_id,
+        "target": target,
+        "worker": worker,
+    }
     checks: list[CheckResult] = []
     try:
         inputs, checks = _length_checks(policy.effective, req.inputs)
