@@ -67,6 +67,14 @@ class _Loaded:
 
 _MODELS: dict[tuple[str, int, int], _Loaded] = {}
 _MODELS_LOCK = threading.Lock()
+# The local slot: one computation at a time per model file, whichever context runs it (generation
+# or embedding): on a small CPU two llama contexts at once only slow each other down.
+_SLOTS: dict[str, threading.Lock] = {}
+
+
+def _slot(path: str) -> threading.Lock:
+    """The lock of ``path``'s slot (called with ``_MODELS_LOCK`` held)."""
+    return _SLOTS.setdefault(path, threading.Lock())
 
 
 @atexit.register
@@ -124,14 +132,15 @@ def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAUL
             model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
         )
         logger.info("loaded local model %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, threading.Lock(), key[0], _prompt_counter(llm))
+        loaded = _Loaded(llm, _slot(key[0]), key[0], _prompt_counter(llm))
         _MODELS[key] = loaded
         return loaded
 
 
 # The embedding model (``/v1/embeddings`` on a local worker): a second llama context over the same
 # GGUF file, made with ``embedding=True`` (a generation context cannot embed), loaded on the first
-# embeddings request and kept: one per (model file, threads) per process.
+# embeddings request and kept: one per (model file, threads) per process. It shares the file's slot
+# with the generation contexts: an embedding waits for a generation to finish, and the reverse.
 EMBED_N_CTX = 512
 _EMBEDDERS: dict[tuple[str, int], _Loaded] = {}
 
@@ -162,7 +171,7 @@ def load_embedder(path: str, *, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
             verbose=False,
         )
         logger.info("loaded local embedder %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, threading.Lock(), key[0], lambda messages: 0)
+        loaded = _Loaded(llm, _slot(key[0]), key[0], lambda messages: 0)
         _EMBEDDERS[key] = loaded
         return loaded
 
