@@ -239,6 +239,38 @@ V1_COMPONENTS: dict[str, Any] = {
         },
         ["id", "type", "role", "model", "content"],
     ),
+    "V1EmbeddingRequest": _obj(
+        {
+            "model": {**_STR, "description": "A pool (its default worker embeds), as on /v1/models."},
+            "input": {
+                "oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 2048}],
+                "description": "Text or texts; token arrays are refused (the input policy reads text).",
+            },
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {**_INT, "minimum": 1, "description": "OpenAI and OpenAI-compatible workers only."},
+            "user": _STR,
+        },
+        ["model", "input"],
+    ),
+    "V1EmbeddingList": _obj(
+        {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "object": {"type": "string", "enum": ["embedding"]},
+                        "index": _INT,
+                        "embedding": {"oneOf": [{"type": "array", "items": _NUM}, _STR]},
+                    },
+                    ["object", "index", "embedding"],
+                ),
+            },
+            "model": _STR,
+            "usage": _obj({"prompt_tokens": _INT, "total_tokens": _INT}),
+        },
+        ["object", "data", "model", "usage"],
+    ),
     "V1FeedbackRequest": _obj(
         {
             "run_id": {**_STR, "format": "uuid", "description": "A run of the key's team."},
@@ -362,6 +394,14 @@ def v1_paths() -> dict[str, Any]:
                 request="V1MessagesRequest",
                 error="V1AnthropicError",
                 stream=True,
+            )
+        },
+        "/v1/embeddings": {
+            "post": _operation(
+                "v1_embeddings_create",
+                "OpenAI Embeddings: the pool's default worker, through the team's input policy",
+                "V1EmbeddingList",
+                request="V1EmbeddingRequest",
             )
         },
         "/v1/feedback": {"post": _feedback_operation()},

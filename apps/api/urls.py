@@ -10,7 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from apps.api import views
 from apps.api.rest import audit, keys, policies, pools, runs, teams
-from apps.api.v1 import chat, messages, responses
+from apps.api.v1 import chat, embeddings, messages, responses
 from apps.api.v1 import feedback as v1_feedback
 from apps.api.v1.errors import error_response, unknown_url_error
 from apps.feedback import views as feedback_views
@@ -41,6 +41,7 @@ V1_ENDPOINTS = [
     "POST /v1/responses",
     "GET /v1/responses/{response_id}",
     "POST /v1/messages",
+    "POST /v1/embeddings",
     "POST /v1/feedback",
 ]
 
@@ -58,6 +59,7 @@ v1 = [
     path("responses", responses.responses_view, name="v1_responses"),
     path("responses/<str:response_id>", responses.response_detail_view, name="v1_response"),
     path("messages", messages.messages_view, name="v1_messages"),
+    path("embeddings", embeddings.embeddings_view, name="v1_embeddings"),
     path("feedback", v1_feedback.feedback_view, name="v1_feedback"),
 ]
 

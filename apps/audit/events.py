@@ -57,6 +57,10 @@ class AuditEventType(models.TextChoices):
     # sink) or of a call outside one (an evaluator's judge, a health check). Field + rule only.
     RUN_OUTBOUND_CHECKED = "run.outbound_checked"
     OUTBOUND_CHECKED = "outbound.checked"
+    # Issue 45: a /v1/embeddings call (not a run): who, which pool and worker, tokens, cost, the
+    # gate's interventions and SHA-256 digests of the inputs — never their text or the vectors.
+    EMBEDDING_CREATED = "embedding.created"
+    EMBEDDING_REFUSED = "embedding.refused"
     RUN_FINISHED = "run.finished"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
     RUN_TIMED_OUT = "run.timed_out"

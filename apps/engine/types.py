@@ -74,6 +74,19 @@ class WorkerResult:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    """One embeddings call: a vector per input (in input order) and the call's measurements."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    usage: Usage  # input tokens only (an embedding generates none)
+    latency_ms: float
+    model: str
+    cost_usd: Decimal | None
+    priced: bool
+    outbound: tuple[Any, ...] = ()  # the outbound gate's interventions (field and rule only)
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """Hard limits for one run (callers narrow them per policy; presets narrow them further).
 

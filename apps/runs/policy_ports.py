@@ -18,13 +18,18 @@ from apps.policies.selectors import effective_policy_cached
 from apps.runs.models import Run, Step
 from apps.workers import ports as workers_ports
 from apps.workers.engine_adapter import worker_info
+from apps.workers.models import EmbeddingSpend
 
 
 def team_spend(team: Any, start: datetime, end: datetime) -> Decimal:
     total = Run.objects.filter(team=team, created_at__gte=start, created_at__lt=end).aggregate(
         s=Sum("cost_usd")
     )["s"]
-    return Decimal(total or 0)
+    # /v1/embeddings calls are not runs, but they spend the same budget (issue 45).
+    embedded = EmbeddingSpend.objects.filter(team=team, created_at__gte=start, created_at__lt=end).aggregate(
+        s=Sum("cost_usd")
+    )["s"]
+    return Decimal(total or 0) + Decimal(embedded or 0)
 
 
 def run_classification(run_id: str) -> str:

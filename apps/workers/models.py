@@ -184,3 +184,23 @@ class WorkerCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker_id}: {'ok' if self.ok else 'failed'}"
+
+
+class EmbeddingSpend(models.Model):
+    """What one ``/v1/embeddings`` call cost the team (issue 45). An embeddings call is not a run,
+    but the team's budgets count it: ``team_spend`` adds these rows to its runs' cost. No content:
+    the call's audit row holds the inputs' digests."""
+
+    team = models.ForeignKey("governance.Team", on_delete=models.CASCADE, related_name="+")
+    pool = models.ForeignKey(Pool, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    worker = models.ForeignKey(Worker, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    input_tokens = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=14, decimal_places=8, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "created_at"], name="embeddingspend_team_time")]
+
+    def __str__(self) -> str:
+        return f"{self.team_id} {self.created_at:%Y-%m-%d %H:%M}: ${self.cost_usd}"

@@ -128,9 +128,15 @@ RULES: dict[str, Any] = {
             "messages": [{"role": "user", "content": "hi"}],
         },
     },
+    "api:v1_embeddings": {
+        **SESSION_REFUSED,
+        "method": "POST",
+        "json": True,
+        "data": {"model": "conductor-mini", "input": "hi"},
+    },
     "api:v1_unknown": {
         **{role: 404 for role in SESSION_REFUSED if role != "note"},
-        "kwargs": {"rest": "embeddings"},
+        "kwargs": {"rest": "completions"},
         "note": "any other /v1 path: 404 in OpenAI's shape naming the endpoints that exist, for everyone",
     },
     # --- schema and docs: a session or a key (issue 13: not public) ---

@@ -6,15 +6,20 @@
     server.stop()
 
 Endpoints: POST /v1/chat/completions (JSON, or SSE `data:` chunks ending `data: [DONE]` when
-`stream: true`, with a usage chunk when `stream_options.include_usage`), GET /v1/models.
+`stream: true`, with a usage chunk when `stream_options.include_usage`), POST /v1/embeddings
+(deterministic vectors from each text's SHA-256: `embedding_of(text, dims)`; `float` or `base64`;
+`dimensions` honoured; a scripted `FakeError` answers instead), GET /v1/models.
 Errors use OpenAI's real bodies: see `openai_error`.
 Usable standalone as an `openai_compatible` provider: `python -m tests.fakes.openai_server`.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
+import struct
 import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -113,6 +118,16 @@ def openai_error(
     raise ValueError(f"unknown error kind {kind!r}")
 
 
+EMBEDDING_DIMS = 8
+
+
+def embedding_of(text: str, dims: int = EMBEDDING_DIMS) -> list[float]:
+    """The fake's vector for ``text``: deterministic, so a test can tell which text was embedded
+    (values exact in float32, so ``base64`` and ``float`` answers compare equal)."""
+    seed = hashlib.sha256(text.encode()).digest()
+    return [(seed[i % len(seed)] - 128) / 128 for i in range(dims)]
+
+
 class FakeOpenAIServer(FakeServerBase):
     default_model = "gpt-4o-mini"
 
@@ -147,6 +162,9 @@ class FakeOpenAIServer(FakeServerBase):
         if method == "POST" and path == "/v1/chat/completions":
             self._chat(handler, body or {})
             return
+        if method == "POST" and path == "/v1/embeddings":
+            self._embeddings(handler, body or {})
+            return
         self.send_json(
             handler,
             404,
@@ -157,6 +175,41 @@ class FakeOpenAIServer(FakeServerBase):
                     "param": None,
                     "code": "unknown_url",
                 }
+            },
+        )
+
+    def embedding_requests(self) -> list[Any]:
+        return self.posts("/embeddings")
+
+    def _embeddings(self, handler: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        model = str(req.get("model", "text-embedding-3-small"))
+        if self.models is not None and model not in self.models:
+            self.send_error_reply(handler, openai_error("model_not_found", model=model))
+            return
+        with self._lock:
+            scripted = self._script.popleft() if self._script else None
+        if isinstance(scripted, FakeError):
+            self.send_error_reply(handler, scripted)
+            return
+        texts = req.get("input")
+        texts = [texts] if isinstance(texts, str) else list(texts or [])
+        dims = int(req.get("dimensions") or EMBEDDING_DIMS)
+        data = []
+        for i, text in enumerate(texts):
+            vector = embedding_of(str(text), dims)
+            encoded: Any = vector
+            if req.get("encoding_format") == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{dims}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": encoded})
+        tokens = sum(len(str(t).split()) for t in texts) or 1
+        self.send_json(
+            handler,
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
 

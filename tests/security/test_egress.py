@@ -316,6 +316,29 @@ def test_planted_row_never_reaches_the_listener_in_a_run(
 
 
 @pytest.mark.runtime
+def test_planted_row_never_reaches_the_listener_from_embeddings(
+    server: Any, alpha: Any, team_admin: Any, listener: Listener
+) -> None:
+    """/v1/embeddings (issue 45) connects through the same egress-checked client as every worker."""
+    # A name: refused at connect time, on the address it resolves to (not by the saved URL's shape).
+    _, worker = plant_provider(alpha, "planted-emb", f"http://localhost:{listener.port}/v1")
+    pool_create(
+        actor=None, team=alpha, slug="planted-emb", name="Planted", workers=[worker], default_worker=worker
+    )
+    key = make_api_key(alpha, principal=team_admin, role="run").plaintext
+    resp = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": "planted-emb", "input": "hello"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+    assert resp.status_code == 503, resp.text[:500]
+    assert resp.json()["error"]["code"] == "egress_denied"
+    assert "localhost resolves to 127.0.0.1" in resp.json()["error"]["message"]
+    assert listener.received == []
+
+
+@pytest.mark.runtime
 def test_redirect_from_an_allowed_fake_is_not_followed(
     server: Any, fake_pool: Any, policy_admin: Any, listener: Listener
 ) -> None:

@@ -101,6 +101,15 @@ COMPLETE_CALLERS = {
 }
 
 
+# Every call of ``.embed(`` under apps/ (issue 45) and why it is gated.
+EMBED_CALLERS = {
+    (
+        "apps/api/v1/embeddings.py",
+        "create_embeddings",
+    ): "/v1/embeddings: the pool's default worker, built with the team's outbound gate",
+}
+
+
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
@@ -171,16 +180,17 @@ def test_every_worker_constructor_call_passes_a_gate_and_none_the_policy_less_on
     assert not plumbing, f"SDK plumbing outside the provider layer: {plumbing}"
 
 
-def test_every_caller_of_worker_complete_is_known() -> None:
+@pytest.mark.parametrize(("method", "known"), [("complete", COMPLETE_CALLERS), ("embed", EMBED_CALLERS)])
+def test_every_caller_of_a_worker_call_is_known(method: str, known: dict[tuple[str, str], str]) -> None:
     callers: set[tuple[str, str]] = set()
     for rel, tree in _trees():
         if rel.startswith("apps/engine/providers/"):
             continue  # the workers themselves
         for scope, call in _calls_with_scope(tree):
-            if _callee(call) == "complete" and isinstance(call.func, ast.Attribute):
+            if _callee(call) == method and isinstance(call.func, ast.Attribute):
                 callers.add((rel, scope))
-    assert callers == set(COMPLETE_CALLERS), (
-        f"unlisted: {sorted(callers - set(COMPLETE_CALLERS))}; gone: {sorted(set(COMPLETE_CALLERS) - callers)}"
+    assert callers == set(known), (
+        f"unlisted: {sorted(callers - set(known))}; gone: {sorted(set(known) - callers)}"
     )
 
 
@@ -217,6 +227,24 @@ def test_an_sdk_client_reached_around_the_gate_opens_no_socket(openai_fake: Fake
     assert isinstance(caught.value.__cause__.__cause__, OutboundNotAdmitted)  # type: ignore[union-attr]
     assert openai_fake.requests == []  # nothing reached the socket
     assert worker.complete([{"role": "user", "content": "through the gate"}]).text == "ok"
+    [request] = openai_fake.requests
+    assert b"through the gate" in request.raw
+
+
+def test_an_embeddings_client_reached_around_the_gate_opens_no_socket(openai_fake: FakeOpenAIServer) -> None:
+    recorder = Recorder()
+    egress = EgressPolicy.parse(FAKE_HOST)
+    worker = build_worker(
+        INFO, gate=OutboundGate(recorder), base_url=openai_fake.base_url, api_key="k", egress=egress
+    )
+    client = worker._client  # type: ignore[attr-defined]
+    with pytest.raises(openai.APIConnectionError):
+        client.embeddings.create(model="m", input=["around the gate"])
+    assert openai_fake.requests == []
+    result = worker.embed(["through the gate", "second"])  # type: ignore[attr-defined]
+    assert len(result.vectors) == 2
+    # Each input is its own field, read by the gate before the socket opened.
+    assert [f.path for f in recorder.requests[0]] == ["input[0]", "input[1]"]
     [request] = openai_fake.requests
     assert b"through the gate" in request.raw
 

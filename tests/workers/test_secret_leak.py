@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from apps.audit.models import AuditEvent
 from apps.workers.models import Provider
+from tests.factories.api import make_api_key
 from tests.fakes.openai_server import openai_error
 from tests.test_access_matrix import ENTRIES, RULES, AccessContext, rule_for
 
@@ -38,6 +39,7 @@ NOT_SWEPT: dict[str, str] = {
     "api:run_cancel": POST_ONLY,
     "api:run_review": POST_ONLY,
     "api:v1_chat_completions": POST_ONLY,
+    "api:v1_embeddings": POST_ONLY,  # its answer to a provider echoing the key is swept below
     "api:v1_feedback": POST_ONLY,
     "api:v1_messages": POST_ONLY,
     "api:v1_responses": POST_ONLY,
@@ -140,6 +142,20 @@ def test_planted_key_never_leaks(
     assert (
         fake_pool.server.chat_requests()[-1].headers["authorization"] == f"Bearer {PLANTED}"
     )  # it was really used
+
+    # /v1/embeddings (issue 45): the provider's 401 echoes the key; the client's error, the logs
+    # and the audit row (swept below with every other) must not.
+    key = make_api_key(alpha, name="sweep", principal=named_users["team_admin"]).plaintext
+    fake_pool.server.script(openai_error("auth", key=PLANTED))
+    resp = Client().post(
+        "/v1/embeddings",
+        {"model": "fake", "input": ["sweep"]},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "provider_auth"
+    _assert_clean(resp.content.decode(), "a /v1/embeddings error")
+    assert fake_pool.server.posts("/embeddings")[-1].headers["authorization"] == f"Bearer {PLANTED}"
 
     ctx = AccessContext(users=named_users, alpha=alpha, beta=beta, fake=fake_pool)
     urls, not_swept = _get_urls(ctx)

@@ -9,6 +9,8 @@
 - ``shaping``  — the answer from a run: outcome errors, final answer, usage, ``conductor`` field,
   SSE and progress.
 - ``chat``, ``responses``, ``messages`` — the protocol adapters (and the ``models`` views).
+- ``embeddings`` — ``POST /v1/embeddings``: not a run; the pool's default worker embeds through
+  the team's outbound gate (issue 45).
 - ``middleware`` — request id, processing time, rate-limit headers and CORS on every ``/v1``
   response.
 """

@@ -531,9 +531,7 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     for entry in payload["data"]:
         if entry["id"] == model:
             return JsonResponse(entry)
-    return error_response(
-        OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
-    )
+    return error_response(await off_loop(targets.unknown_model, key, model))
 
 
 def _outcome(

@@ -8,6 +8,7 @@ refuses what the pool's workers cannot honour (tools).
 from __future__ import annotations
 
 import copy
+import difflib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,7 +90,7 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
     elif not sep:
         preset, pool_slug, direct = PRESETS["conductor-mini"], base, True
     else:
-        raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        raise unknown_model(key, model)
 
     if pool_slug is None:
         if key.team.default_pool_id is None:
@@ -113,7 +114,7 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
         candidates = candidates.annotate(worker_count=Subquery(workers.annotate(n=Count("pk")).values("n")))
     pool = candidates.select_related("default_worker").first()
     if pool is None:
-        raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        raise unknown_model(key, model)
     if not pool.key_may_use:
         raise deny(
             key,
@@ -126,6 +127,34 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
     passthrough = direct and pool.default_worker_id is not None and pool.worker_count == 1
     return Target(
         preset=preset, pool=pool, model=model, direct=direct, passthrough=passthrough, strategy=strategy
+    )
+
+
+# How many names an unknown-model 404 suggests, and how close (difflib's ratio) each must be.
+SUGGESTIONS = 3
+SUGGESTION_CUTOFF = 0.6
+
+
+def usable_model_names(key: ApiKey) -> list[str]:
+    """Every ``model`` this key may send: the presets, each usable pool, and each preset on it."""
+    slugs = list(
+        api_sel.pools_usable_for(key.created_by, key).order_by("slug").values_list("slug", flat=True)
+    )
+    bases = [*PRESETS, LEARNED_MODEL]
+    return [*bases, *slugs, *(f"{base}:{slug}" for base in bases for slug in slugs)]
+
+
+def unknown_model(key: ApiKey, model: Any) -> OpenAIError:
+    """404 ``model_not_found`` for ``model``, suggesting the closest names this key may use (only
+    those: a pool the key cannot use is never named, so a 404 cannot probe other teams' pools)."""
+    text = str(model)[:200]
+    close = difflib.get_close_matches(text, usable_model_names(key), n=SUGGESTIONS, cutoff=SUGGESTION_CUTOFF)
+    hint = f" Did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
+    return OpenAIError(
+        404,
+        f"The model '{text}' does not exist.{hint} GET /v1/models lists the models this key may use.",
+        param="model",
+        code="model_not_found",
     )
 
 

@@ -93,6 +93,11 @@ class Admitted:
     def options(self) -> GenerationOptions | None:
         return self.request.options
 
+    @property
+    def inputs(self) -> list[str]:
+        """An embeddings request's texts as the policy left them."""
+        return list(self.request.inputs)
+
     @contextlib.contextmanager
     def on_wire(self) -> Iterator[None]:
         """The provider's HTTP requests for this call are sent inside this block."""
@@ -125,8 +130,9 @@ class OutboundGate:
         *,
         json_schema: dict[str, Any] | None = None,
         options: GenerationOptions | None = None,
+        inputs: Sequence[str] = (),
     ) -> Admitted:
-        request = ProviderRequest(tuple(messages), json_schema, options)
+        request = ProviderRequest(tuple(messages), json_schema, options, tuple(inputs))
         try:
             fields = text_fields(request)
         except UnreadableField as err:

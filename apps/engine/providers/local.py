@@ -35,7 +35,7 @@ from apps.engine.providers.base import (
     ProviderTimeout,
 )
 from apps.engine.providers.gate import OutboundGate, require_gate
-from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
+from apps.engine.types import EmbeddingResult, Message, Usage, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,14 @@ class _Loaded:
 
 _MODELS: dict[tuple[str, int, int], _Loaded] = {}
 _MODELS_LOCK = threading.Lock()
+# The local slot: one computation at a time per model file, whichever context runs it (generation
+# or embedding): on a small CPU two llama contexts at once only slow each other down.
+_SLOTS: dict[str, threading.Lock] = {}
+
+
+def _slot(path: str) -> threading.Lock:
+    """The lock of ``path``'s slot (called with ``_MODELS_LOCK`` held)."""
+    return _SLOTS.setdefault(path, threading.Lock())
 
 
 @atexit.register
@@ -75,13 +83,14 @@ def _close_models() -> None:
     # interpreter teardown, Llama.__del__ fails noisily. A model still busy on an abandoned daemon
     # thread is left alone: closing it under a running generation could crash the process.
     with _MODELS_LOCK:
-        for key, loaded in list(_MODELS.items()):
-            if loaded.lock.acquire(blocking=False):
-                try:
-                    loaded.llm.close()
-                finally:
-                    loaded.lock.release()
-                del _MODELS[key]
+        for models in (_MODELS, _EMBEDDERS):
+            for key, loaded in list(models.items()):
+                if loaded.lock.acquire(blocking=False):
+                    try:
+                        loaded.llm.close()
+                    finally:
+                        loaded.lock.release()
+                    del models[key]  # type: ignore[arg-type]
 
 
 _RUNTIME_PRESENT = False
@@ -123,8 +132,47 @@ def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAUL
             model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
         )
         logger.info("loaded local model %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, threading.Lock(), key[0], _prompt_counter(llm))
+        loaded = _Loaded(llm, _slot(key[0]), key[0], _prompt_counter(llm))
         _MODELS[key] = loaded
+        return loaded
+
+
+# The embedding model (``/v1/embeddings`` on a local worker): a second llama context over the same
+# GGUF file, made with ``embedding=True`` (a generation context cannot embed), loaded on the first
+# embeddings request and kept: one per (model file, threads) per process. It shares the file's slot
+# with the generation contexts: an embedding waits for a generation to finish, and the reverse.
+EMBED_N_CTX = 512
+_EMBEDDERS: dict[tuple[str, int], _Loaded] = {}
+
+
+def load_embedder(path: str, *, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
+    """The process-wide embedding context for this model file (loaded on first use)."""
+    key = (os.path.realpath(path), n_threads)
+    with _MODELS_LOCK:
+        loaded = _EMBEDDERS.get(key)
+        if loaded is not None:
+            return loaded
+        if not os.path.isfile(key[0]):
+            raise ProviderModelNotFound(
+                f"The local model file {os.path.basename(path)!r} does not exist.", provider="local"
+            )
+        import llama_cpp
+
+        t0 = time.perf_counter()
+        llm = llama_cpp.Llama(
+            model_path=key[0],
+            n_ctx=EMBED_N_CTX,
+            n_batch=EMBED_N_CTX,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            embedding=True,
+            # A chat model declares no pooling: the mean of its token states is the text's vector.
+            pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+            verbose=False,
+        )
+        logger.info("loaded local embedder %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
+        loaded = _Loaded(llm, _slot(key[0]), key[0], lambda messages: 0)
+        _EMBEDDERS[key] = loaded
         return loaded
 
 
@@ -271,6 +319,49 @@ class LocalWorker:
             cost_usd=Decimal(0),  # runs on our own CPU
             priced=True,
             finish_reason="length" if finish_reason == "length" else "stop",
+            outbound=admitted.checks,
+        )
+
+    def embed(
+        self, inputs: list[str], *, dimensions: int | None = None, timeout: float | None = None
+    ) -> EmbeddingResult:
+        """Embed the admitted texts with the process's embedding context; calls are serialised
+        like generations (one llama context computes one batch at a time) and waiting for it
+        counts against the deadline. ``dimensions`` is refused by the API before this call."""
+        admitted = self.gate.admit((), inputs=inputs)
+        texts = admitted.inputs
+        t0 = time.perf_counter()
+        timeout = timeout if timeout is not None else self.info.timeout_s
+        deadline = time.monotonic() + timeout
+        loaded = load_embedder(self.model_path or default_model_path(), n_threads=self.n_threads)
+        if not loaded.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise ProviderTimeout(f"The local model stayed busy for {timeout:.1f} s.", provider="local")
+        try:
+            counts = [len(loaded.llm.tokenize(t.encode("utf-8"), add_bos=True, special=False)) for t in texts]
+            for i, count in enumerate(counts):
+                if count > EMBED_N_CTX:
+                    raise ProviderContextTooLong(
+                        f"input[{i}] ({count} tokens) is too long for the local embedding model "
+                        f"({EMBED_N_CTX} tokens).",
+                        provider="local",
+                    )
+            # Unit length, as OpenAI returns them: cosine similarity is a dot product.
+            vectors = [tuple(float(x) for x in loaded.llm.embed(t, normalize=True)) for t in texts]
+        except ProviderError:
+            raise
+        except (ValueError, RuntimeError) as err:
+            raise ProviderBadRequest(
+                f"The local model could not embed the input: {str(err)[:200]}", provider="local"
+            ) from None
+        finally:
+            loaded.lock.release()
+        return EmbeddingResult(
+            tuple(vectors),
+            Usage(sum(counts), 0),
+            (time.perf_counter() - t0) * 1000,
+            self.info.model,
+            Decimal(0),  # runs on our own CPU
+            True,
             outbound=admitted.checks,
         )
 

@@ -30,6 +30,8 @@ from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderBadResponse,
     ProviderError,
+    ProviderTimeout,
+    call_with_retries,
     invalid_json_error,
     redact,
     stream_cut_error,
@@ -37,7 +39,8 @@ from apps.engine.providers.base import (
     transport_failure,
 )
 from apps.engine.providers.gate import OutboundGate, require_gate
-from apps.engine.types import Message, Usage, WorkerInfo, WorkerResult
+from apps.engine.providers.pricing import price_call
+from apps.engine.types import EmbeddingResult, Message, Usage, WorkerInfo, WorkerResult
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +165,71 @@ class OpenAIWorker(SdkWorker):
             params.update(openai_options(options))
 
         return self._call(params, admitted=admitted, t0=t0, deadline=deadline, on_delta=on_delta)
+
+    def embed(
+        self, inputs: list[str], *, dimensions: int | None = None, timeout: float | None = None
+    ) -> EmbeddingResult:
+        """One ``/v1/embeddings`` call with the texts the gate admitted (each input its own
+        field: the policy may have masked parts of it). Retried like a completion."""
+        if self._client is None:
+            raise ProviderAuthError(self._client_error or "The OpenAI client is not configured.")
+        admitted = self.gate.admit((), inputs=inputs)
+        texts = admitted.inputs
+        t0 = time.perf_counter()
+        timeout = timeout if timeout is not None else self.info.timeout_s
+        deadline = time.monotonic() + timeout
+        params: dict[str, Any] = {"model": self.info.model, "input": texts, "encoding_format": "float"}
+        if dimensions is not None:
+            params["dimensions"] = dimensions
+
+        def once() -> tuple[list[list[float]], Usage, str]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ProviderTimeout("The provider did not answer in time.")
+            with admitted.on_wire():
+                return self._embed_once(params, left, len(texts))
+
+        vectors, usage, model = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
+        return EmbeddingResult(
+            tuple(tuple(v) for v in vectors),
+            usage,
+            (time.perf_counter() - t0) * 1000,
+            model,
+            cost,
+            priced,
+            outbound=admitted.checks,
+        )
+
+    def _embed_once(
+        self, params: dict[str, Any], timeout: float, count: int
+    ) -> tuple[list[list[float]], Usage, str]:
+        assert self._client is not None
+        try:
+            resp = self._client.embeddings.create(**params, timeout=timeout)
+        except (openai.OpenAIError, ValueError) as exc:
+            raise self._map(exc, timeout=timeout) from None
+        data = getattr(resp, "data", None)
+        if isinstance(resp, str) or not isinstance(data, list):
+            raise ProviderBadResponse(
+                f"Invalid embeddings response from the {self._provider} provider at {self._host}: "
+                "the JSON has no 'data' list.",
+                provider=self._provider,
+            )
+        by_index = sorted(data, key=lambda item: int(getattr(item, "index", 0) or 0))
+        vectors = [list(getattr(item, "embedding", None) or []) for item in by_index]
+        if len(vectors) != count or not all(
+            v and all(isinstance(x, (int, float)) for x in v) for v in vectors
+        ):
+            raise ProviderBadResponse(
+                f"Invalid embeddings response from the {self._provider} provider at {self._host}: "
+                f"expected {count} vectors of numbers, got {len(vectors)}.",
+                provider=self._provider,
+            )
+        usage_in = getattr(resp.usage, "prompt_tokens", None) if resp.usage is not None else None
+        # Some compatible servers omit usage; ~4 characters per token keeps totals meaningful.
+        tokens = int(usage_in) if usage_in is not None else max(1, sum(len(t) for t in params["input"]) // 4)
+        return vectors, Usage(tokens, 0), resp.model or self.info.model
 
     def _plain(self, params: dict[str, Any], timeout: float) -> CallOutput:
         assert self._client is not None

@@ -1,7 +1,8 @@
 """A provider request as one value, and every text-bearing field in it (issue 39).
 
 ``ProviderRequest`` is what any caller asks of a model provider: chat messages, the JSON schema of
-a structured answer, and the API client's generation options (``apps.engine.generation``). The
+a structured answer, the API client's generation options (``apps.engine.generation``), or the
+texts of an embeddings request (``inputs``: each its own field ``input[i]``, read apart). The
 outbound gate (``apps.engine.providers.gate``) reads it with ``text_fields`` and writes the
 policy's redactions back with ``rewritten``; the providers turn only the admitted value into
 their wire format (adding nothing but their own constants: model, token limit, the forced tool
@@ -53,6 +54,8 @@ class ProviderRequest:
     messages: tuple[Message, ...]
     json_schema: dict[str, Any] | None = None
     options: GenerationOptions | None = None
+    # An embeddings request's texts (``/v1/embeddings``): independent documents, not turns.
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,8 @@ def _walk(request: ProviderRequest) -> list[_Found]:
         _json(out, "json_schema", request.json_schema, ("json_schema",), 0)
     if request.options is not None:
         _options(out, request.options)
+    for j, text in enumerate(request.inputs):
+        _text(out, f"input[{j}]", text, ("inputs", j))
     return out
 
 
@@ -189,6 +194,7 @@ def rewritten(request: ProviderRequest, texts: Mapping[str, str]) -> ProviderReq
     tree: dict[str, Any] = {
         "messages": [dict(m) for m in request.messages],
         "json_schema": copy.deepcopy(request.json_schema),
+        "inputs": list(request.inputs),
     }
     options = request.options
     if options is not None:
@@ -218,7 +224,7 @@ def rewritten(request: ProviderRequest, texts: Mapping[str, str]) -> ProviderReq
                 else None
             ),
         )
-    return ProviderRequest(tuple(tree["messages"]), tree["json_schema"], options)
+    return ProviderRequest(tuple(tree["messages"]), tree["json_schema"], options, tuple(tree["inputs"]))
 
 
 def _put(tree: dict[str, Any], where: Locator, text: str) -> None:
