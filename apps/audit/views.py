@@ -42,7 +42,7 @@ from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import PolicyVersion
-from apps.runs.approvals import approvals_to_decide
+from apps.runs.approvals import approvals_to_decide, tool_hold_view
 from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible
 
@@ -199,6 +199,9 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     )
     runs = list(qs[: selectors.QUEUE_PAGE])
     approvals = list(approvals_to_decide(request.user))
+    for a in approvals:
+        # A held tool call shows its tool and (to who may see the run's content) its arguments.
+        a.tool_view = tool_hold_view(a, content_visible=run_content_visible(user=request.user, run=a.run))
     answers_waiting = selectors.awaiting_review_count(request.user)
     params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
     return render(
