@@ -219,6 +219,8 @@ def review_queue(request: HttpRequest) -> HttpResponse:
             "here": request.get_full_path(),
             "has_filters": bool(params),
             "approvals": approvals[:50],
+            "tool_calls_waiting": sum(1 for a in approvals if a.kind == "tool"),
+            "plans_waiting": sum(1 for a in approvals if a.kind != "tool"),
             "answers_waiting": answers_waiting,
             # One count for the nav badge and the desk: answers to review plus plans to decide.
             "waiting_total": answers_waiting + len(approvals),
