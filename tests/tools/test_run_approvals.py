@@ -99,7 +99,10 @@ def test_an_approval_gated_call_pauses_the_run_is_approved_at_the_desk_and_runs_
     desk = client.get(reverse("audit:review_queue")).content.decode()
     assert f'data-testid="tool-hold-{hold.pk}"' in desk and "crm.wire_money" in desk and "DE-7" in desk
     assert "1 waiting for you" in desk
-    assert f"tool-approval-{hold.tool_approval.pk}" not in client.get(reverse("tools:approval_desk")).content.decode()
+    assert (
+        f"tool-approval-{hold.tool_approval.pk}"
+        not in client.get(reverse("tools:approval_desk")).content.decode()
+    )
     page = client.get(reverse("runs:detail", args=[run.id])).content.decode()
     assert 'data-testid="approval-tool">crm.wire_money' in page and "DE-7" in page
     solver_before = _solver_calls(fake_pool.server)
@@ -124,12 +127,17 @@ def test_an_approval_gated_call_pauses_the_run_is_approved_at_the_desk_and_runs_
     ]
     approval = ToolApproval.objects.get(pk=hold.tool_approval.pk)
     assert approval.state == "used" and approval.decided_by == reviewer
-    assert approval.used_by_call is not None and approval.used_by_call.arguments_digest == approval.arguments_digest
+    assert (
+        approval.used_by_call is not None
+        and approval.used_by_call.arguments_digest == approval.arguments_digest
+    )
     # The step's round-1 model call was replayed, not asked again: one more solver call (round 2).
     assert _solver_calls(fake_pool.server) == solver_before + 1
     assert "sent 42 to DE-7" in done.steps.get(index=0).output
     assert not RunCall.objects.filter(run_id=run.id).exists()  # the journal is gone with the run
-    statuses = [e.data["status"] for e in RunEvent.objects.filter(run=run, type="tool.called").order_by("seq")]
+    statuses = [
+        e.data["status"] for e in RunEvent.objects.filter(run=run, type="tool.called").order_by("seq")
+    ]
     assert statuses[-1] == "succeeded" and "pending_approval" in statuses
     audit_flush()
     types = list(AuditEvent.objects.filter(run_id=run.id).values_list("event_type", flat=True))
@@ -150,7 +158,9 @@ def test_a_refused_call_is_refused_naming_the_rule_and_the_step_goes_on(
     assert [c["tool"] for c in mcp_http.calls()] == ["add"]  # the payment never ran
     output = done.steps.get(index=0).output
     assert "tools.approval_rejected" in output and "not this account" in output
-    last = ToolCall.objects.filter(run_id=held_run.id, qualified_name="crm.wire_money").order_by("-created_at")[0]
+    last = ToolCall.objects.filter(run_id=held_run.id, qualified_name="crm.wire_money").order_by(
+        "-created_at"
+    )[0]
     assert (last.status, last.rule) == ("refused", "tools.approval_rejected")
     assert ToolApproval.objects.get().state == "rejected"
     audit_flush()
