@@ -7,6 +7,7 @@ with the refusal as the tool's result."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -146,7 +147,7 @@ def test_an_approval_gated_call_pauses_the_run_is_approved_at_the_desk_and_runs_
 
 
 def test_a_refused_call_is_refused_naming_the_rule_and_the_step_goes_on(
-    client: Any, held_run: Run, mcp_http: Any, team_admin: Any
+    client: Any, held_run: Run, mcp_http: Any, team_admin: Any, settings: Any
 ) -> None:
     client.force_login(team_admin)
     resp = client.post(
@@ -165,6 +166,17 @@ def test_a_refused_call_is_refused_naming_the_rule_and_the_step_goes_on(
     assert ToolApproval.objects.get().state == "rejected"
     audit_flush()
     assert AuditEvent.objects.filter(run_id=held_run.id, event_type="tool.call_rejected").count() == 1
+    # Counted: /metrics by the approval's state and source, /insights/ per tool.
+    settings.METRICS_BEARER_TOKEN = "metrics-token-for-tools"
+    body = client.get("/metrics", HTTP_AUTHORIZATION="Bearer metrics-token-for-tools").content.decode()
+    line = 'conductor_tool_approvals_total{source="run",state="rejected",team="alpha",tool="crm.wire_money"} 1.0'
+    assert line in body
+    page = client.get("/insights/").content.decode()
+    row = re.search(r'data-tool="crm.wire_money">(.*?)</tr>', page, re.S)
+    assert row is not None
+    cells = re.findall(r"<td>([^<]*)</td>", row.group(1))
+    # calls, succeeded, failed, refused, blocked, held, waiting, approved, refused by approver, expired
+    assert cells == ["2", "0", "0", "1", "0", "0", "1", "0", "1", "0"], cells
 
 
 def test_an_undecided_call_expires_and_is_refused_naming_the_timeout(held_run: Run, mcp_http: Any) -> None:
