@@ -169,7 +169,9 @@ def test_a_refused_call_is_refused_naming_the_rule_and_the_step_goes_on(
     # Counted: /metrics by the approval's state and source, /insights/ per tool.
     settings.METRICS_BEARER_TOKEN = "metrics-token-for-tools"
     body = client.get("/metrics", HTTP_AUTHORIZATION="Bearer metrics-token-for-tools").content.decode()
-    line = 'conductor_tool_approvals_total{source="run",state="rejected",team="alpha",tool="crm.wire_money"} 1.0'
+    line = (
+        'conductor_tool_approvals_total{source="run",state="rejected",team="alpha",tool="crm.wire_money"} 1.0'
+    )
     assert line in body
     page = client.get("/insights/").content.decode()
     row = re.search(r'data-tool="crm.wire_money">(.*?)</tr>', page, re.S)
