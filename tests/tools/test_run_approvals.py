@@ -189,3 +189,13 @@ def test_an_undecided_call_expires_and_is_refused_naming_the_timeout(held_run: R
     assert [c["tool"] for c in mcp_http.calls()] == ["add"]
     assert "constraints.approval.timeout_s" in done.steps.get(index=0).output
     assert ToolApproval.objects.get().state == "expired"
+
+
+def test_cancelling_the_paused_run_withdraws_the_held_call(held_run: Run, mcp_http: Any, owner: Any) -> None:
+    from apps.runs.services import run_cancel
+
+    run_cancel(actor=owner, run=held_run)
+    assert Run.objects.get(pk=held_run.pk).status == RunStatus.CANCELLED
+    assert ToolApproval.objects.get().state == "rejected"
+    assert PlanApproval.objects.get(run=held_run).decision == "rejected"
+    assert [c["tool"] for c in mcp_http.calls()] == ["add"]
