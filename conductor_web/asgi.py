@@ -13,7 +13,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from apps.api.mcp_endpoint import app as mcp_app  # noqa: E402
 from conductor_web import daphne_requests, daphne_ws  # noqa: E402
 from conductor_web.background import start_server_background  # noqa: E402
-from conductor_web.handlers import ApiASGIHandler, http_application  # noqa: E402
+from conductor_web.handlers import ApiASGIHandler, http_application, with_api_headers  # noqa: E402
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
 from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
 from conductor_web.ws_origin import OriginCheck  # noqa: E402
@@ -25,7 +25,8 @@ start_server_background()
 application = ProtocolTypeRouter(
     {
         # /v1 through its own all-async chain (conductor_web.handlers); the pages through Django's.
-        "http": http_application(django_asgi_app, ApiASGIHandler(), mcp_app),
+        # /mcp answers from the MCP SDK's transport, with /v1's security headers (issue 43).
+        "http": http_application(django_asgi_app, ApiASGIHandler(), with_api_headers(mcp_app)),
         # Scheme, host and port of the Origin (conductor_web.ws_origin), before any session read.
         "websocket": OriginCheck(ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }

@@ -18,15 +18,25 @@ receivers) go to asgiref's one shared thread (issue #15).
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.http import HttpResponse
+from django.utils.module_loading import import_string
 
+from apps.api.v1.auth import new_request_id
 from apps.api.v1.middleware import PREFIX as V1_PREFIX
 from conductor_web.executor_db import served_on_loop
+from conductor_web.request_context import current_request_meta, set_request_meta
+
+logger = logging.getLogger(__name__)
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -52,6 +62,16 @@ INLINE = {
     "django.middleware.common.CommonMiddleware": "conductor_web.middleware.CommonMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware": "conductor_web.middleware.XFrameOptionsMiddleware",
 }
+
+
+# The header middleware of the /v1 chain that /mcp answers get too (security, CSP, framing).
+HEADER_ONLY = frozenset(
+    {
+        "django.middleware.security.SecurityMiddleware",
+        "csp.middleware.CSPMiddleware",
+        "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    }
+)
 
 
 def api_middleware(middleware: list[str]) -> list[str]:
@@ -99,5 +119,80 @@ def http_application(pages: ASGIApp, api: ASGIApp, mcp: ASGIApp | None = None) -
             return
         target = api if path.startswith(API_PREFIXES) else pages
         await target(scope, receive, send)
+
+    return app
+
+
+def _header_chain() -> list[Any]:
+    """The /v1 chain's header middleware (inline variants), in MIDDLEWARE order."""
+    return [import_string(INLINE[p])(lambda r: None) for p in settings.MIDDLEWARE if p in HEADER_ONLY]
+
+
+def _secure_headers(
+    scope: dict[str, Any], chain: list[Any], status: int, headers: list[tuple[bytes, bytes]], request_id: str
+) -> list[tuple[bytes, bytes]]:
+    """``headers`` as the /v1 chain's header middleware would leave them, plus x-request-id."""
+    request = ASGIRequest(scope, io.BytesIO())
+    response = HttpResponse(status=status)
+    del response["Content-Type"]  # only what the transport set
+    for name, value in headers:
+        response[name.decode("latin-1")] = value.decode("latin-1")
+    for middleware in reversed(chain):  # process_response runs bottom-up
+        response = middleware.process_response(request, response)
+    response["x-request-id"] = request_id
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+
+
+def with_api_headers(inner: ASGIApp) -> ASGIApp:
+    """Wrap an ASGI app that answers outside Django (``/mcp``, the SDK's own transport): every
+    answer carries the security, CSP and framing headers of ``/v1`` and an ``x-request-id`` (also
+    on the audit rows the request writes), and an unexpected error is a JSON-RPC error naming the
+    request id, never a traceback or an exception's text."""
+    chain: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not chain:
+            chain.extend(_header_chain())
+        request_id = new_request_id()
+        set_request_meta(replace(current_request_meta(), request_id=request_id))
+        started = False
+
+        async def secured(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                message = {
+                    **message,
+                    "headers": _secure_headers(
+                        scope, chain, int(message["status"]), list(message.get("headers") or []), request_id
+                    ),
+                }
+            await send(message)
+
+        try:
+            await inner(scope, receive, secured)
+        except Exception:
+            logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise  # the answer's headers are out: the server closes the connection
+            body = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {
+                        "code": -32603,
+                        "message": f"Internal error; the server log has the details (request {request_id}).",
+                        "data": {"rule": "internal_error", "request_id": request_id},
+                    },
+                }
+            ).encode()
+            await secured(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
 
     return app

@@ -39,7 +39,7 @@ from apps.governance.models import Team
 from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
 from apps.policies.budgets import budget_status
 from apps.policies.services import effective_policy
-from apps.tools.models import ToolCall
+from apps.tools.models import ToolApproval, ToolCall
 from apps.workers.health import worker_traffic
 from apps.workers.models import Worker
 from conductor_web.telemetry import PROVIDER_NAMES
@@ -203,6 +203,26 @@ class DatabaseCollector(Collector):
                 [t["team__slug"] or "", t["qualified_name"], t["status"], t["source"]], int(t["n"])
             )
         yield tools
+        # Approvals of tool calls by what became of them (a run's held call, or one from /mcp).
+        approvals = CounterMetricFamily(
+            "conductor_tool_approvals",
+            "Tool calls held for an approver, by state (pending, approved, rejected, expired, used) and source",
+            labels=["team", "tool", "state", "source"],
+        )
+        for a in (
+            ToolApproval.objects.values("team__slug", "qualified_name", "state")
+            .annotate(
+                in_runs=Count("pk", filter=Q(call__run_id__isnull=False)),
+                mcp=Count("pk", filter=Q(call__run_id__isnull=True)),
+            )
+            .order_by("team__slug", "qualified_name", "state")
+        ):
+            for source, key in (("run", "in_runs"), ("mcp", "mcp")):
+                if a[key]:
+                    approvals.add_metric(
+                        [a["team__slug"] or "", a["qualified_name"], a["state"], source], int(a[key])
+                    )
+        yield approvals
         yield from _worker_health_families()
 
         audit = AuditEvent.objects.aggregate(top=Max("seq"), lag=Count("pk", filter=Q(seq__isnull=True)))

@@ -21,6 +21,8 @@ import mcp_types as types
 from asgiref.sync import sync_to_async
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 
 from apps.api.models import ApiKey, ApiScope
 from apps.api.services import ApiKeyInvalid, apikey_authenticate
@@ -77,22 +79,37 @@ def _listable(team: Any) -> list[types.Tool]:
     return out
 
 
+INTERNAL = "Internal error; the server log has the details."
+
+
 async def _list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
     principal = _current()
-    tools = await sync_to_async(_listable, thread_sensitive=False)(principal.team)
+    try:
+        tools = await sync_to_async(_listable, thread_sensitive=False)(principal.team)
+    except Exception:
+        # Whatever the SDK would make of the exception, its text never reaches the client.
+        logger.exception("/mcp tools/list failed")
+        raise MCPError(code=INTERNAL_ERROR, message=INTERNAL) from None
     return types.ListToolsResult(tools=tools)
 
 
 async def _call_tool(ctx: Any, params: Any) -> types.CallToolResult:
     principal = _current()
-    outcome = await sync_to_async(tool_call, thread_sensitive=False)(
-        team=principal.team,
-        qualified=params.name,
-        arguments=dict(params.arguments or {}),
-        actor=principal.user,
-        api_key_id=principal.key_id,
-        source="mcp",
-    )
+    try:
+        outcome = await sync_to_async(tool_call, thread_sensitive=False)(
+            team=principal.team,
+            qualified=params.name,
+            arguments=dict(params.arguments or {}),
+            actor=principal.user,
+            api_key_id=principal.key_id,
+            source="mcp",
+        )
+    except Exception:
+        logger.exception("/mcp tools/call %s failed", getattr(params, "name", "?"))
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=f"failed: {INTERNAL} (rule: internal_error)")],
+            is_error=True,
+        )
     if outcome.ok:
         return types.CallToolResult(content=[types.TextContent(type="text", text=outcome.output)])
     text = f"{outcome.status}: {outcome.message} (rule: {outcome.rule})"

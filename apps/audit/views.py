@@ -42,7 +42,7 @@ from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import PolicyVersion
-from apps.runs.approvals import approvals_to_decide
+from apps.runs.approvals import approvals_to_decide, tool_hold_view
 from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible
 
@@ -199,6 +199,9 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     )
     runs = list(qs[: selectors.QUEUE_PAGE])
     approvals = list(approvals_to_decide(request.user))
+    for a in approvals:
+        # A held tool call shows its tool and (to who may see the run's content) its arguments.
+        a.tool_view = tool_hold_view(a, content_visible=run_content_visible(user=request.user, run=a.run))
     answers_waiting = selectors.awaiting_review_count(request.user)
     params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
     return render(
@@ -216,6 +219,8 @@ def review_queue(request: HttpRequest) -> HttpResponse:
             "here": request.get_full_path(),
             "has_filters": bool(params),
             "approvals": approvals[:50],
+            "tool_calls_waiting": sum(1 for a in approvals if a.kind == "tool"),
+            "plans_waiting": sum(1 for a in approvals if a.kind != "tool"),
             "answers_waiting": answers_waiting,
             # One count for the nav badge and the desk: answers to review plus plans to decide.
             "waiting_total": answers_waiting + len(approvals),

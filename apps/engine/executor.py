@@ -41,7 +41,7 @@ from apps.engine.plan import Plan, PlanStep
 from apps.engine.providers.base import ProviderError, ProviderTimeout, Worker
 from apps.engine.providers.gate import ProviderRequestRefused
 from apps.engine.session import CancelToken, RunAborted, RunSession, StepRecord
-from apps.engine.tools_loop import complete_with_tools
+from apps.engine.tools_loop import ToolApprovalHeld, complete_with_tools
 from apps.engine.types import Message, Usage, WorkerResult
 
 logger = logging.getLogger(__name__)
@@ -284,6 +284,13 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
         return fb if health.admit(session.pool.health, key) else None
 
     def on_failure(att: _Attempt, error: ProviderError, elapsed_ms: float) -> None:
+        if isinstance(error, ToolApprovalHeld):
+            # Issue 43: a tool call waits for an approver. Not a provider failure (no health
+            # record, no fallback): the run pauses; the step is rebuilt from the journal on resume.
+            finish(StepRecord(att.step, round, StepStatus.BLOCKED, att.worker.info.key, error=str(error)))
+            if state.abort is None:
+                state.abort = error.run_held(round)
+            return
         if isinstance(error, ProviderRequestRefused):
             # The outbound gate refused the request (issue 39): nothing was sent, the step is
             # blocked naming the field and rule, and no fallback gets the same request.

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 from apps.engine.events import EventType
 from apps.engine.generation import GenerationOptions
+from apps.engine.providers.base import ProviderError
+from apps.engine.session import RunHeld
 from apps.engine.types import Message, Usage, WorkerResult
 
 MAX_ROUNDS = 4
@@ -46,6 +48,9 @@ class ToolRun:
     # The arguments as the gate let them through (redacted), None when it refused them unread:
     # what the live graph may show (never the model's raw arguments, which may hold a secret).
     arguments: Mapping[str, Any] | None = None
+    # For ``pending_approval`` inside a run: what the run pauses on (the host's approval id, the
+    # tool, the arguments' digest, the deciding rule). The loop stops and the run waits.
+    hold: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,29 @@ class ToolPort(Protocol):
     def for_step(
         self, step: Any
     ) -> tuple[Sequence[ToolSpec], Callable[[str, dict[str, Any]], ToolRun]] | None: ...
+
+
+class ToolApprovalHeld(ProviderError):
+    """A tool call waits for an approver: the step stops here and the run pauses
+    (``run.awaiting_approval``) until it is decided. Raised from the step's thread; the executor
+    turns it into ``RunHeld``. On resume the step replays from the journal up to this call."""
+
+    code = "tool_approval_required"
+
+    def __init__(self, tool: str, rule: str, hold: Mapping[str, Any]) -> None:
+        super().__init__(f"the tool call {tool} waits for an approver ({rule})")
+        self.tool, self.rule, self.hold = tool, rule, dict(hold)
+
+    def run_held(self, round: int) -> RunHeld:
+        held = RunHeld(
+            f"the tool call {self.tool} needs an approver ({self.rule})",
+            plan=None,
+            round=round,
+            violations=[],
+            hold={"kind": "tool", "tool": self.tool, "rule": self.rule, **self.hold},
+        )
+        held.error = f"A tool call waits for an approver: {self.tool} ({self.rule})"
+        return held
 
 
 @dataclass(slots=True)
@@ -175,6 +203,9 @@ def run_tool_loop(
             out.calls.append(record)
             if on_call is not None:
                 on_call(record)
+            if ran.status == "pending_approval" and ran.hold is not None:
+                # Nothing after this call runs until an approver decides: the run pauses.
+                raise ToolApprovalHeld(qualified, ran.rule, ran.hold)
             msgs.append({"role": "tool", "tool_call_id": record.call_id, "content": ran.text})
     raise AssertionError("unreachable: the last round returns")  # pragma: no cover
 

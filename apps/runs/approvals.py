@@ -19,6 +19,14 @@ run's websocket (``run.plan_decided``, then the resumed attempt's events or ``ru
 
 Who approves: a team admin or reviewer (``governance.review_team_runs`` on the run's team), never
 the person who asked (separation of duties).
+
+A tool call that needs an approver (issue 43) pauses the run the same way (``kind="tool"``, linked
+to the call's ``ToolApproval``): same desk, badge, timeout, cancel and audit. What differs is the
+outcome of a refusal or a timeout: the run is queued again as on an approval, and the resumed
+attempt (replaying its journal up to the held call) has the call refused naming the rule
+(``tools.approval_rejected`` / ``constraints.approval.timeout_s``); the worker reads the refusal
+as the tool's result and the step goes on. An approval lets exactly that call (tool + arguments
+digest) of that run run, once.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from apps.runs.execution import dispatch_pending, reset_for_next_attempt
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunStatus
 from apps.runs.sink import publish, publish_review
+from apps.tools.approvals import decide_run_hold
+from apps.tools.models import ApprovalState, ToolApproval
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +82,10 @@ def approval_requested(
     """Pause the run on a held plan (inside the sink's transaction, under the run's row lock)."""
     hold = data.get("hold") or {}
     totals = data.get("totals") or {}
+    tool_hold = hold.get("kind") == "tool"
+    held_call: ToolApproval | None = None
+    if tool_hold:
+        held_call = ToolApproval.objects.filter(pk=hold.get("tool_approval")).first()
     paused = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING)
     if owner is not None:
         paused = paused.filter(lease_owner=owner)
@@ -89,17 +103,22 @@ def approval_requested(
         return None  # ended meanwhile (cancel, sweep): nothing waits
     timeout = hold.get("timeout_s")
     wait = hold.get("api_wait_s")
+    deadline = at + timedelta(seconds=float(timeout)) if timeout else None
+    if held_call is not None:
+        deadline = held_call.deadline_at  # the call's window (constraints.approval.timeout_s)
     approval = PlanApproval.objects.create(
         run_id=run_id,
+        kind="tool" if tool_hold else "plan",
+        tool_approval=held_call,
         round=int(data.get("round") or 1),
         digest=str(hold.get("digest") or ""),
         reason=str(data.get("error") or "the plan needs an approver"),
         violations=list(data.get("violations") or []),
-        fields=list(hold.get("fields") or []),
+        fields=[str(hold.get("rule") or "")] if tool_hold else list(hold.get("fields") or []),
         plan=data.get("plan"),
         forecast=hold.get("forecast"),
         requested_at=at,
-        deadline_at=at + timedelta(seconds=float(timeout)) if timeout else None,
+        deadline_at=deadline,
         api_wait_until=at + timedelta(seconds=float(wait or 0)),
     )
     audit_record(
@@ -111,24 +130,28 @@ def approval_requested(
         policy_version_id=policy_version_id,
         payload={
             "approval": approval.pk,
+            "kind": approval.kind,
             "round": approval.round,
             "plan_digest": approval.digest,
+            "tool": held_call.qualified_name if held_call else None,
+            "tool_approval": held_call.pk if held_call else None,
             "fields": approval.fields,
             "violations": [v.get("message") for v in approval.violations if isinstance(v, dict)],
             "forecast": approval.forecast,
             "deadline_at": approval.deadline_at.isoformat() if approval.deadline_at else None,
         },
     )
-    transaction.on_commit(lambda: _announce(run_id))
+    what = "tool call awaiting approval" if tool_hold else "plan awaiting approval"
+    transaction.on_commit(lambda: _announce(run_id, what))
     return approval
 
 
-def _announce(run_id: UUID) -> None:
-    """Reviewers' badge and (optionally) e-mail: a plan waits for them."""
+def _announce(run_id: UUID, what: str = "plan awaiting approval") -> None:
+    """Reviewers' badge and (optionally) e-mail: a plan or a tool call waits for them."""
     try:
         publish_review(run_id)
         run = Run.objects.select_related("team").get(pk=run_id)
-        notify_review_requested(run=run, reason="plan awaiting approval")
+        notify_review_requested(run=run, reason=what)
     except Exception:  # a notification never costs the run anything
         logger.exception("approval notification for run %s failed", run_id)
 
@@ -198,6 +221,11 @@ def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
         _decide(approval, ApprovalDecision.APPROVED, actor=actor, at=now, note=note)
+        if approval.kind == "tool":
+            # Audited as the call's approval (tool.call_approved, with the run): exactly this call.
+            _decide_tool(approval, ApprovalState.APPROVED, actor=actor, note=note)
+            _resume(locked, approval, now, decided="approved", actor=actor, note=note)
+            return Run.objects.get(pk=run.pk)
         # As a re-queue; its time limit starts now, not when the run first asked.
         reset_for_next_attempt(
             locked.pk,
@@ -246,6 +274,11 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
         _decide(approval, ApprovalDecision.REJECTED, actor=actor, at=now, note=note)
+        if approval.kind == "tool":
+            # The call is refused (tools.approval_rejected) when the resumed run reaches it.
+            _decide_tool(approval, ApprovalState.REJECTED, actor=actor, note=note)
+            _resume(locked, approval, now, decided="rejected", actor=actor, note=note)
+            return Run.objects.get(pk=run.pk)
         audit_record(
             event_type=AuditEventType.RUN_PLAN_REJECTED,
             actor=actor,
@@ -275,6 +308,38 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
     return Run.objects.get(pk=run.pk)
 
 
+def _decide_tool(approval: PlanApproval, state: str, *, actor: Any, note: str) -> None:
+    if approval.tool_approval_id is not None:
+        decide_run_hold(approval_id=approval.tool_approval_id, state=state, actor=actor, note=note)
+
+
+def _resume(run: Run, approval: PlanApproval, now: datetime, *, decided: str, actor: Any, note: str) -> None:
+    """Inside the caller's transaction: a run paused on a tool call is queued again whatever the
+    decision; its next attempt replays the journal up to the call, which then runs (approved) or
+    is refused naming the rule."""
+    reset_for_next_attempt(
+        run.pk,
+        status=RunStatus.QUEUED,
+        status_reason="",
+        error="",
+        deadline_at=now + timedelta(seconds=float(settings.RUN_TIMEOUT_S)),
+    )
+    event = _decided_event(
+        run,
+        now,
+        {
+            "decision": decided,
+            "by": actor.get_username() if actor is not None else None,
+            "note": note,
+            "round": approval.round,
+            "kind": "tool",
+        },
+    )
+    run_id, request_id = run.pk, run.request_id or ""
+    transaction.on_commit(lambda: publish(run_id, event))
+    transaction.on_commit(lambda: dispatch_pending(run_id, request_id))
+
+
 def _end_blocked(run: Run, now: datetime, *, reason: str, error: str, decided: dict[str, Any]) -> None:
     """Inside the caller's transaction: run.plan_decided, then the run ends blocked."""
     event = _decided_event(run, now, decided)
@@ -302,6 +367,12 @@ def expire_approvals(now: datetime | None = None) -> int:
             if approval.deadline_at is None or approval.deadline_at >= now:
                 continue
             _decide(approval, ApprovalDecision.EXPIRED, actor=None, at=now, note="")
+            if approval.kind == "tool":
+                # Refused as constraints.approval.timeout_s when the resumed run reaches it.
+                _decide_tool(approval, ApprovalState.EXPIRED, actor=None, note="")
+                _resume(locked, approval, now, decided="expired", actor=None, note="")
+                ended += 1
+                continue
             waited = (now - approval.requested_at).total_seconds()
             audit_record(
                 event_type=AuditEventType.RUN_APPROVAL_EXPIRED,
@@ -325,6 +396,25 @@ def expire_approvals(now: datetime | None = None) -> int:
     return ended
 
 
+def tool_hold_view(approval: PlanApproval, *, content_visible: bool) -> dict[str, Any] | None:
+    """What an approver sees of a held tool call: the tool, its server and accepted version, the
+    arguments' digest and — only for who may see the run's content (arguments are user content) —
+    the arguments as the input gate let them through."""
+    held = approval.tool_approval
+    if approval.kind != "tool" or held is None:
+        return None
+    call = held.call
+    tool = call.tool
+    return {
+        "tool": held.qualified_name,
+        "server": tool.server.name if tool is not None else "",
+        "version": call.version.number if call.version is not None else None,
+        "rule": held.rule,
+        "digest": held.arguments_digest,
+        "arguments": call.arguments if content_visible else None,
+    }
+
+
 def approvals_waiting_for(user: Any) -> Any:
     """Held plans the user may decide (teams where they approve), oldest first."""
     teams = gov.teams_reviewable_by(user)
@@ -332,7 +422,13 @@ def approvals_waiting_for(user: Any) -> Any:
         PlanApproval.objects.filter(
             decision=ApprovalDecision.PENDING, run__status=RunStatus.AWAITING_APPROVAL, run__team__in=teams
         )
-        .select_related("run", "run__team", "run__created_by")
+        .select_related(
+            "run",
+            "run__team",
+            "run__created_by",
+            "tool_approval__call__tool__server",
+            "tool_approval__call__version",
+        )
         .order_by("requested_at")
     )
 

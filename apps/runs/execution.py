@@ -57,7 +57,7 @@ from apps.learning.services import learned_strategy
 from apps.runs import integration
 from apps.runs.api_request import generation_for, passthrough_strategy
 from apps.runs.endings import run_finish_externally
-from apps.runs.journal import CallJournal, journal_pool
+from apps.runs.journal import CallJournal, journal_pool, tool_digest
 from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
 from apps.runs.selectors import approved_digests
 from apps.runs.sink import RunSink
@@ -535,8 +535,14 @@ def _drive_engine(
         },
         generation=generation_for(run),
         # Issue 43: the tools a plan step may be granted, through the tool gate (apps.tools.calls).
+        # Its calls are journaled like provider calls: a resumed attempt does not call again.
         tools=RunToolPort(
-            team=run.team, run_id=run.id, actor_id=run.created_by_id, effective=policy.effective
+            team=run.team,
+            run_id=run.id,
+            actor_id=run.created_by_id,
+            effective=policy.effective,
+            journal=journal,
+            digest=tool_digest,
         ),
     )
     sink.flush()  # a batch whose transaction failed (e.g. a database hiccup) gets one more try

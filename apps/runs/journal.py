@@ -11,6 +11,11 @@ shape, and each one already answered is served from the journal — no provider 
 first call that was in flight when the executor died, and everything after it, go to the
 provider as usual. A journal row is only a cache of real answers, so fencing it is unnecessary.
 
+Tool calls (issue 43) are journaled too, keyed by the step, the tool and its exact arguments
+(`tool_digest`): the row is written in the transaction that stores the `ToolCall`, so once the
+tool's answer is recorded a resumed attempt reads it from here and the MCP server is not called
+again. A call waiting for an approver is not journaled: the resumed attempt makes it (once).
+
 The journal holds model output like `Step` rows do; it is deleted when the run ends.
 """
 
@@ -37,6 +42,11 @@ _NOT_KEYED = {"timeout", "on_delta"}
 def call_digest(worker_key: str, messages: Any, options: dict[str, Any]) -> str:
     keyed = {k: v for k, v in options.items() if k not in _NOT_KEYED and v is not None}
     blob = json.dumps([worker_key, messages, keyed], sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def tool_digest(step_index: int | None, qualified: str, arguments: Any) -> str:
+    blob = json.dumps(["tool", step_index, qualified, arguments], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -119,6 +129,24 @@ class CallJournal:
             if not queue:
                 return None
             return result_from_json(queue.popleft())
+
+    def take_tool(self, digest: str) -> dict[str, Any] | None:
+        """A journaled tool call's result (as ``record_tool`` stored it), popped; None if none."""
+        with self._lock:
+            queue = self._answers.get(digest)
+            return queue.popleft() if queue else None
+
+    def record_tool(self, digest: str, qualified: str, result: dict[str, Any]) -> None:
+        """Written now, in the caller's transaction (the one storing the ToolCall row)."""
+        RunCall.objects.create(
+            run_id=self.run_id,
+            digest=digest,
+            worker_key=f"tool:{qualified}"[:100],
+            attempt=self.attempt,
+            result=result,
+        )
+        with self._lock:
+            self.stored += 1
 
     def record(self, digest: str, worker_key: str, result: WorkerResult) -> None:
         """Called on the provider call's own thread: queued, not written there (that thread has

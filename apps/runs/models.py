@@ -259,6 +259,13 @@ class PlanApproval(models.Model):
     or the deadline ends the run blocked. Holds no model output beyond the plan's subtasks."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    # "plan" (a held plan) or "tool" (issue 43: a tool call inside the run waits for an approver;
+    # ``tool_approval`` is the call's approval, ``digest`` its arguments' digest). Either pauses
+    # the run the same way and is decided on the same desk.
+    kind = models.CharField(max_length=8, default="plan")
+    tool_approval = models.ForeignKey(
+        "tools.ToolApproval", null=True, blank=True, on_delete=models.SET_NULL, related_name="run_holds"
+    )
     round = models.PositiveSmallIntegerField(default=1)
     digest = models.CharField(max_length=64)
     reason = models.TextField()

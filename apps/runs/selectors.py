@@ -320,9 +320,9 @@ def answer_buffered_reason(run: Run) -> str | None:
 def approved_digests(run_id: UUID | str) -> set[str]:
     """The plans an approver let through for this run (the hooks accept exactly these)."""
     return set(
-        PlanApproval.objects.filter(run_id=run_id, decision=ApprovalDecision.APPROVED).values_list(
-            "digest", flat=True
-        )
+        PlanApproval.objects.filter(
+            run_id=run_id, decision=ApprovalDecision.APPROVED, kind="plan"
+        ).values_list("digest", flat=True)
     )
 
 

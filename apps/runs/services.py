@@ -21,6 +21,7 @@ from apps.runs.execution import dispatch_pending, executor_id
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Strategy
 from apps.runs.sink import publish
+from apps.tools.models import ToolApproval
 from apps.workers.models import Pool
 from conductor_web import compiled
 
@@ -261,6 +262,10 @@ def run_cancel(*, actor: Any, run: Run) -> Run:
                 else "The run was cancelled before it started."
             )
             if waiting:
+                # A held tool call (issue 43) is withdrawn with the run: it never runs.
+                ToolApproval.objects.filter(
+                    run_holds__run=locked, run_holds__decision="pending", state="pending"
+                ).update(state="rejected", decided_by=actor, decided_at=now, note="withdrawn: run cancelled")
                 locked.approvals.filter(decision="pending").update(
                     decision="rejected", decided_by=actor, decided_at=now, note="withdrawn: run cancelled"
                 )

@@ -253,8 +253,14 @@ def _approval_context(request: HttpRequest, run: Run) -> dict[str, Any] | None:
         return None
     pending = next((a for a in history if a.decision == "pending"), None)
     mine = run.created_by_id is not None and run.created_by_id == request.user.pk
+    tool = None
+    if pending is not None and pending.kind == "tool":
+        tool = approvals.tool_hold_view(
+            pending, content_visible=selectors.run_content_visible(user=request.user, run=run)
+        )
     return {
         "pending": pending,
+        "tool": tool,
         "history": [a for a in history if a is not pending],
         "may_decide": pending is not None and not mine and approvals.can_approve(request.user, run),
         "own_run": mine,
@@ -408,6 +414,15 @@ def plan_decide(request: HttpRequest, run_id: str) -> HttpResponse:
         return HttpResponseRedirect(reverse("runs:detail", args=[run.id]))
     if wants_json:
         return JsonResponse({"id": str(run.id), "status": run.status})
+    held = run.approvals.filter(decided_by=request.user).order_by("-decided_at").first()
+    if held is not None and held.kind == "tool":
+        done = (
+            "approved: the run resumes and makes the call"
+            if decision == "approve"
+            else ("refused: the run resumes and the call is refused (tools.approval_rejected)")
+        )
+        messages.success(request, f"Tool call {done}.")
+        return HttpResponseRedirect(_safe_next(request, reverse("runs:detail", args=[run.id])))
     done = "approved: the run resumes" if decision == "approve" else "refused: the run ended blocked"
     messages.success(request, f"Plan {done}.")
     return HttpResponseRedirect(_safe_next(request, reverse("runs:detail", args=[run.id])))

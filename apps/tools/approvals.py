@@ -70,15 +70,46 @@ def request_approval(
     return approval
 
 
-def open_approval(team: Any, qualified: str, digest: str) -> ToolApproval | None:
+def _scoped(qs: QuerySet[ToolApproval], run_id: Any) -> QuerySet[ToolApproval]:
+    """A run's calls wait on and consume only that run's approvals (the approver approved this
+    call of this run, seen with its context); calls from /mcp only approvals asked outside runs."""
+    return qs.filter(call__run_id=run_id) if run_id is not None else qs.filter(call__run_id__isnull=True)
+
+
+def open_approval(team: Any, qualified: str, digest: str, *, run_id: Any = None) -> ToolApproval | None:
     """A pending approval for this very call (a retry waits on it instead of asking again)."""
     return (
-        ToolApproval.objects.filter(
-            team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.PENDING
+        _scoped(
+            ToolApproval.objects.filter(
+                team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.PENDING
+            ),
+            run_id,
         )
         .filter(_not_expired())
         .first()
     )
+
+
+def decided_against(run_id: Any, qualified: str, digest: str) -> tuple[str, str] | None:
+    """(rule, message) when an approver refused this call of this run, or its window passed
+    undecided; None otherwise."""
+    last = (
+        ToolApproval.objects.filter(call__run_id=run_id, qualified_name=qualified, arguments_digest=digest)
+        .filter(state__in=[ApprovalState.REJECTED, ApprovalState.EXPIRED])
+        .select_related("decided_by")
+        .order_by("-requested_at")
+        .first()
+    )
+    if last is None:
+        return None
+    if last.state == ApprovalState.EXPIRED:
+        return (
+            "constraints.approval.timeout_s",
+            f"no approver decided on {qualified} in time; the call was not run",
+        )
+    who = last.decided_by.get_username() if last.decided_by else "an approver"
+    note = f": {last.note}" if last.note else ""
+    return ("tools.approval_rejected", f"{who} refused the call to {qualified}{note}")
 
 
 def _not_expired() -> Any:
@@ -87,11 +118,14 @@ def _not_expired() -> Any:
     return Q(deadline_at__isnull=True) | Q(deadline_at__gt=timezone.now())
 
 
-def consume_approval(team: Any, qualified: str, digest: str) -> ToolApproval | None:
+def consume_approval(team: Any, qualified: str, digest: str, *, run_id: Any = None) -> ToolApproval | None:
     """The approved, unused approval for exactly this call, marked used; None when there is none.
     One conditional update: two identical calls racing cannot both run."""
-    for candidate in ToolApproval.objects.filter(
-        team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.APPROVED
+    for candidate in _scoped(
+        ToolApproval.objects.filter(
+            team=team, qualified_name=qualified, arguments_digest=digest, state=ApprovalState.APPROVED
+        ),
+        run_id,
     ).order_by("decided_at"):
         if ToolApproval.objects.filter(pk=candidate.pk, state=ApprovalState.APPROVED).update(
             state=ApprovalState.USED
@@ -102,8 +136,11 @@ def consume_approval(team: Any, qualified: str, digest: str) -> ToolApproval | N
 
 
 def approvals_for_desk(user: Any) -> QuerySet[ToolApproval]:
-    """Pending tool approvals the user may decide (the desk)."""
-    qs = ToolApproval.objects.filter(state=ApprovalState.PENDING).filter(_not_expired())
+    """Pending tool approvals the user may decide here: calls from /mcp. A run's call pauses its
+    run and is decided on the review desk with the run's other approvals (apps.runs.approvals)."""
+    qs = ToolApproval.objects.filter(state=ApprovalState.PENDING, call__run_id__isnull=True).filter(
+        _not_expired()
+    )
     if not is_platform_admin(user):
         qs = qs.filter(team__in=teams_with(user, APPROVE_PERMISSION))
     return qs.select_related("team", "requested_by", "call").order_by("requested_at")
@@ -119,6 +156,11 @@ def tool_approval_decide(
             f"Deciding a held tool call needs the team permission {APPROVE_PERMISSION}.",
             rule=APPROVE_PERMISSION,
             status=403,
+        )
+    if approval.call.run_id is not None:
+        raise ToolApprovalError(
+            "This call belongs to a run: decide it on the review desk, where the run waits for it.",
+            rule="approval.run_hold",
         )
     if approval.requested_by_id is not None and approval.requested_by_id == getattr(actor, "pk", None):
         raise ToolApprovalError(
@@ -162,7 +204,12 @@ def tool_approval_decide(
 def expire_tool_approvals() -> int:
     """The sweep: pending approvals past their deadline expire (audited)."""
     n = 0
-    for a in ToolApproval.objects.filter(state=ApprovalState.PENDING, deadline_at__lte=timezone.now()):
+    # A paused run's held call expires with the run's hold (apps.runs.approvals.expire_approvals),
+    # which also resumes the run: not here.
+    due = ToolApproval.objects.filter(state=ApprovalState.PENDING, deadline_at__lte=timezone.now()).exclude(
+        run_holds__decision="pending"
+    )
+    for a in due:
         with transaction.atomic():
             if ToolApproval.objects.filter(pk=a.pk, state=ApprovalState.PENDING).update(
                 state=ApprovalState.EXPIRED
@@ -173,3 +220,30 @@ def expire_tool_approvals() -> int:
                 )
                 n += 1
     return n
+
+
+def decide_run_hold(*, approval_id: int, state: str, actor: Any, note: str) -> ToolApproval | None:
+    """The review desk decided a run's held tool call (apps.runs.approvals checked who may, in
+    its transaction): the approval takes ``state`` and is audited. None if it was decided already."""
+    locked = ToolApproval.objects.select_for_update().filter(pk=approval_id).select_related("call").first()
+    if locked is None or locked.state != ApprovalState.PENDING:
+        return None
+    locked.state = state
+    if state != ApprovalState.EXPIRED:
+        locked.decided_by = actor
+        locked.decided_at = timezone.now()
+        locked.note = note
+    locked.save(update_fields=["state", "decided_by", "decided_at", "note"])
+    event = {
+        ApprovalState.APPROVED: AuditEventType.TOOL_CALL_APPROVED,
+        ApprovalState.REJECTED: AuditEventType.TOOL_CALL_REJECTED,
+    }.get(state, AuditEventType.TOOL_APPROVAL_EXPIRED)
+    audit_record(
+        event_type=event,
+        actor=actor if getattr(actor, "pk", None) else None,
+        team=locked.team_id,
+        obj=locked,
+        run_id=locked.call.run_id,
+        payload={**_payload(locked), "note_chars": len(note)},
+    )
+    return locked

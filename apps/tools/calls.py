@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -50,7 +51,7 @@ from apps.policies.patterns import compile_re2
 from apps.policies.services import effective_policy
 from apps.policies.spec import STRICTNESS, EffectivePolicy, StageGuardrails, ToolRule
 from apps.tools import selectors
-from apps.tools.approvals import consume_approval, open_approval, request_approval
+from apps.tools.approvals import consume_approval, decided_against, open_approval, request_approval
 from apps.tools.connect import ServerUnusable, server_spec
 from apps.tools.models import CallStatus, Tool, ToolApproval, ToolCall, ToolVersion
 from apps.tools.services import record_health, store_discovery
@@ -78,6 +79,7 @@ class ToolCallOutcome:
     latency_ms: float | None = None
     call: ToolCall | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
+    approval_id: int | None = None  # pending_approval: the approval this call waits on
 
     @property
     def ok(self) -> bool:
@@ -229,8 +231,13 @@ def tool_call(
     granted: tuple[str, ...] | None = None,
     effective: EffectivePolicy | None = None,
     source: str = "run",
+    on_recorded: Callable[[ToolCall], None] | None = None,
 ) -> ToolCallOutcome:
-    """Admit, run and check one tool call; always records it. Never raises for a refusal."""
+    """Admit, run and check one tool call; always records it. Never raises for a refusal.
+
+    ``on_recorded`` is called with the stored row inside the transaction that stores it, for
+    every decided call (not one waiting for an approver): the run's resume journal, so a kill
+    after the server answered never repeats the call."""
     effective = effective or effective_policy(team)
     arguments = dict(arguments or {})
     digest = arguments_digest(qualified, arguments)
@@ -268,9 +275,17 @@ def tool_call(
         arguments, checks = _input_gate(effective, arguments)
         gated = True
         if action == "require_approval":
-            used = consume_approval(team, qualified, digest)
+            used = consume_approval(team, qualified, digest, run_id=run_id)
+            if (
+                used is None
+                and run_id is not None
+                and (against := decided_against(run_id, qualified, digest))
+            ):
+                # The approver refused this very call of this run, or nobody decided in time:
+                # the worker reads the refusal as the tool's result and the step goes on.
+                raise _Refused(*against)
             if used is None:
-                waiting = open_approval(team, qualified, digest)
+                waiting = open_approval(team, qualified, digest, run_id=run_id)
                 raise _Refused(
                     action_rule,
                     f"{qualified} waits for an approver"
@@ -304,7 +319,7 @@ def tool_call(
             team=team, tool=tool, version=version, qualified=qualified, arguments=arguments, digest=digest,
             status=status, rule=rule, message=message, output=text, stored=stored, checks=checks,
             latency_ms=result.latency_ms, cost=cost, actor=actor, api_key_id=api_key_id, run_id=run_id,
-            step_index=step_index, source=source, used=used, effective=effective,
+            step_index=step_index, source=source, used=used, effective=effective, on_recorded=on_recorded,
         )  # fmt: skip
     except _Refused as refused:
         return _record(
@@ -340,6 +355,7 @@ def _record(
     source: str,
     used: ToolApproval | None,
     effective: EffectivePolicy,
+    on_recorded: Callable[[ToolCall], None] | None = None,
 ) -> ToolCallOutcome:
     check_rows = [_check_dict(c) for c in checks]
     with transaction.atomic():
@@ -390,10 +406,16 @@ def _record(
         )
         if used is not None:
             ToolApproval.objects.filter(pk=used.pk).update(used_by_call=call)
-        if status == CallStatus.PENDING_APPROVAL and open_approval(team, qualified, digest) is None:
-            approval = request_approval(call=call, requested_by=actor, rule=rule, effective=effective)
-            message = f"{qualified} waits for an approver (approval {approval.pk}); the same call runs once approved"
-            ToolCall.objects.filter(pk=call.pk).update(message=message[:500])
+        approval_id: int | None = None
+        if status == CallStatus.PENDING_APPROVAL:
+            waiting = open_approval(team, qualified, digest, run_id=run_id)
+            if waiting is None:
+                waiting = request_approval(call=call, requested_by=actor, rule=rule, effective=effective)
+                message = f"{qualified} waits for an approver (approval {waiting.pk}); the same call runs once approved"
+                ToolCall.objects.filter(pk=call.pk).update(message=message[:500])
+            approval_id = waiting.pk
+        elif on_recorded is not None:
+            on_recorded(call)
     return ToolCallOutcome(
         status=status,
         qualified_name=qualified,
@@ -404,4 +426,5 @@ def _record(
         latency_ms=latency_ms,
         call=call,
         arguments=arguments,
+        approval_id=approval_id,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from django.db import connection
@@ -16,6 +16,21 @@ from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
 from apps.tools import selectors
 from apps.tools.calls import tool_call
+from apps.tools.models import CallStatus, ToolCall
+
+
+class ToolJournal(Protocol):
+    """The run's resume journal (``apps.runs.journal.CallJournal``, a layer above this one)."""
+
+    def take_tool(self, digest: str) -> dict[str, Any] | None: ...
+
+    def record_tool(self, digest: str, qualified: str, result: dict[str, Any]) -> None: ...
+
+
+def _model_text(status: str, rule: str, message: str, output: str) -> str:
+    if status == CallStatus.SUCCEEDED:
+        return output
+    return f"[tool call {status} ({rule}): {message}]"
 
 
 def tools_for_step(
@@ -48,10 +63,33 @@ def step_tool_runner(
     step_index: int | None = None,
     actor: Any = None,
     effective: EffectivePolicy | None = None,
+    journal: ToolJournal | None = None,
+    digest: Callable[[int | None, str, Any], str] | None = None,
 ) -> Callable[[str, dict[str, Any]], ToolRun]:
     grant = tuple(granted)
 
     def run(qualified: str, arguments: dict[str, Any]) -> ToolRun:
+        key = digest(step_index, qualified, arguments) if journal is not None and digest else ""
+        if key and journal is not None and (done := journal.take_tool(key)) is not None:
+            # Answered by an earlier attempt of this run: not called again (no row, no audit:
+            # the first attempt recorded both).
+            return ToolRun(
+                status=done["status"], text=done["text"], rule=done["rule"], arguments=done["arguments"]
+            )
+
+        flush = getattr(journal, "before_call", None)
+        if key and flush is not None:
+            flush()  # the worker's answer that asked for this call is journaled before it runs
+
+        def journaled(call: ToolCall) -> None:
+            if key and journal is not None:
+                text = _model_text(call.status, call.rule, call.message, call.output)
+                journal.record_tool(
+                    key,
+                    qualified,
+                    {"status": call.status, "rule": call.rule, "text": text, "arguments": call.arguments},
+                )
+
         outcome = tool_call(
             team=team,
             qualified=qualified,
@@ -61,12 +99,18 @@ def step_tool_runner(
             step_index=step_index,
             granted=grant,
             effective=effective,
+            on_recorded=journaled if key else None,
         )
-        text = outcome.for_model()
-        if not outcome.ok:
-            text = f"[tool call {outcome.status} ({outcome.rule}): {outcome.message}]"
+        text = _model_text(outcome.status, outcome.rule, outcome.message, outcome.output)
         shown = outcome.call.arguments if outcome.call is not None else {}
-        return ToolRun(status=outcome.status, text=text, rule=outcome.rule, arguments=shown)
+        hold = None
+        if outcome.status == CallStatus.PENDING_APPROVAL and run_id is not None and outcome.approval_id:
+            # Inside a run the call pauses the run on this approval (apps.runs.approvals).
+            hold = {
+                "tool_approval": outcome.approval_id,
+                "digest": outcome.call.arguments_digest if outcome.call is not None else "",
+            }
+        return ToolRun(status=outcome.status, text=text, rule=outcome.rule, arguments=shown, hold=hold)
 
     return run
 
@@ -75,8 +119,19 @@ class RunToolPort:
     """``apps.engine.tools_loop.ToolPort`` for one run: lazy, so a run whose plan grants no tool
     (every pass-through and fixed-strategy run) costs no query."""
 
-    def __init__(self, *, team: Any, run_id: UUID, actor_id: int | None, effective: EffectivePolicy) -> None:
+    def __init__(
+        self,
+        *,
+        team: Any,
+        run_id: UUID,
+        actor_id: int | None,
+        effective: EffectivePolicy,
+        journal: ToolJournal | None = None,
+        digest: Callable[[int | None, str, Any], str] | None = None,
+    ) -> None:
         self.team = team
+        self.journal = journal
+        self.digest = digest
         self.run_id = run_id
         self.actor_id = actor_id
         self.effective = effective
@@ -124,6 +179,8 @@ class RunToolPort:
             step_index=step.index,
             actor=actor,
             effective=self.effective,
+            journal=self.journal,
+            digest=self.digest,
         )
 
         def run(qualified: str, arguments: dict[str, Any]) -> ToolRun:

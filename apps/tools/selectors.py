@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import Count, Prefetch, Q, QuerySet
 
-from apps.tools.models import Tool, ToolCall, ToolServer, ToolVersion
+from apps.tools.models import Tool, ToolApproval, ToolCall, ToolServer, ToolVersion
 
 
 def servers_for_team(team: Any) -> QuerySet[ToolServer]:
@@ -59,7 +59,24 @@ def tool_by_name(team: Any, qualified: str) -> Tool | None:
     )
 
 
-STATUS_COLUMNS = ("succeeded", "failed", "refused", "blocked", "held", "pending_approval")
+STATUS_COLUMNS = (
+    "succeeded",
+    "failed",
+    "refused",
+    "blocked",
+    "held",
+    "pending_approval",
+    "approved",
+    "approval_refused",
+    "approval_expired",
+)
+# ToolApproval.state -> column ("used" was approved, then ran).
+APPROVAL_COLUMNS = {
+    "approved": "approved",
+    "used": "approved",
+    "rejected": "approval_refused",
+    "expired": "approval_expired",
+}
 
 
 def tool_call_counts(team_ids: list[int], start: Any, end: Any) -> list[dict[str, Any]]:
@@ -76,4 +93,16 @@ def tool_call_counts(team_ids: list[int], start: Any, end: Any) -> list[dict[str
         )
         row[r["status"]] = row.get(r["status"], 0) + r["n"]
         row["total"] += r["n"]
+    # Approvals asked in the window, by what the approver (or the clock) decided.
+    for a in (
+        ToolApproval.objects.filter(team_id__in=team_ids, requested_at__gte=start, requested_at__lt=end)
+        .values("qualified_name", "state")
+        .annotate(n=Count("pk"))
+    ):
+        row = rows.setdefault(
+            a["qualified_name"], {"tool": a["qualified_name"], "total": 0, **dict.fromkeys(STATUS_COLUMNS, 0)}
+        )
+        key = APPROVAL_COLUMNS.get(a["state"])
+        if key:
+            row[key] = row.get(key, 0) + a["n"]
     return list(rows.values())

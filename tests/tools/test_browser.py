@@ -1,8 +1,9 @@
 """The tools journey in a real browser against a live daphne (and Celery in distributed mode):
 a policy admin registers an MCP server (a real one, the SDK's, on loopback), discovers and
 accepts its tools on the pool page; a member's conductor run grants a step two tools and the
-run page shows each call live as a node of the graph; the approval-gated one waits on the desk,
-where a reviewer approves it. Accessibility: axe finds nothing serious or critical."""
+run page shows each call live as a node of the graph; the approval-gated one pauses the run and
+waits on the review desk, where a reviewer approves exactly that call; the member's page follows
+the resumed run live to its answer. Accessibility: axe finds nothing serious or critical."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from apps.runs.models import PlanApproval, Run
 from apps.tools.models import ToolApproval
 from tests.fakes.base import FakeReply
 from tests.fixtures.runs import CONDUCTOR_MODEL
@@ -110,24 +112,41 @@ def test_register_grant_watch_a_run_call_a_tool_live_and_approve_a_call(
     assert "crm.add — succeeded" in (added.text_content() or "")
     held = asker.wait_for_selector("[data-testid=tool-node-0-1]")
     assert "crm.wire_money — pending_approval (tools.rules[0].action)" in (held.text_content() or "")
-    asker.wait_for_selector("[data-testid=run-status][data-status=succeeded]", timeout=60_000)
+    # The run pauses on the held call (the plan approval flow's state), live.
+    asker.wait_for_selector("[data-testid=run-status][data-status=awaiting_approval]", timeout=60_000)
     added.click()
     assert asker.text_content("[data-role=inspector] [data-field=output]") == "42"
     assert mcp_http.calls() == [{"tool": "add", "arguments": {"a": 40, "b": 2}}]  # the payment waits
     assert serious_violations(asker) == []
-    asker_context.close()
+    run_id = str(asker.get_attribute("[data-run-view]", "data-run-id"))
 
-    # --- a reviewer approves the held call on the desk -------------------------------------------
-    approval = ToolApproval.objects.get()
+    # --- a reviewer approves the held call on the review desk ------------------------------------
+    hold = PlanApproval.objects.get(run_id=run_id)
+    assert hold.kind == "tool"
     context, page = _signed_in(browser, url, reviewer)
     try:
-        page.goto(url + reverse("tools:approval_desk"))
-        row = page.wait_for_selector(f"[data-testid=tool-approval-{approval.pk}]")
-        assert "DE-7" in (row.text_content() or "")
+        assert int((page.text_content("[data-testid=review-badge]") or "0").split()[0]) >= 1
+        page.goto(url + reverse("audit:review_queue"))
+        row = page.wait_for_selector(f"[data-testid=tool-hold-{hold.pk}]")
+        text = row.text_content() or ""
+        assert "crm.wire_money" in text and "DE-7" in text and "CRM tools" in text
         assert serious_violations(page) == []
-        page.click(f"[data-testid=approve-{approval.pk}]")
+        page.click(f"[data-testid=approve-tool-{hold.pk}]")
         page.wait_for_selector("text=Nothing waits for you.")
+        assert "Tool call approved" in (page.text_content("body") or "")
     finally:
         context.close()
-    approval.refresh_from_db()
-    assert approval.state == "approved" and approval.decided_by == reviewer
+
+    # --- the member's page follows the resumed run live to its answer ----------------------------
+    asker.wait_for_selector("[data-testid=run-status][data-status=succeeded]", timeout=60_000)
+    paid = asker.wait_for_selector("[data-testid=tool-node-0-1]")
+    assert "crm.wire_money — succeeded" in (paid.text_content() or "")
+    asker_context.close()
+    assert Run.objects.get(pk=run_id).status == "succeeded"
+    # Exactly the approved call ran, once; crm.add was answered from the journal, not again.
+    assert mcp_http.calls() == [
+        {"tool": "add", "arguments": {"a": 40, "b": 2}},
+        {"tool": "wire_money", "arguments": {"account": "DE-7", "amount": 42}},
+    ]
+    approval = ToolApproval.objects.get()
+    assert approval.state == "used" and approval.decided_by == reviewer

@@ -5,6 +5,7 @@ audit as a run's calls, and is refused outside the scope with the rule named."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx2
@@ -95,3 +96,77 @@ def test_another_teams_key_sees_none_of_alphas_tools(
     assert listed.tools == []
     assert called.is_error and "tools.unknown_tool" in called.content[0].text
     assert mcp_http.calls() == []
+
+
+SECURITY_HEADERS = (
+    "x-frame-options",
+    "x-content-type-options",
+    "referrer-policy",
+    "cross-origin-opener-policy",
+    "content-security-policy",
+)
+
+
+def test_mcp_answers_carry_the_security_headers_of_v1(
+    alpha: Any, policy_admin: Any, crm: Any, daphne_server: Any
+) -> None:
+    key = make_api_key(alpha, scopes=["tools:call", "runs:write"], principal=policy_admin).plaintext
+    v1 = httpx2.get(f"{daphne_server.url}/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert v1.status_code == 200
+    expected = {name: v1.headers.get(name) for name in SECURITY_HEADERS}
+    assert expected["x-frame-options"] and expected["x-content-type-options"] == "nosniff"
+    ok = httpx2.post(
+        f"{daphne_server.url}/mcp",
+        headers={"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+    )
+    refused = httpx2.post(
+        f"{daphne_server.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    )
+    assert refused.status_code == 401
+    for resp in (ok, refused):
+        assert {name: resp.headers.get(name) for name in SECURITY_HEADERS} == expected, resp.status_code
+        assert resp.headers["x-request-id"].startswith("req_")
+
+
+def _post(app: Any, key: str, payload: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
+    from tests.api.test_v1_asgi_chain import call
+
+    headers = (
+        (b"authorization", f"Bearer {key}".encode()),
+        (b"content-type", b"application/json"),
+        (b"accept", b"application/json, text/event-stream"),
+    )
+    return asyncio.run(call(app, "POST", "/mcp", body=json.dumps(payload).encode(), headers=headers))
+
+
+def test_mcp_errors_never_leak_internals(
+    alpha: Any, policy_admin: Any, crm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apps.api import mcp_endpoint
+    from conductor_web.handlers import with_api_headers
+
+    app = with_api_headers(mcp_endpoint.app)
+    key = make_api_key(alpha, scopes=["tools:call"], principal=policy_admin).plaintext
+    secret = "password=hunter2 at db.internal:5432"
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(secret)
+
+    monkeypatch.setattr(mcp_endpoint, "tool_call", broken)
+    monkeypatch.setattr(mcp_endpoint, "_listable", broken)
+    call = {"name": "crm.add", "arguments": {"a": 1, "b": 2}}
+    for method, params in (("tools/call", call), ("tools/list", {})):
+        status, headers, body = _post(
+            app, key, {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        )
+        assert status == 200 and b"hunter2" not in body and b"RuntimeError" not in body, body
+        assert b"Internal error" in body or b"internal_error" in body, body
+        assert headers["x-content-type-options"] == "nosniff"
+    # An error before the SDK (the key lookup failing): a JSON-RPC error naming the request id.
+    monkeypatch.setattr(mcp_endpoint, "_authenticate", broken)
+    status, headers, body = _post(app, key, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert status == 500 and b"hunter2" not in body
+    error = json.loads(body)["error"]
+    assert error["data"] == {"rule": "internal_error", "request_id": headers["x-request-id"]}
+    assert headers["x-frame-options"]

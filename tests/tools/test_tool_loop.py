@@ -91,3 +91,39 @@ def test_the_loop_is_bounded(alpha: Any, crm: Any, mcp_http: Any, openai_fake: A
     out = _loop(alpha, openai_fake, ["crm.add"], *calls)
     assert out.rounds == 3 and len(out.calls) == 2  # the last round offers no tool choice
     assert openai_fake.posts()[2].json["tool_choice"] == "none"
+
+
+def test_a_held_call_inside_a_run_stops_the_loop_and_pauses_the_run(
+    alpha: Any, crm: Any, mcp_http: Any, openai_fake: Any, owner: Any
+) -> None:
+    """In a run (a run id), a call waiting for an approver raises ToolApprovalHeld: nothing after
+    it in the round runs and the executor turns it into the run's pause (RunHeld)."""
+    import uuid
+
+    from apps.engine.tools_loop import ToolApprovalHeld
+    from tests.factories.policies import publish_policy
+
+    publish_policy(alpha, {"tools": {"rules": [{"tool": "crm.wire_money", "action": "require_approval"}]}})
+    granted = ["crm.wire_money", "crm.add"]
+    openai_fake.script(
+        FakeReply(
+            tool_calls=[
+                {"id": "c1", "name": "crm__wire_money", "arguments": '{"account": "DE-1", "amount": 5}'},
+                {"id": "c2", "name": "crm__add", "arguments": '{"a": 1, "b": 1}'},
+            ]
+        )
+    )
+    run_id = uuid.uuid4()
+    with pytest.raises(ToolApprovalHeld) as held:
+        run_tool_loop(
+            _worker(openai_fake),
+            [{"role": "user", "content": "Pay."}],
+            tools_for_step(alpha, granted),
+            step_tool_runner(team=alpha, granted=granted, run_id=run_id, step_index=0, actor=owner),
+            max_rounds=3,
+        )
+    assert held.value.tool == "crm.wire_money" and held.value.rule == "tools.rules[0].action"
+    paused = held.value.run_held(round=1)
+    assert paused.status.value == "awaiting_approval" and paused.hold["kind"] == "tool"
+    assert paused.hold["tool_approval"] == ToolCall.objects.get(run_id=run_id).approval.pk
+    assert mcp_http.calls() == []  # neither the held call nor the one after it ran

@@ -461,7 +461,9 @@ class ApprovalRefused(APIException):
 
 class RunApproval(ApiView):
     """Decide a plan held for an approver: ``approve`` resumes the run, ``reject`` ends it blocked
-    (a note is required). Team admins and reviewers; never on their own run."""
+    (a note is required). A held tool call (issue 43) is decided the same way; either decision
+    resumes the run, whose call then runs or is refused. Team admins and reviewers; never on
+    their own run."""
 
     key_scopes = {"POST": ApiScope.RUNS_REVIEW}
 

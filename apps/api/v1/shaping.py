@@ -292,7 +292,8 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
         return OpenAIError(
             409,
             f"{run.error or 'The plan waits for an approver.'} (policy field: {fields}). Run {run.id} "
-            "resumes once a team admin or reviewer approves its plan; follow it at its URL.",
+            # A held plan or (issue 43) a held tool call: the same pause, the same code.
+            "resumes once a team admin or reviewer decides; follow it at its URL.",
             type_="approval_required",
             code="plan_awaiting_approval",
             headers=no_retry(),
