@@ -38,7 +38,7 @@ from apps.audit.services import (
 from apps.engine.events import Event, EventType
 from apps.governance.access_version import TABLE as ACCESS_TABLE
 from apps.governance.models import Team
-from apps.runs import observers
+from apps.runs import live, observers
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.runs.selectors import team_may_hold
@@ -371,6 +371,8 @@ class RunSink:
         self._buffered_at = 0.0
         self._running: set[Any] = set()  # indices of the steps started and not finished
         self._answer_sent = False  # the answer's first released text was flushed
+        # A /v1 stream in this process takes the released answer text as it comes (apps.runs.live).
+        self._tap = live.tap_for(run.id)
         self.transactions = 0  # batches committed (bench and tests read it)
         self.dropped = 0  # events not stored because another executor owns the run
         self._owner_thread = threading.get_ident()
@@ -378,6 +380,15 @@ class RunSink:
 
     def emit(self, event: Event) -> None:
         data = event.to_dict()
+        tap = self._tap
+        # A holdable run's answer never streams (shaping.Streamed).
+        if (
+            tap is not None
+            and data["type"] == "step.delta"
+            and data["data"].get("answer")
+            and not self.holdable
+        ):
+            tap.push(str(data["data"].get("text") or ""))
         with self._lock:
             store = self._add(data)
             if not store and not self._answers_to_journal():
@@ -461,9 +472,15 @@ class RunSink:
                 return True  # the engine now waits on the other steps
         if kind in _FLUSH_TYPES:
             return True
-        if kind == "step.delta" and event["data"].get("answer") and not self._answer_sent:
+        if (
+            kind == "step.delta"
+            and event["data"].get("answer")
+            and not self._answer_sent
+            and self._tap is None
+        ):
             # The answer's first released text is stored and published at once: a streaming
-            # client's time to first token (issue 45); the rest batches as other deltas.
+            # client's time to first token (issue 45); the rest batches as other deltas. A client
+            # served from a tap has it already: no transaction for it.
             self._answer_sent = True
             return True
         return now - self._buffered_at >= DELTA_FLUSH_S
