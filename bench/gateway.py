@@ -84,6 +84,12 @@ parser.add_argument(
     help="which targets to measure (a subset, e.g. 'pool' while a profiler watches one path)",
 )
 parser.add_argument(
+    "--server",
+    choices=["daphne", "uvicorn"],
+    default="daphne",
+    help="the ASGI server in front of this project (one process; uvicorn: h11 and asyncio, no extras)",
+)
+parser.add_argument(
     "--profile",
     default="",
     help="write a cProfile of the served process (every thread; bench/_profiled.py) to this file",
@@ -185,6 +191,21 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
         str(port),
         "conductor_web.asgi:application",
     ]
+    if ARGS.server == "uvicorn":
+        cmd = [
+            *cmd[:2],
+            "uvicorn",
+            "conductor_web.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--lifespan",
+            "off",
+        ]
     if ARGS.profile:
         cmd[1:1] = [str(ROOT / "bench" / "_profiled.py"), ARGS.profile]
     if ARGS.processes > 1:
@@ -423,7 +444,7 @@ def main() -> None:
 def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
     load = os.getloadavg()
     print(
-        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+        f"\nmode: {ARGS.mode}, server {ARGS.server}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
     if ARGS.stream:
         print(

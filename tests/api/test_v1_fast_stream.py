@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -24,7 +25,9 @@ from apps.runs.models import Run, RunEvent
 from tests.factories.api import make_api_key
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
+from tests.fixtures.core import _stop, start_daphne, subprocess_env
 from tests.fixtures.workers import solo_pool_of
+from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
@@ -32,8 +35,26 @@ ASK = [{"role": "user", "content": "Tell me something."}]
 STREAM = "x-conductor-stream"
 
 
+@pytest.fixture(scope="module")
+def fast_server(
+    request: pytest.FixtureRequest, django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """The live server. Distributed runs execute on Celery workers unless ``V1_INLINE_RUNS``
+    lets pass-throughs run in the web process (it defaults to off there): this module's own
+    daphne opts in, so the fast path is tested on PostgreSQL and Redis too."""
+    if MODE != "distributed":
+        yield request.getfixturevalue("daphne_server")
+        return
+    env = subprocess_env(V1_INLINE_RUNS="passthrough")
+    server = start_daphne(tmp_path_factory.mktemp("fast") / "daphne.log", env)
+    try:
+        yield server
+    finally:
+        _stop(server.proc)
+
+
 @pytest.fixture
-def solo(daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> Any:
+def solo(fast_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> Any:
     solo_pool_of(fake_pool, alpha)
     key = make_api_key(
         alpha, name="fast", principal=team_admin, requests_per_minute=1000, tokens_per_minute=1_000_000
@@ -41,7 +62,7 @@ def solo(daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, t
 
     class Solo:
         server = fake_pool.server
-        base_url = f"{daphne_server.url}/v1"
+        base_url = f"{fast_server.url}/v1"
         api_key = key
 
         def client(self) -> openai.OpenAI:
