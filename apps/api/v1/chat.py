@@ -33,7 +33,7 @@ from apps.api.v1.errors import (
 )
 from apps.engine.generation import GenerationOptions, ResponseFormat
 from apps.runs import live
-from conductor_web.executor_db import off_loop
+from conductor_web.executor_db import off_loop, on_server_loop
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -638,8 +638,9 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        # live: a streamed pass-through may execute here, its answer taken as it is released.
-        started = await off_loop(bridge.start_run, request, parse_chat_request, live=True)
+        # live: a streamed pass-through may execute here, its answer taken as it is released
+        # (on a server's loop, which outlives this view: the stream is written after it returns).
+        started = await off_loop(bridge.start_run, request, parse_chat_request, live=on_server_loop())
     except OpenAIError as err:
         return error_response(err)
     run, target = started.run, started.target
