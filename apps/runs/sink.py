@@ -439,8 +439,22 @@ class RunSink:
 
     def before_provider_call(self) -> None:
         """The engine is about to wait on a model provider: what it emitted so far is stored and
-        shown now, and its answers journaled (called by the resume journal's workers)."""
-        self.flush()
+        shown now, and its answers journaled (called by the resume journal's workers).
+
+        A tapped run (a /v1 stream in this process takes its answer) journals its answers but
+        stores its events with its first deltas instead: the store (a transaction, on an engine
+        thread a connection of its own) was on the way to the client's first token."""
+        if self._tap is None:
+            self.flush()
+            return
+        with self._lock:
+            if not self._answers_to_journal():
+                return
+            try:
+                self._journal_answers()
+            finally:
+                if threading.get_ident() != self._owner_thread:
+                    connection.close()
 
     # -- buffering --------------------------------------------------------------------------------
 
@@ -474,8 +488,8 @@ class RunSink:
             self._running.discard(index)
             if self._running:
                 return True  # the engine now waits on the other steps
-        if kind in _FLUSH_TYPES:
-            return True
+        if kind in _FLUSH_TYPES and not (kind == "step.started" and self._tap is not None):
+            return True  # a tapped run's step start is stored with its first deltas (before_provider_call)
         if (
             kind == "step.delta"
             and event["data"].get("answer")
