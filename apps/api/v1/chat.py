@@ -475,8 +475,8 @@ async def stream_run(
             yield shaping.SSE_KEEPALIVE
         else:
             final = update.run
-    async for piece in _stream_ending(request, started, env, final, streamed):
-        yield piece
+    async for ending in _stream_ending(request, started, env, final, streamed):
+        yield ending
 
 
 async def _stream_ending(
