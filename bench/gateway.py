@@ -83,6 +83,17 @@ parser.add_argument(
     default="direct,litellm,pool,mini",
     help="which targets to measure (a subset, e.g. 'pool' while a profiler watches one path)",
 )
+parser.add_argument(
+    "--server",
+    choices=["daphne", "uvicorn"],
+    default="daphne",
+    help="the ASGI server in front of this project (one process; uvicorn: h11 and asyncio, no extras)",
+)
+parser.add_argument(
+    "--profile",
+    default="",
+    help="write a cProfile of the served process (every thread; bench/_profiled.py) to this file",
+)
 ARGS = parser.parse_args()
 
 WORK = Path("/tmp/conductor_gateway_bench")
@@ -180,6 +191,23 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
         str(port),
         "conductor_web.asgi:application",
     ]
+    if ARGS.server == "uvicorn":
+        cmd = [
+            *cmd[:2],
+            "uvicorn",
+            "conductor_web.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            "--lifespan",
+            "off",
+        ]
+    if ARGS.profile:
+        cmd[1:1] = [str(ROOT / "bench" / "_profiled.py"), ARGS.profile]
     if ARGS.processes > 1:
         os.environ["WEB_PROCESSES"] = str(ARGS.processes)
         cmd = [sys.executable, "-m", "conductor_web.serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -399,6 +427,9 @@ def main() -> None:
                 lat = results[(target.name, clients)][0] or [float("nan")]
                 print(f"c={clients} {target.name}: p50 {statistics.median(lat):.1f} ms", file=sys.stderr)
     finally:
+        if ARGS.profile and procs:
+            procs[0].send_signal(signal.SIGUSR1)
+            time.sleep(3)  # merging the threads' profiles
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
@@ -413,7 +444,7 @@ def main() -> None:
 def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
     load = os.getloadavg()
     print(
-        f"\nmode: {ARGS.mode}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+        f"\nmode: {ARGS.mode}, server {ARGS.server}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
     if ARGS.stream:
         print(

@@ -150,6 +150,13 @@ def served_on_loop() -> Iterator[None]:
         _served.reset(token)
 
 
+def on_server_loop() -> bool:
+    """Whether an ASGI server's event loop serves the request, and outlives its view: work the
+    view leaves running (a streamed run executing in this process) goes on after it returns.
+    Django's test client runs each call on a loop of its own, closed when the call returns."""
+    return not _on_callers_thread()
+
+
 def _on_callers_thread() -> bool:
     return SyncToAsync.thread_sensitive_context.get(None) is None and not _served.get()
 

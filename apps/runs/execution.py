@@ -329,33 +329,42 @@ _inline_slots: tuple[int, threading.BoundedSemaphore] | None = None  # (size, sl
 _inline_lock = threading.Lock()
 
 
-def inline_wanted(*, stream: bool, passthrough: bool) -> bool:
-    """Whether a /v1 run executes on the request's thread (``V1_INLINE_RUNS``): only a plain
-    request, whose caller waits for the ending anyway; a stream follows the run's events."""
+def inline_wanted(*, stream: bool, passthrough: bool, live: bool = False) -> bool:
+    """Whether a /v1 run executes in the request's process (``V1_INLINE_RUNS``): a plain
+    request on its own thread, whose caller waits for the ending anyway; a stream only when its
+    caller takes the answer live (``live``: apps.runs.live) on a pass-through, on a thread of its
+    own, while the stream is written."""
     mode = settings.V1_INLINE_RUNS
-    return not stream and (mode == "all" or (mode == "passthrough" and passthrough))
+    if stream:
+        return live and passthrough and mode in ("passthrough", "all")
+    return mode == "all" or (mode == "passthrough" and passthrough)
 
 
-@contextmanager
-def inline_slot(wanted: bool) -> Iterator[bool]:
-    """One of this process's ``V1_INLINE_SLOTS`` for executing a run inline: yields whether one
-    was taken (waiting at most ``V1_INLINE_WAIT_S``; without one the run is queued as usual).
-    The wait comes before the run is accepted, so a busy process holds no accepted run idle."""
+def take_inline_slot(wanted: bool) -> threading.BoundedSemaphore | None:
+    """One of this process's ``V1_INLINE_SLOTS`` for executing a run inline (waiting at most
+    ``V1_INLINE_WAIT_S``; without one the run is queued as usual), or None. The caller releases
+    it when the run's execution returns."""
     global _inline_slots
     if not wanted:
-        yield False
-        return
+        return None
     size = max(1, int(settings.V1_INLINE_SLOTS))
     with _inline_lock:
         if _inline_slots is None or _inline_slots[0] != size:  # a changed setting takes effect
             _inline_slots = (size, threading.BoundedSemaphore(size))
         slots = _inline_slots[1]
-    taken = slots.acquire(timeout=max(0.0, settings.V1_INLINE_WAIT_S))
+    return slots if slots.acquire(timeout=max(0.0, settings.V1_INLINE_WAIT_S)) else None
+
+
+@contextmanager
+def inline_slot(wanted: bool) -> Iterator[bool]:
+    """``take_inline_slot`` for the length of a block: yields whether one was taken.
+    The wait comes before the run is accepted, so a busy process holds no accepted run idle."""
+    slot = take_inline_slot(wanted)
     try:
-        yield taken
+        yield slot is not None
     finally:
-        if taken:
-            slots.release()
+        if slot is not None:
+            slot.release()
 
 
 def execute_here(run: Run) -> Run | None:

@@ -107,6 +107,40 @@ def test_openai_streaming_with_usage(openai_fake: FakeOpenAIServer) -> None:
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+def test_openai_stream_reads_events_raw_no_sdk_object_per_chunk(
+    openai_fake: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: a streamed call parses the provider's events itself. The SDK's model builder
+    (a pydantic object per chunk: the per-token cost of a pass-through) is never reached, and
+    text, tool calls, usage and the finish reason still come through."""
+    import openai._models
+
+    def no_objects(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an SDK object was built for a streamed chunk")
+
+    monkeypatch.setattr(openai._models, "construct_type", no_objects)
+    monkeypatch.setattr(openai._models.BaseModel, "construct", no_objects)
+    openai_fake.responder = lambda req: FakeReply(
+        "a b c", chunks=["a ", "b ", "c"], input_tokens=5, output_tokens=3
+    )
+    deltas: list[str] = []
+    r = oa_worker(openai_fake).complete(MSGS, on_delta=deltas.append)
+    assert deltas == ["a ", "b ", "c"] and r.text == "a b c" and r.usage == Usage(5, 3)
+    assert r.finish_reason == "stop"
+    openai_fake.responder = lambda req: FakeReply(
+        "", tool_calls=[{"id": "call_1", "name": "lookup", "arguments": '{"q": "' + "x" * 80 + '"}'}]
+    )
+    r = oa_worker(openai_fake).complete(MSGS, on_delta=deltas.append)
+    assert r.finish_reason == "tool_calls"
+    assert r.tool_calls == (
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": '{"q": "' + "x" * 80 + '"}'},
+        },
+    )
+
+
 def test_openai_stream_without_usage_is_estimated(openai_fake: FakeOpenAIServer) -> None:
     openai_fake.responder = lambda req: FakeReply("a b c d", include_usage=False)
     r = oa_worker(openai_fake).complete(MSGS, on_delta=lambda s: None)

@@ -79,6 +79,9 @@ class Started:
     # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS);
     # when ended, with its finished data and the provider time recorded (_answer_ended).
     ended: Any = None
+    # A stream's run accepted for execution in this process (start_run(live=True)): the inline
+    # slot it holds. The caller must hand it to ``execute_live`` (which releases the slot).
+    live_slot: Any = None
 
 
 def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
@@ -100,12 +103,17 @@ def start_run(
     request: HttpRequest,
     parse: Callable[[bytes], RunRequest],
     prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
+    *,
+    live: bool = False,
 ) -> Started:
     """``_start_run``, with any failure of a part (the database busy past its timeout, Redis)
     turned into a 503 naming the part: no run was started, and the client hears why in its
-    protocol's error shape rather than an HTML 500."""
+    protocol's error shape rather than an HTML 500.
+
+    ``live``: the caller can execute a streamed pass-through itself (``execute_live``) and take
+    its answer from a tap (``apps.runs.live``); when it is accepted so, ``Started.live_slot`` is set."""
     try:
-        return _start_run(request, parse, prepare)
+        return _start_run(request, parse, prepare, live=live)
     except OpenAIError:
         raise
     except Exception as exc:
@@ -117,6 +125,8 @@ def _start_run(
     request: HttpRequest,
     parse: Callable[[bytes], RunRequest],
     prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
+    *,
+    live: bool = False,
 ) -> Started:
     """Authenticate, parse, authorise, resolve, check and create the run. Raises OpenAIError.
 
@@ -155,10 +165,18 @@ def _start_run(
             headers={"Retry-After": str(tokens.retry_after_s)},
         )
     record = api_request_record(req, target)
-    inline = execution.inline_wanted(stream=req.stream, passthrough=target.passthrough)
-    with execution.inline_slot(inline) as here:
-        run = _create(request, key, req, target, record, execute_here=here)
-        ended = _execute_here(run) if here else None
+    inline = execution.inline_wanted(stream=req.stream, passthrough=target.passthrough, live=live)
+    slot = execution.take_inline_slot(inline)
+    try:
+        run = _create(request, key, req, target, record, execute_here=slot is not None)
+        if slot is not None and req.stream:
+            # Accepted claimed by this process: the caller executes it (execute_live).
+            started, slot = Started(key=key, req=req, target=target, run=run, live_slot=slot), None
+            return started
+        ended = _execute_here(run) if slot is not None else None
+    finally:
+        if slot is not None:
+            slot.release()
     if ended is not None and ended.is_terminal:
         ended = _answer_ended(ended)  # on this thread: no second trip to one for the answer
     return Started(key=key, req=req, target=target, run=run, ended=ended)
@@ -207,6 +225,19 @@ def _execute_here(run: Any) -> Any:
         logger.exception("run %s: inline execution failed; it is re-queued and followed", run.id)
         execution.give_back(run.id, f"inline execution failed ({type(exc).__name__})")
         return None
+
+
+def execute_live(started: Started) -> Any:
+    """Execute a run ``start_run(live=True)`` accepted for this process (on a request thread,
+    while its stream is written); the run as it ended, with its finished data, or None to follow
+    it as any other (see ``_execute_here``). Releases the run's inline slot."""
+    try:
+        ended = _execute_here(started.run)
+        if ended is not None and ended.is_terminal:
+            ended, _ = _with_finished_data(ended)
+        return ended
+    finally:
+        started.live_slot.release()
 
 
 def refusal_error(refused: Any) -> OpenAIError:

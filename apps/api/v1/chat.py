@@ -13,6 +13,8 @@ slug pick another pool the key may use. Every response names its run (``X-Conduc
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +32,8 @@ from apps.api.v1.errors import (
     method_not_allowed,
 )
 from apps.engine.generation import GenerationOptions, ResponseFormat
-from conductor_web.executor_db import off_loop
+from apps.runs import live
+from conductor_web.executor_db import off_loop, on_server_loop
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -444,6 +447,9 @@ def tool_call_deltas(calls: list[dict[str, Any]]) -> Iterable[dict[str, Any]]:
 
 
 DONE = shaping.sse("[DONE]")
+# How a stream's answer reached it: "direct" (the fast pass-through: executed in this process, the
+# released text handed over as it comes) or "events" (read from the run's stored events).
+STREAM_HEADER = "X-Conductor-Stream"
 
 
 async def stream_run(
@@ -469,6 +475,15 @@ async def stream_run(
             yield shaping.SSE_KEEPALIVE
         else:
             final = update.run
+    async for ending in _stream_ending(request, started, env, final, streamed):
+        yield ending
+
+
+async def _stream_ending(
+    request: HttpRequest, started: bridge.Started, env: Envelope, final: Any, streamed: shaping.Streamed
+) -> AsyncGenerator[bytes, None]:
+    """A stream's last events once its run ended: the error, or the rest of the answer, its
+    finish reason and usage; then ``[DONE]``."""
     await auth.count_tokens(started.key, final)
     conductor = shaping.conductor_info(request, final, started.target)
     error = await off_loop(shaping.run_outcome_error, final, conductor)
@@ -502,6 +517,75 @@ async def stream_run(
             }
         )
     yield DONE
+
+
+# Executions of live streams (a task is only weakly held by the loop): each runs to its end
+# whether or not its client stays.
+_live_runs: set[asyncio.Future[Any]] = set()
+
+
+def execute_live(started: bridge.Started, tap: live.LiveTap | None) -> asyncio.Future[Any]:
+    """Start executing a run ``start_run(live=True)`` accepted for this process, on a request
+    thread; its released answer goes to ``tap`` as it comes. The future is the run as it ended
+    (None: it is followed as any other run). A client that goes away does not stop it: the run
+    ends as it would have (and its record says so)."""
+    run_id = started.run.id
+
+    async def execute() -> Any:
+        try:
+            return await off_loop(bridge.execute_live, started)
+        finally:
+            if tap is not None:
+                tap.end()
+                live.close_tap(run_id)
+
+    task = asyncio.ensure_future(execute())
+    _live_runs.add(task)
+    task.add_done_callback(_live_runs.discard)
+    return task
+
+
+async def stream_live(
+    request: HttpRequest, started: bridge.Started, env: Envelope, tap: live.LiveTap, execution: Any
+) -> AsyncGenerator[bytes, None]:
+    """The fast pass-through (issue 45): a streamed pass-through executing in this process, its
+    released answer written as the engine emits it (``apps.runs.live``), with no database read
+    per piece. Each piece is one chunk built from a prefix rendered once. What the client gets
+    and how the stream ends are ``stream_run``'s: the same checks released the same text."""
+    first = {**env.conductor, "answer": shaping.answer_mode(None)}
+    yield shaping.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=first))
+    head, tail = _content_frame(env)
+    streamed = shaping.Streamed()
+    while True:
+        taken = await tap.take(bridge.KEEPALIVE_S)
+        if taken is None:
+            yield shaping.SSE_KEEPALIVE
+            continue
+        text, ended = taken
+        if text:
+            streamed.parts.append(text)
+            yield head + json.dumps(text).encode() + tail
+        if ended:
+            break
+    final = await execution
+    if final is None or not final.is_terminal:
+        # Given back to the queue or paused: follow it to its end as any other stream does (the
+        # text it released here is already sent; its events are read only for the ending).
+        async for update in bridge.follow_run(started.run):
+            if update.kind == "keepalive":
+                yield shaping.SSE_KEEPALIVE
+            elif update.kind == "final":
+                final = update.run
+    async for piece in _stream_ending(request, started, env, final, streamed):
+        yield piece
+
+
+def _content_frame(env: Envelope) -> tuple[bytes, bytes]:
+    """The bytes of a content chunk before and after its JSON string (``_chunk``'s shape)."""
+    marker = "\u0000MARK\u0000"
+    frame = shaping.sse(_chunk(env, {"content": marker}))
+    head, _, tail = frame.partition(json.dumps(marker).encode())
+    return head, tail
 
 
 # --- views --------------------------------------------------------------------------------------------
@@ -552,10 +636,19 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        started = await off_loop(bridge.start_run, request, parse_chat_request)
+        # live: a streamed pass-through may execute here, its answer taken as it is released
+        # (on a server's loop, which outlives this view: the stream is written after it returns).
+        started = await off_loop(bridge.start_run, request, parse_chat_request, live=on_server_loop())
     except OpenAIError as err:
         return error_response(err)
     run, target = started.run, started.target
+    tap: live.LiveTap | None = None
+    execution: Any = None
+    if started.live_slot is not None:
+        # Accepted for this process: it executes now, whatever follows (the tap is registered
+        # first: the run's sink looks for it once).
+        tap = live.open_tap(run.id, asyncio.get_running_loop())
+        execution = execute_live(started, tap)
     env = Envelope(
         id=f"chatcmpl-{run.id.hex}",
         created=int(run.created_at.timestamp()),
@@ -566,6 +659,15 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if started.req.stream:
         buffered = await off_loop(bridge.answer_buffered, started)
         headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"
+        body: AsyncGenerator[bytes, None]
+        if tap is not None and buffered is None:
+            # The fast path only when nothing needs the whole answer: a buffered answer comes
+            # with the verdict, which the run's events carry (its tap receives nothing).
+            body = stream_live(request, started, env, tap, execution)
+            headers[STREAM_HEADER] = "direct"
+        else:
+            body = stream_run(request, started, env, buffered)
+            headers[STREAM_HEADER] = "events"
 
         # The run id travels in the headers and the first chunk, which go out before the run's
         # first event is read: a client that loses this server still knows which run it started.
@@ -574,7 +676,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
 
         response: HttpResponseBase = StreamingHttpResponse(
             shaping.guarded_stream(
-                stream_run(request, started, env, buffered),
+                body,
                 is_end=lambda piece: piece == DONE,
                 on_failure=on_failure,
             ),

@@ -9,9 +9,10 @@ the user has already seen.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -268,49 +269,98 @@ class OpenAIWorker(SdkWorker):
         return text, usage, resp.model or self.info.model, ending
 
     def _stream(self, params: dict[str, Any], timeout: float, on_delta: Callable[[str], None]) -> CallOutput:
+        """The provider's server-sent events read as they are (issue 45): the SDK builds and sends
+        the request (its headers, the shared egress-checked client, a status error mapped as a
+        plain call's), but each event is one ``json.loads``, not a pydantic chunk object: at a
+        token per event that object was the largest per-token cost of a streamed pass-through."""
         assert self._client is not None
         parts: list[str] = []
         usage: Usage | None = None
         model = self.info.model
-        stream: Any = None
+        response: Any = None
         finished = False  # a finish_reason arrived: the provider ended the answer itself
         finish_reason: str | None = None
         calls: dict[int, dict[str, Any]] = {}  # streamed tool calls by index
         try:
-            stream = self._client.chat.completions.create(
+            with self._client.chat.completions.with_streaming_response.create(
                 **params, stream=True, stream_options={"include_usage": True}, timeout=timeout
-            )
-            with stream:
-                for chunk in stream:
-                    if chunk.model:
-                        model = chunk.model
-                    if chunk.usage is not None:
-                        usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
-                    for choice in chunk.choices or ():
-                        finished = finished or bool(choice.finish_reason)
-                        finish_reason = choice.finish_reason or finish_reason
-                        for delta_call in (choice.delta.tool_calls or []) if choice.delta else []:
+            ) as response:
+                for chunk in _sse_data(response.http_response.iter_lines()):
+                    if chunk is _DONE:
+                        break
+                    if not isinstance(chunk, dict):
+                        raise ProviderBadResponse(
+                            f"Invalid stream event from the {self._provider} provider at {self._host}.",
+                            provider=self._provider,
+                        )
+                    if chunk.get("error") is not None:
+                        # What the SDK raises for an error event: mapped as any other failure.
+                        error = chunk["error"]
+                        message = error.get("message") if isinstance(error, dict) else None
+                        raise openai.APIError(
+                            str(message or "An error occurred during streaming"),
+                            response.http_response.request,
+                            body=error,
+                        )
+                    if chunk.get("model"):
+                        model = str(chunk["model"])
+                    used = chunk.get("usage")
+                    if isinstance(used, dict):
+                        usage = Usage(
+                            int(used.get("prompt_tokens") or 0), int(used.get("completion_tokens") or 0)
+                        )
+                    for choice in chunk.get("choices") or ():
+                        reason = choice.get("finish_reason")
+                        finished = finished or bool(reason)
+                        finish_reason = reason or finish_reason
+                        delta = choice.get("delta") or {}
+                        for delta_call in delta.get("tool_calls") or ():
                             _add_call_delta(calls, delta_call)
-                        piece = choice.delta.content if choice.delta else None
+                        piece = delta.get("content")
                         if piece:
                             parts.append(piece)
                             on_delta(piece)
             if not finished:
                 # A close-delimited stream that ends early looks like a normal end to the SDK.
-                raise stream_cut_error(self._provider, self._host, _received(stream))
-        except (openai.OpenAIError, ValueError) as exc:
-            err = self._map(exc, timeout=timeout, received=_received(stream))
-            if parts:
-                err.retryable = False  # text already reached the user; a retry would repeat it
-            raise err from None
+                raise stream_cut_error(self._provider, self._host, _received(response))
         except ProviderError as typed:
             if parts:
                 typed.retryable = False  # text already reached the user; a retry would repeat it
             raise
+        except Exception as exc:
+            # The SDK's errors, an unreadable event, or the transport failing mid-body (the raw
+            # lines come straight from the HTTP client); anything else is not ours to name.
+            if not isinstance(exc, openai.OpenAIError | ValueError) and transport_failure(exc)[0] is None:
+                raise
+            err = self._map(exc, timeout=timeout, received=_received(response))
+            if parts:
+                err.retryable = False  # text already reached the user; a retry would repeat it
+            raise err from None
         text = "".join(parts)
         tool_calls = [calls[i] for i in sorted(calls)]
         ending = {"finish_reason": _finish(finish_reason, tool_calls), "tool_calls": tool_calls}
         return text, usage if usage is not None else _estimate(params, text), model, ending
+
+
+_DONE = object()
+
+
+def _sse_data(lines: Iterable[str]) -> Iterator[Any]:
+    """The parsed ``data`` of each server-sent event (``_DONE`` for ``[DONE]``): data lines
+    joined until the blank line that ends the event, as the SDK's decoder does."""
+    data: list[str] = []
+    for line in lines:
+        if line:
+            if line.startswith("data:"):
+                data.append(line[6:] if line.startswith("data: ") else line[5:])
+            continue  # event:, id:, retry: and comments carry nothing for a chat stream
+        if data:
+            payload = "\n".join(data)
+            data = []
+            yield _DONE if payload.startswith("[DONE]") else json.loads(payload)
+    if data:
+        payload = "\n".join(data)
+        yield _DONE if payload.startswith("[DONE]") else json.loads(payload)
 
 
 def openai_options(options: GenerationOptions) -> dict[str, Any]:
@@ -346,24 +396,25 @@ def _finish(reason: str | None, calls: list[dict[str, Any]]) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _add_call_delta(calls: dict[int, dict[str, Any]], delta: Any) -> None:
+def _add_call_delta(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
     """Accumulate one streamed tool-call delta (id and name first, arguments in pieces)."""
     entry = calls.setdefault(
-        int(delta.index or 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+        int(delta.get("index") or 0),
+        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
     )
-    if delta.id:
-        entry["id"] = delta.id
-    fn = getattr(delta, "function", None)
-    if fn is not None:
-        if fn.name:
-            entry["function"]["name"] += fn.name
-        if fn.arguments:
-            entry["function"]["arguments"] += fn.arguments
+    if delta.get("id"):
+        entry["id"] = delta["id"]
+    fn = delta.get("function")
+    if isinstance(fn, dict):
+        if fn.get("name"):
+            entry["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            entry["function"]["arguments"] += fn["arguments"]
 
 
-def _received(stream: Any) -> int | None:
+def _received(response: Any) -> int | None:
     """Body bytes read so far on a streamed response (None before it started)."""
-    response = getattr(stream, "response", None)
+    response = getattr(response, "http_response", None)
     count = getattr(response, "num_bytes_downloaded", None)
     return count if isinstance(count, int) else None
 
