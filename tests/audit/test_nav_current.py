@@ -18,7 +18,9 @@ def _current(page: str) -> list[str]:
     return re.findall(r'<a href="([^"]+)"[^>]*aria-current="page"', nav)
 
 
-def test_a_runs_review_form_marks_review_not_audit(client: Any, alpha: Any, owner: Any, reviewer: Any) -> None:
+def test_a_runs_review_form_marks_review_not_audit(
+    client: Any, alpha: Any, owner: Any, reviewer: Any
+) -> None:
     run = make_run(alpha, created_by=owner, question="q", answer="a")
     client.force_login(reviewer)
     resp = client.post(f"/audit/runs/{run.pk}/review/", {"status": "no-such-status"})
