@@ -159,10 +159,20 @@ class ProviderForm(forms.Form):
                 "field": self[name],
                 "kinds": " ".join(self.kinds_of(name) or ()),
                 "shown": self.shown(name),
+                "helps": self._kind_helps(name),
             }
             for name in self.fields
             if name != "test_model"
         ]
+
+    def _kind_helps(self, name: str) -> list[dict[str, Any]]:
+        """Per-kind help of ``name`` (the script shows the chosen kind's), or [] for one text."""
+        table = {"base_url": BASE_URL_HELP, "api_key": API_KEY_HELP}.get(name)
+        if table is None:
+            return []
+        tail = KEY_HELP_TAIL if name == "api_key" else ""
+        kind = self.selected_kind()
+        return [{"kind": k, "text": text + tail, "shown": k == kind} for k, text in table.items()]
 
     def clean_base_url(self) -> str:
         value: str = self.cleaned_data.get("base_url") or ""

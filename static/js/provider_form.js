@@ -19,6 +19,8 @@
       // A hidden field is not posted: the server ignores another kind's fields anyway.
       wrap.querySelectorAll("input, select, textarea").forEach((el) => { el.disabled = !used; });
     });
+    // A field's help follows the kind (the Base URL is optional for OpenAI, required for a compatible endpoint).
+    form.querySelectorAll("[data-help-kind]").forEach((help) => { help.hidden = help.dataset.helpKind !== chosen; });
   }
 
   function say(ok, badge, text) {
@@ -67,7 +69,8 @@
       result.dataset.ok = "";
       result.replaceChildren(document.createTextNode("Testing…"));
       try {
-        const resp = await fetch(form.action || window.location.href, {
+        // Not form.action: the buttons named "action" shadow that property.
+        const resp = await fetch(form.getAttribute("action") || window.location.href, {
           method: "POST",
           body: data,
           headers: { Accept: "application/json" },

@@ -68,7 +68,12 @@ def test_policy_admin_picks_a_kind_tests_the_connection_and_saves(
     page.fill("#id_test_model", "llama3.1:8b")
     fake_pool_server.script("OK")
     page.click("[data-testid=test-connection]")
-    page.wait_for_selector('[data-testid=test-result][data-ok="true"]')
+    page.wait_for_selector(
+        "[data-testid=test-result][data-ok=true], [data-testid=test-result][data-ok=false]"
+    )
+    assert page.get_attribute("[data-testid=test-result]", "data-ok") == "true", page.inner_text(
+        "[data-testid=test-result]"
+    )
     result = page.inner_text("[data-testid=test-result]")
     assert "reachable" in result and "llama3.1:8b answered" in result and " ms)" in result
     assert fake_pool_server.chat_requests()[-1].json["model"] == "llama3.1:8b"
