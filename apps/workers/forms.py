@@ -28,6 +28,12 @@ BASE_URL_HELP = {
         "entry on the server."
     ),
 }
+TEST_MODEL_HELP = {
+    ProviderKind.OPENAI: "Empty: gpt-4o-mini.",
+    ProviderKind.ANTHROPIC: "Empty: claude-3-5-haiku-latest.",
+    ProviderKind.OPENAI_COMPATIBLE: "Required here: a model the endpoint serves, e.g. llama3.1:8b.",
+    ProviderKind.LOCAL: "Not needed: the model file above is loaded.",
+}
 API_KEY_HELP = {
     ProviderKind.OPENAI: "Required to call OpenAI (sk-…). ",
     ProviderKind.ANTHROPIC: "Required to call Anthropic (sk-ant-…). ",
@@ -92,7 +98,7 @@ class ProviderForm(forms.Form):
         required=False,
         max_length=200,
         label="Model to test with",
-        help_text="Only for “Test connection” (not saved). Empty: a small model of the kind's public API.",
+        help_text="Only for “Test connection” (not saved).",
     )
 
     # Fields shown whatever the kind; the others follow ``KIND_FIELDS``.
@@ -167,12 +173,16 @@ class ProviderForm(forms.Form):
 
     def _kind_helps(self, name: str) -> list[dict[str, Any]]:
         """Per-kind help of ``name`` (the script shows the chosen kind's), or [] for one text."""
-        table = {"base_url": BASE_URL_HELP, "api_key": API_KEY_HELP}.get(name)
+        table = {"base_url": BASE_URL_HELP, "api_key": API_KEY_HELP, "test_model": TEST_MODEL_HELP}.get(name)
         if table is None:
             return []
-        tail = KEY_HELP_TAIL if name == "api_key" else ""
+        tail = {"api_key": KEY_HELP_TAIL}.get(name, "")
+        head = "Only for “Test connection” (not saved). " if name == "test_model" else ""
         kind = self.selected_kind()
-        return [{"kind": k, "text": text + tail, "shown": k == kind} for k, text in table.items()]
+        return [{"kind": k, "text": head + text + tail, "shown": k == kind} for k, text in table.items()]
+
+    def test_model_helps(self) -> list[dict[str, Any]]:
+        return self._kind_helps("test_model")
 
     def clean_base_url(self) -> str:
         value: str = self.cleaned_data.get("base_url") or ""
