@@ -1356,7 +1356,7 @@ def shadowed_fields(
                 "team": team_text,
                 "effective": merged_text,
                 "winner": winner,
-                "why": f"{winner} wins ({MERGE_RULE_TEXT[rule]}): {merged_text} is in force, not {team_text}",
+                "why": f"{winner} wins: {merged_text} is in force, not {team_text} — {MERGE_RULE_TEXT[rule]}",
             }
         )
 

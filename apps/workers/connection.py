@@ -227,7 +227,7 @@ def _call(
             host,
         )
     latency = round((time.perf_counter() - started) * 1000, 1)
-    return ConnectionResult(True, "ok", f"Reachable: {model} answered.", latency, model, host)
+    return ConnectionResult(True, "ok", f"{model} answered.", latency, model, host)
 
 
 def _audited(

@@ -39,8 +39,9 @@ API_KEY_HELP = {
     ProviderKind.ANTHROPIC: "Required to call Anthropic (sk-ant-…). ",
     ProviderKind.OPENAI_COMPATIBLE: "Optional: servers such as Ollama or vLLM often need none. ",
 }
+KEY_HELP_NEW = "Write-only: it is encrypted at rest and never shown again."
 KEY_HELP_TAIL = (
-    "Write-only: it is encrypted at rest and never shown again. Leave empty to keep the current key; "
+    KEY_HELP_NEW + " Leave empty to keep the current key; "
     "changing the kind, base URL or key variable forgets it unless you enter it again."
 )
 
@@ -115,6 +116,7 @@ class ProviderForm(forms.Form):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.current_kind = current_kind
+        self.key_tail = KEY_HELP_TAIL if editing else KEY_HELP_NEW  # a new provider has no key to keep
         if not can_set_key_env:
             # Only platform administrators may name a server variable (issue 13): not offered.
             del self.fields["api_key_env"]
@@ -128,7 +130,7 @@ class ProviderForm(forms.Form):
             cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
         kind = self.selected_kind()
         self.fields["base_url"].help_text = BASE_URL_HELP.get(kind, "")
-        self.fields["api_key"].help_text = API_KEY_HELP.get(kind, "") + KEY_HELP_TAIL
+        self.fields["api_key"].help_text = API_KEY_HELP.get(kind, "") + self.key_tail
         for name, field in self.fields.items():
             kinds = self.kinds_of(name)
             if kinds is not None:
@@ -176,7 +178,7 @@ class ProviderForm(forms.Form):
         table = {"base_url": BASE_URL_HELP, "api_key": API_KEY_HELP, "test_model": TEST_MODEL_HELP}.get(name)
         if table is None:
             return []
-        tail = {"api_key": KEY_HELP_TAIL}.get(name, "")
+        tail = self.key_tail if name == "api_key" else ""
         head = "Only for “Test connection” (not saved). " if name == "test_model" else ""
         kind = self.selected_kind()
         return [{"kind": k, "text": head + text + tail, "shown": k == kind} for k, text in table.items()]

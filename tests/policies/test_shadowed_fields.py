@@ -47,7 +47,9 @@ def test_fields_the_platform_overrides_are_named_with_the_winner() -> None:
     assert (
         first["team"] == "8" and first["effective"] == "5" and first["winner"] == "the platform default (v3)"
     )
-    assert first["why"].startswith("the platform default (v3) wins (team may only lower it")
+    assert first["why"] == (
+        "the platform default (v3) wins: 5 is in force, not 8 — team may only lower it (smaller limit wins)"
+    )
     # What is flagged is exactly what the merge changes.
     merged = spec_to_dict(merge_specs(parse_spec(PLATFORM), parse_spec(TEAM)))
     assert merged["constraints"]["max_steps"] == {"value": 5, "action": "block"}
