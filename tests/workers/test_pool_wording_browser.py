@@ -28,7 +28,13 @@ def _serious(page: Any) -> list[str]:
 
 
 def test_after_serving_a_run_the_pool_reads_ready(
-    login: Any, daphne_server: Any, policy_admin: Any, conductor_fake: Any, api_key: Any, tmp_path: Path
+    login: Any,
+    daphne_server: Any,
+    runtime_workers: Any,  # Celery executes the run in the distributed phase
+    policy_admin: Any,
+    conductor_fake: Any,
+    api_key: Any,
+    tmp_path: Path,
 ) -> None:
     out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
     out.mkdir(parents=True, exist_ok=True)
