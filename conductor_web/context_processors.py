@@ -16,5 +16,18 @@ NAV_ITEMS = [
 ]
 
 
+# Pages under /audit/ that belong to the review desk: the nav marks Review current, not Audit
+# (issue 42: both were highlighted on a run's review page).
+REVIEW_VIEWS = frozenset(
+    {"audit:review_queue", "audit:review_bulk", "audit:run_review", "audit:flag_resolve"}
+)
+
+
 def navigation(request: HttpRequest) -> dict[str, Any]:
-    return {"nav_items": NAV_ITEMS, "execution_backend": settings.EXECUTION_BACKEND}
+    match = getattr(request, "resolver_match", None)
+    on_review = match is not None and match.view_name in REVIEW_VIEWS
+    return {
+        "nav_items": NAV_ITEMS,
+        "execution_backend": settings.EXECUTION_BACKEND,
+        "nav_on_review": on_review,
+    }

@@ -25,6 +25,7 @@ class AuditEventType(models.TextChoices):
     WORKER_UPDATED = "worker.updated"
     WORKER_DISABLED = "worker.disabled"
     WORKER_HEALTH_CHECKED = "worker.health_checked"
+    PROVIDER_CONNECTION_TESTED = "provider.connection_tested"
     POOL_CREATED = "pool.created"
     POOL_UPDATED = "pool.updated"
     POOL_DISABLED = "pool.disabled"

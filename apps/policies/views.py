@@ -47,6 +47,7 @@ from apps.policies.spec import (
     iter_field_help,
     merge_specs,
     parse_spec,
+    shadowed_fields,
     spec_to_dict,
     validate_spec,
 )
@@ -73,7 +74,23 @@ def _platform_spec() -> PolicySpec:
     return spec or default_spec()
 
 
-def _summary(spec: PolicySpec) -> dict[str, Any]:
+def _platform_layer_name() -> str:
+    """The layer a team's policy is overlaid on, by its version number (issue 42)."""
+    platform = selectors.platform_policy()
+    if platform is None or platform.current_version is None:
+        return "the built-in platform defaults"
+    return f"the platform default (v{platform.current_version.number})"
+
+
+def _shadowed(team: Team | None, spec: PolicySpec | None) -> list[dict[str, str]]:
+    """A team's fields the stricter platform layer overrides (flagged before publish and in the
+    Summary, issue 42); none for the platform default itself."""
+    if team is None or spec is None:
+        return []
+    return shadowed_fields(_platform_spec(), spec, winner=_platform_layer_name())
+
+
+def _summary(spec: PolicySpec, *, shadowed: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """A structured, human-readable view of a spec for the editor's summary panel."""
     c, g = spec.constraints, spec.guardrails
     stages = []
@@ -91,7 +108,17 @@ def _summary(spec: PolicySpec) -> dict[str, Any]:
         "stages": stages,
         "on_check_error": g.on_check_error,
         "inert": inert_fields(spec),
+        "shadowed": shadowed or [],
     }
+
+
+def _draft_spec(draft: PolicyVersion | None) -> PolicySpec | None:
+    if draft is None:
+        return None
+    try:
+        return parse_spec(draft.spec)
+    except ValueError:
+        return None
 
 
 def _draft_inert(draft: PolicyVersion | None) -> list[dict[str, str]]:
@@ -260,6 +287,7 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
             {**d, "old_text": short_value(d["old"]), "new_text": short_value(d["new"])} for d in draft_diff
         ],
         "draft_inert": _draft_inert(draft),
+        "draft_shadowed": _shadowed(team, _draft_spec(draft)),
         "current": current,
         "form": form,
         "mode": mode,
@@ -269,7 +297,9 @@ def policy_edit(request: HttpRequest, team_slug: str | None = None) -> HttpRespo
         "can_publish": can_publish,
         "field_help": list(iter_field_help()),
         "merge_rules": MERGE_RULE_TEXT,
-        "summary": _summary(candidate) if candidate is not None else None,
+        "summary": _summary(candidate, shadowed=_shadowed(team, candidate))
+        if candidate is not None
+        else None,
         "effective_summary": _summary(effective.spec) if effective is not None else None,
         "effective": effective,
         "test_result": test_result,

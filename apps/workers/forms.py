@@ -9,6 +9,7 @@ from django import forms
 
 from apps.governance.forms import apply_service_errors  # noqa: F401  (re-exported for the views)
 from apps.workers.models import ProviderKind
+from apps.workers.services import KIND_FIELDS
 
 if TYPE_CHECKING:
     from apps.governance.models import Team
@@ -17,7 +18,38 @@ if TYPE_CHECKING:
 SLUG_ERRORS = {"required": "Enter a slug.", "invalid": "Use lowercase letters, digits and hyphens only."}
 
 
+# Per kind: the Base URL's help (the field means something different for each).
+BASE_URL_HELP = {
+    ProviderKind.OPENAI: "Optional: empty means api.openai.com; set it for a gateway in front of OpenAI.",
+    ProviderKind.ANTHROPIC: "Optional: empty means api.anthropic.com; set it for a gateway in front of Anthropic.",
+    ProviderKind.OPENAI_COMPATIBLE: (
+        "Required: the endpoint's /v1 URL, e.g. http://127.0.0.1:11434/v1 (Ollama) or "
+        "https://llm.example.com/v1 (vLLM). Private and loopback addresses need an EGRESS_ALLOW "
+        "entry on the server."
+    ),
+}
+TEST_MODEL_HELP = {
+    ProviderKind.OPENAI: "Empty: gpt-4o-mini.",
+    ProviderKind.ANTHROPIC: "Empty: claude-3-5-haiku-latest.",
+    ProviderKind.OPENAI_COMPATIBLE: "Required here: a model the endpoint serves, e.g. llama3.1:8b.",
+    ProviderKind.LOCAL: "Not needed: the model file above is loaded.",
+}
+API_KEY_HELP = {
+    ProviderKind.OPENAI: "Required to call OpenAI (sk-…). ",
+    ProviderKind.ANTHROPIC: "Required to call Anthropic (sk-ant-…). ",
+    ProviderKind.OPENAI_COMPATIBLE: "Optional: servers such as Ollama or vLLM often need none. ",
+}
+KEY_HELP_NEW = "Write-only: it is encrypted at rest and never shown again."
+KEY_HELP_TAIL = (
+    KEY_HELP_NEW + " Leave empty to keep the current key; "
+    "changing the kind, base URL or key variable forgets it unless you enter it again."
+)
+
+
 class ProviderForm(forms.Form):
+    """One form for every kind; only the fields the chosen kind uses are shown (``kind_fields``)
+    and cleaned (another kind's values are dropped, so a hidden field never saves a value)."""
+
     team: forms.ModelChoiceField[Team] = forms.ModelChoiceField(
         queryset=None,
         required=False,
@@ -25,26 +57,24 @@ class ProviderForm(forms.Form):
         help_text="The team that owns this provider and its credentials.",
         error_messages={"invalid_choice": "Choose one of your teams."},
     )
-    slug = forms.SlugField(max_length=50, error_messages=SLUG_ERRORS)
+    slug = forms.SlugField(
+        max_length=50, error_messages=SLUG_ERRORS, help_text="Unique id, e.g. openai-prod."
+    )
     name = forms.CharField(max_length=100, error_messages={"required": "Give the provider a name."})
     kind = forms.ChoiceField(
         choices=ProviderKind.choices,
+        label="Kind",
+        help_text="Which API the provider speaks; the fields below follow it.",
         error_messages={"invalid_choice": "Choose a provider kind from the list."},
     )
     # A CharField: the service's egress check (apps.engine.egress) gives the precise refusal
     # (which address, which rule) where URLField would only say "invalid".
-    base_url = forms.CharField(
-        required=False,
-        max_length=300,
-        help_text=(
-            "Needed for OpenAI-compatible endpoints, e.g. https://llm.example.com/v1. Private and "
-            "loopback addresses need an EGRESS_ALLOW entry on the server."
-        ),
-    )
+    base_url = forms.CharField(required=False, max_length=300, label="Base URL")
     model_path = forms.CharField(
         required=False,
         max_length=500,
-        help_text="Local providers only: a .gguf path; empty means the bundled SmolLM2.",
+        label="Model file (.gguf)",
+        help_text="A .gguf path on the server; empty means the bundled SmolLM2.",
     )
     api_key_env = forms.CharField(
         required=False,
@@ -61,15 +91,35 @@ class ProviderForm(forms.Form):
         max_length=500,
         label="API key (stored encrypted)",
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text=(
-            "Write-only: it is encrypted at rest and never shown again. Leave empty to keep the "
-            "current key; changing the kind, base URL or key variable forgets it unless you enter it again."
-        ),
+        help_text=KEY_HELP_TAIL,
     )
     clear_api_key = forms.BooleanField(required=False, label="Forget the stored key")
+    # Not saved: only "Test connection" reads it.
+    test_model = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Model to test with",
+        help_text="Only for “Test connection” (not saved).",
+    )
 
-    def __init__(self, *args: Any, teams: Any = None, editing: bool = False, **kwargs: Any) -> None:
+    # Fields shown whatever the kind; the others follow ``KIND_FIELDS``.
+    COMMON = ("team", "slug", "name", "kind")
+
+    def __init__(
+        self,
+        *args: Any,
+        teams: Any = None,
+        editing: bool = False,
+        current_kind: str | None = None,
+        can_set_key_env: bool = True,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.current_kind = current_kind
+        self.key_tail = KEY_HELP_TAIL if editing else KEY_HELP_NEW  # a new provider has no key to keep
+        if not can_set_key_env:
+            # Only platform administrators may name a server variable (issue 13): not offered.
+            del self.fields["api_key_env"]
         if editing:
             for name in ("team", "slug"):
                 del self.fields[name]
@@ -78,12 +128,84 @@ class ProviderForm(forms.Form):
         else:
             del self.fields["clear_api_key"]
             cast("forms.ModelChoiceField[Team]", self.fields["team"]).queryset = teams
+        kind = self.selected_kind()
+        self.fields["base_url"].help_text = BASE_URL_HELP.get(kind, "")
+        self.fields["api_key"].help_text = API_KEY_HELP.get(kind, "") + self.key_tail
+        for name, field in self.fields.items():
+            kinds = self.kinds_of(name)
+            if kinds is not None:
+                field.widget.attrs["data-kinds"] = " ".join(kinds)
+
+    @staticmethod
+    def kinds_of(name: str) -> tuple[str, ...] | None:
+        """The kinds that use field ``name`` (None: every kind)."""
+        if name in ProviderForm.COMMON:
+            return None
+        if name == "clear_api_key":
+            name = "api_key"
+        if name == "test_model":
+            return tuple(ProviderKind.values)
+        return tuple(k for k, fields in KIND_FIELDS.items() if name in fields)
+
+    def selected_kind(self) -> str:
+        """The kind the form is about: posted, else the initial/stored one, else OpenAI."""
+        raw = self.data.get("kind") if self.is_bound else None
+        if raw in ProviderKind.values:
+            return str(raw)
+        initial = self.initial.get("kind") or self.current_kind
+        return str(initial) if initial in ProviderKind.values else ProviderKind.OPENAI
+
+    def shown(self, name: str) -> bool:
+        kinds = self.kinds_of(name)
+        return kinds is None or self.selected_kind() in kinds
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The page's fields with the kinds each serves (the script toggles them; without it the
+        server shows the chosen kind's). ``test_model`` sits with the test button instead."""
+        return [
+            {
+                "field": self[name],
+                "kinds": " ".join(self.kinds_of(name) or ()),
+                "shown": self.shown(name),
+                "helps": self._kind_helps(name),
+            }
+            for name in self.fields
+            if name != "test_model"
+        ]
+
+    def _kind_helps(self, name: str) -> list[dict[str, Any]]:
+        """Per-kind help of ``name`` (the script shows the chosen kind's), or [] for one text."""
+        table = {"base_url": BASE_URL_HELP, "api_key": API_KEY_HELP, "test_model": TEST_MODEL_HELP}.get(name)
+        if table is None:
+            return []
+        tail = self.key_tail if name == "api_key" else ""
+        head = "Only for “Test connection” (not saved). " if name == "test_model" else ""
+        kind = self.selected_kind()
+        return [{"kind": k, "text": head + text + tail, "shown": k == kind} for k, text in table.items()]
+
+    def test_model_helps(self) -> list[dict[str, Any]]:
+        return self._kind_helps("test_model")
 
     def clean_base_url(self) -> str:
         value: str = self.cleaned_data.get("base_url") or ""
         if value and "://" not in value:
             value = f"https://{value}"  # what URLField's assume_scheme did
         return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind = data.get("kind") or self.current_kind or ProviderKind.OPENAI
+        used = KIND_FIELDS.get(kind, ())
+        for name in ("base_url", "model_path", "api_key_env", "api_key"):
+            if name in data and name not in used:
+                # Another kind's field (hidden on the page): never saved, never validated.
+                data[name] = ""
+        return data
+
+    def service_kwargs(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data.pop("test_model", None)
+        return data
 
 
 class WorkerForm(forms.Form):

@@ -139,6 +139,16 @@ class PoolHealth:
     def not_passing(self) -> list[WorkerHealth]:
         return [w for w in self.workers if not w.passing]
 
+    @property
+    def failing(self) -> list[WorkerHealth]:
+        """Failing or unusable: what the pool page calls "not passing"."""
+        return [w for w in self.workers if w.state in (FAILING, UNAVAILABLE)]
+
+    @property
+    def unchecked(self) -> list[WorkerHealth]:
+        """Never tested and never called: unknown, not failing (issue 42)."""
+        return [w for w in self.workers if w.state == UNCHECKED]
+
 
 def worker_health(worker: Worker, *, role: str = "worker", traffic: Traffic | None = None) -> WorkerHealth:
     """From the last explicit check and, since issue 44, the worker's real calls: an open circuit

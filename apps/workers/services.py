@@ -164,32 +164,68 @@ def _validate_slug(errors: dict[str, list[str]], slug: str, model: type[Any], ex
         errors.setdefault("slug", []).append(f"The slug “{slug}” is already taken.")
 
 
-def _validate_provider(errors: dict[str, list[str]], data: dict[str, Any], api_key: str | None) -> None:
-    kind = data["kind"]
+# The fields each kind uses (the form shows only these; the others are cleared on save).
+KIND_FIELDS: dict[str, tuple[str, ...]] = {
+    ProviderKind.OPENAI: ("base_url", "api_key", "api_key_env"),
+    ProviderKind.ANTHROPIC: ("base_url", "api_key", "api_key_env"),
+    ProviderKind.OPENAI_COMPATIBLE: ("base_url", "api_key", "api_key_env"),
+    ProviderKind.LOCAL: ("model_path",),
+}
+
+
+def validate_provider_settings(
+    *, kind: str, base_url: str = "", model_path: str = "", api_key_env: str = "", api_key: str | None = None
+) -> dict[str, list[str]]:
+    """The per-kind rules on a provider's connection settings (saving and "Test connection"
+    share them). Field errors, each message naming the field by its label."""
+    errors: dict[str, list[str]] = {}
     if kind not in ProviderKind.values:
-        errors.setdefault("kind", []).append(f"Choose one of: {', '.join(ProviderKind.values)}.")
-    if not (data.get("name") or "").strip():
-        errors.setdefault("name", []).append("Give the provider a name.")
-    if kind == ProviderKind.OPENAI_COMPATIBLE and not data.get("base_url"):
-        errors.setdefault("base_url", []).append("An OpenAI-compatible provider needs its base URL (…/v1).")
-    base_url = data.get("base_url") or ""
+        errors.setdefault("kind", []).append(f"Kind: choose one of {', '.join(ProviderKind.values)}.")
+        return errors
+    if kind == ProviderKind.OPENAI_COMPATIBLE and not base_url:
+        errors.setdefault("base_url", []).append(
+            "Base URL: an OpenAI-compatible provider needs its endpoint (e.g. http://127.0.0.1:11434/v1)."
+        )
+    if kind == ProviderKind.LOCAL and base_url:
+        errors.setdefault("base_url", []).append(
+            "Base URL: a local model runs in this server and has no base URL; leave it empty."
+        )
     if base_url and not base_url.startswith(("http://", "https://")):
-        errors.setdefault("base_url", []).append("The base URL must start with http:// or https://.")
-    env_name = data.get("api_key_env") or ""
+        errors.setdefault("base_url", []).append("Base URL: it must start with http:// or https://.")
+    path = (model_path or "").strip()
+    if kind == ProviderKind.LOCAL and path and not path.endswith(".gguf"):
+        errors.setdefault("model_path", []).append(
+            "Model file: give the path of a .gguf file, or leave it empty for the bundled SmolLM2."
+        )
+    env_name = api_key_env or ""
     if env_name and not env_name.replace("_", "").isalnum():
         errors.setdefault("api_key_env", []).append(
-            "An environment variable name uses letters, digits and underscores only (e.g. OPENAI_API_KEY)."
+            "API key environment variable: letters, digits and underscores only (e.g. OPENAI_API_KEY)."
         )
     if env_name and api_key:
         errors.setdefault("api_key", []).append(
-            "Give either an environment variable name or a key to store, not both."
+            "API key: give either an environment variable name or a key to store, not both."
         )
     if api_key is not None and api_key != "" and (len(api_key) < 8 or any(c.isspace() for c in api_key)):
         errors.setdefault("api_key", []).append(
-            "That does not look like an API key (8+ characters, no spaces)."
+            "API key: that does not look like an API key (8+ characters, no spaces)."
         )
     if kind == ProviderKind.LOCAL and (env_name or api_key):
-        errors.setdefault("api_key", []).append("A local model needs no key.")
+        errors.setdefault("api_key", []).append("API key: a local model needs no key.")
+    return errors
+
+
+def _validate_provider(errors: dict[str, list[str]], data: dict[str, Any], api_key: str | None) -> None:
+    if not (data.get("name") or "").strip():
+        errors.setdefault("name", []).append("Give the provider a name.")
+    for name, messages in validate_provider_settings(
+        kind=data["kind"],
+        base_url=data.get("base_url") or "",
+        model_path=data.get("model_path") or "",
+        api_key_env=data.get("api_key_env") or "",
+        api_key=api_key,
+    ).items():
+        errors.setdefault(name, []).extend(messages)
 
 
 def _check_key_env(errors: dict[str, list[str]], actor: Any, env_name: str) -> None:
@@ -235,7 +271,14 @@ def provider_create(
 ) -> Provider:
     """Create a provider. ``api_key`` is encrypted at rest; ``api_key_env`` names where it lives."""
     _check_team_config(actor, team, "providers")
-    data = {"kind": kind, "name": name, "base_url": base_url.strip(), "api_key_env": api_key_env.strip()}
+    data = {
+        "kind": kind,
+        "name": name,
+        "base_url": base_url.strip(),
+        "api_key_env": api_key_env.strip(),
+        # Only a local model reads a model file; another kind's stale path is dropped.
+        "model_path": model_path.strip() if kind == ProviderKind.LOCAL else "",
+    }
     errors: dict[str, list[str]] = {}
     _validate_slug(errors, slug, Provider)
     _validate_provider(errors, data, api_key)
@@ -249,7 +292,7 @@ def provider_create(
         name=name.strip(),
         kind=kind,
         base_url=data["base_url"],
-        model_path=model_path.strip(),
+        model_path=data["model_path"],
         api_key_env=data["api_key_env"],
     )
     if api_key:
@@ -295,6 +338,8 @@ def provider_update(
         provider.base_url = base_url.strip()
     if model_path is not None:
         provider.model_path = model_path.strip()
+    if provider.kind != ProviderKind.LOCAL:
+        provider.model_path = ""  # only a local model reads a model file
     endpoint_changed = provider.kind != old_kind or provider.base_url != old_base_url
     env_named = (api_key_env or "").strip() if api_key_env is not None else None
     if env_named is not None:
@@ -309,6 +354,7 @@ def provider_update(
             "name": provider.name,
             "base_url": provider.base_url,
             "api_key_env": provider.api_key_env,
+            "model_path": provider.model_path if model_path is not None else "",
         },
         api_key or None,
     )

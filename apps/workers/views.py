@@ -17,8 +17,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 from apps.governance import selectors as gov
 from apps.tools.pages import tool_rows
 from apps.workers import selectors, services
+from apps.workers.connection import ConnectionTestLimited, provider_connection_test
 from apps.workers.forms import ExistingWorkerForm, PoolForm, ProviderForm, WorkerForm, apply_service_errors
-from apps.workers.models import Pool, Provider, Worker
+from apps.workers.models import Pool, Provider, ProviderKind, Worker
 from apps.workers.secrets import key_status, masked_hint
 from apps.workers.visibility import teams_granted_pool
 
@@ -315,24 +316,99 @@ def provider_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _provider_form_response(
+    request: HttpRequest, form: ProviderForm, ctx: dict[str, Any], *, status: int | None = None
+) -> HttpResponse:
+    ctx = {**ctx, "form": form, "provider_form": True, "selected_kind": form.selected_kind()}
+    if status is None:
+        status = 400 if form.errors else 200
+    return render(request, "workers/provider_form.html", ctx, status=status)
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return request.headers.get("Accept", "").startswith("application/json")
+
+
+def _test_connection(
+    request: HttpRequest, form: ProviderForm, ctx: dict[str, Any], *, team: Any, stored: Provider | None
+) -> HttpResponse:
+    """ "Test connection" on the unsaved form: JSON for the page's script, the page otherwise."""
+    as_json = _wants_json(request)
+    if not form.is_valid():
+        if as_json:
+            return JsonResponse({"ok": False, "errors": form.errors.get_json_data()}, status=400)
+        return _provider_form_response(request, form, ctx)
+    data = form.cleaned_data
+    try:
+        result = provider_connection_test(
+            actor=request.user,
+            team=team if stored is None else stored.team,
+            kind=data.get("kind") or (stored.kind if stored is not None else ""),
+            base_url=data.get("base_url") or "",
+            api_key=data.get("api_key") or "",
+            api_key_env=data.get("api_key_env") or "",
+            model_path=data.get("model_path") or "",
+            model=data.get("test_model") or "",
+            stored=stored,
+        )
+    except ValidationError as exc:
+        apply_service_errors(form, exc)
+        if as_json:
+            return JsonResponse({"ok": False, "errors": form.errors.get_json_data()}, status=400)
+        return _provider_form_response(request, form, ctx)
+    except ConnectionTestLimited as exc:
+        if as_json:
+            return JsonResponse({"ok": False, "stage": "rate_limit", "detail": str(exc)}, status=429)
+        return _provider_form_response(request, form, {**ctx, "test_refused": str(exc)}, status=429)
+    payload = {
+        "ok": result.ok,
+        "stage": result.stage,
+        "detail": result.detail,
+        "latency_ms": result.latency_ms,
+        "model": result.model,
+    }
+    if as_json:
+        return JsonResponse(payload)
+    return _provider_form_response(request, form, {**ctx, "test_result": payload}, status=200)
+
+
 @require_http_methods(["GET", "POST"])
 def provider_create(request: HttpRequest) -> HttpResponse:
     teams = gov.teams_configurable_by(request.user)
     if not teams.exists():
         raise PermissionDenied("Only team admins and policy admins can add providers.")
-    form = ProviderForm(request.POST or None, teams=teams)
+    action = request.POST.get("action", "save")
+    initial = {"kind": request.GET.get("kind")} if request.GET.get("kind") in ProviderKind.values else {}
+    form = ProviderForm(
+        request.POST or None,
+        teams=teams,
+        initial=initial,
+        can_set_key_env=selectors.can_set_key_env(request.user),
+    )
+    ctx: dict[str, Any] = {"title": "New provider"}
+    if request.method == "POST" and action == "kind":
+        # Without JavaScript: show the chosen kind's fields, nothing checked or saved yet.
+        return _provider_form_response(
+            request,
+            ProviderForm(
+                initial=request.POST.dict(),
+                teams=teams,
+                can_set_key_env=selectors.can_set_key_env(request.user),
+            ),
+            ctx,
+        )
+    if request.method == "POST" and action == "test":
+        team = form.cleaned_data.get("team") if form.is_valid() else None
+        return _test_connection(request, form, ctx, team=team, stored=None)
     if request.method == "POST" and form.is_valid():
         try:
-            provider = services.provider_create(actor=request.user, **form.cleaned_data)
+            provider = services.provider_create(actor=request.user, **form.service_kwargs())
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
             messages.success(request, f"Provider “{provider.name}” added.")
             return redirect("workers:provider_list")
-    ctx = {"form": form, "title": "New provider"}
-    return (
-        _bad(request, "workers/form.html", ctx) if form.errors else render(request, "workers/form.html", ctx)
-    )
+    return _provider_form_response(request, form, ctx)
 
 
 @require_http_methods(["GET", "POST"])
@@ -341,21 +417,38 @@ def provider_edit(request: HttpRequest, slug: str) -> HttpResponse:
     if not selectors.can_edit_provider(request.user, provider):
         raise PermissionDenied("Only the owning team's admins and policy admins can change this provider.")
     initial = {k: getattr(provider, k) for k in ("name", "kind", "base_url", "model_path", "api_key_env")}
-    form = ProviderForm(request.POST or None, initial=initial, editing=True)
+    if request.GET.get("kind") in ProviderKind.values:
+        initial["kind"] = request.GET["kind"]
+    action = request.POST.get("action", "save")
+    can_env = selectors.can_set_key_env(request.user) or bool(provider.api_key_env)
+    form = ProviderForm(
+        request.POST or None,
+        initial=initial,
+        editing=True,
+        current_kind=provider.kind,
+        can_set_key_env=can_env,
+    )
+    ctx: dict[str, Any] = {
+        "title": f"Edit provider {provider.name}",
+        "provider": provider,
+        "hint": masked_hint(provider),
+    }
+    if request.method == "POST" and action == "kind":
+        unbound = ProviderForm(
+            initial={**initial, **request.POST.dict()},
+            editing=True,
+            current_kind=provider.kind,
+            can_set_key_env=can_env,
+        )
+        return _provider_form_response(request, unbound, ctx)
+    if request.method == "POST" and action == "test":
+        return _test_connection(request, form, ctx, team=provider.team, stored=provider)
     if request.method == "POST" and form.is_valid():
         try:
-            services.provider_update(actor=request.user, provider=provider, **form.cleaned_data)
+            services.provider_update(actor=request.user, provider=provider, **form.service_kwargs())
         except ValidationError as exc:
             apply_service_errors(form, exc)
         else:
             messages.success(request, f"Provider “{provider.name}” saved.")
             return redirect("workers:provider_list")
-    ctx = {
-        "form": form,
-        "title": f"Edit provider {provider.name}",
-        "provider": provider,
-        "hint": masked_hint(provider),
-    }
-    return (
-        _bad(request, "workers/form.html", ctx) if form.errors else render(request, "workers/form.html", ctx)
-    )
+    return _provider_form_response(request, form, ctx)

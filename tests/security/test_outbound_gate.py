@@ -11,7 +11,7 @@ Three kinds of proof:
    forged, and an SDK client reached around the gate opens no socket (the fake provider receives
    nothing).
 3. The callers, at run time: a conductor run's planning call and steps, and a health check, send
-   only what a recording gate saw. (Worker steps, ``/v1`` pass-through, guardrail judges,
+   only what a recording gate saw, and so does "Test connection" on a provider form's unsaved settings. (Worker steps, ``/v1`` pass-through, guardrail judges,
    evaluators and experiments are proven on the provider's received bytes in
    ``test_outbound_v1_fields.py``, ``test_outbound_judges.py`` and ``test_evasions.py``.)
 """
@@ -96,6 +96,10 @@ COMPLETE_CALLERS = {
         "evaluate_judge",
     ): "an evaluator's judge: pool built with the team's gate",
     ("apps/workers/services.py", "_probe"): "a health check: worker built with the provider team's gate",
+    (
+        "apps/workers/connection.py",
+        "_call",
+    ): "Test connection on unsaved provider settings (issue 42): worker built with the team's gate",
     ("apps/runs/execution.py", "complete"): "a replay: wraps a pool worker built with the run's gate",
     ("apps/runs/journal.py", "complete"): "the call journal: wraps a pool worker (replays send nothing)",
 }
@@ -319,5 +323,36 @@ def test_a_health_check_goes_through_the_gate(fake_pool: Any, monkeypatch: pytes
     result = worker_health_check(actor=None, worker=fake_pool.workers[0])
     assert result.status == "ok", result.detail
     assert teams == [fake_pool.provider.team]  # the provider's team's policy
+    assert recorder.saw("Reply with the single word: OK")
+    assert len(fake_pool.server.chat_requests()) == len(recorder.requests) == 1
+
+
+@pytest.mark.django_db
+def test_a_connection_test_goes_through_the_gate(
+    fake_pool: Any, policy_admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42: "Test connection" before saving is a provider call like any other."""
+    from apps.workers import ports
+    from apps.workers.connection import provider_connection_test
+
+    recorder = Recorder()
+    teams: list[Any] = []
+
+    def gate_for(team: Any) -> OutboundGate:
+        teams.append(team)
+        return OutboundGate(recorder)
+
+    monkeypatch.setattr(ports, "_outbound_gate", gate_for)
+    fake_pool.server.script("OK")
+    result = provider_connection_test(
+        actor=policy_admin,
+        team=fake_pool.provider.team,
+        kind="openai_compatible",
+        base_url=fake_pool.base_url,
+        api_key=fake_pool.api_key,
+        model="fake-solver-1",
+    )
+    assert result.ok, result.detail
+    assert teams == [fake_pool.provider.team]
     assert recorder.saw("Reply with the single word: OK")
     assert len(fake_pool.server.chat_requests()) == len(recorder.requests) == 1

@@ -49,11 +49,16 @@ def test_ready_once_a_worker_and_the_conductor_pass(fake_pool: Any, policy_admin
     _check(policy_admin, "fake-solver")
     health = _health(fake_pool)
     assert health.ready and health.reason == ""
-    # The two unchecked workers are still listed as not passing, with why.
+    # The two unchecked workers are named as not used yet, not as failing (issue 42).
     assert {h.worker.slug for h in health.not_passing} == {"fake-planner", "fake-critic"}
+    assert health.failing == [] and {h.worker.slug for h in health.unchecked} == {
+        "fake-planner",
+        "fake-critic",
+    }
     html = _page(policy_admin, "workers:pool_detail", "fake")
     assert 'data-state="ready"' in html and 'data-testid="pool-unavailable"' not in html
-    assert "2 of 4 workers not passing" in html
+    assert "not passing" not in html
+    assert "Not used yet: Fake planner, Fake critic (never tested, no calls so far)" in html
     assert _page(policy_admin, "workers:pool_list").count('data-state="ready"') == 1
 
 

@@ -59,7 +59,7 @@ def test_provider_validation_messages_per_field(alpha: Any) -> None:
         )
     errors = exc.value.message_dict
     assert set(errors) >= {"slug", "name", "base_url", "api_key_env", "api_key"}
-    assert "base URL" in errors["base_url"][0]
+    assert errors["base_url"][0].startswith("Base URL:")  # names the field by its label (issue 42)
 
 
 def test_key_status_env_and_missing(alpha: Any, monkeypatch: pytest.MonkeyPatch) -> None:
