@@ -48,6 +48,25 @@ class Strategy(models.TextChoices):
     LEARNED = "learned", "Learned router"
 
 
+# The names the playground offers (issue 42): experiments and insights name strategies the same way.
+STRATEGY_NAMES = {
+    "conductor-mini": "Conductor · mini",
+    "conductor-ultra": "Conductor · ultra",
+    "conductor": "Conductor",
+    "single": "Single worker",
+    "moa": "Mixture of agents",
+    "pev": "Planner-executor-verifier",
+    "learned": "Learned router",
+}
+
+
+def strategy_name(value: str) -> str:
+    """``conductor-mini`` -> ``Conductor · mini``; ``single:w1`` -> ``Single worker · w1``."""
+    if value.startswith("single:"):
+        return f"Single worker · {value.removeprefix('single:')}"
+    return STRATEGY_NAMES.get(value, value)
+
+
 class Preset(models.TextChoices):
     NONE = "", "—"
     MINI = "mini", "mini"
