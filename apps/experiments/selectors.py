@@ -161,9 +161,7 @@ def questions_page(experiment: Experiment, page: int) -> dict[str, Any]:
             {
                 "index": index,
                 "question": _preview(item.question),
-                "cells": [
-                    {"arm": arm, "row": scores.get((pk, arm))} for arm in arms
-                ],
+                "cells": [{"arm": arm, "row": scores.get((pk, arm))} for arm in arms],
             }
         )
     return {"rows": rows, "page": page, "pages": pages, "total": len(items)}
@@ -176,8 +174,7 @@ def question_detail(experiment: Experiment, index: int, *, content_visible: Any)
     if item is None:
         return None
     by_arm = {
-        r.arm: r
-        for r in ExperimentRun.objects.filter(experiment=experiment, item=item).select_related("run")
+        r.arm: r for r in ExperimentRun.objects.filter(experiment=experiment, item=item).select_related("run")
     }
     cells = []
     for arm in experiment.arms:

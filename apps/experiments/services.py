@@ -322,8 +322,10 @@ def _score(er: ExperimentRun, run: Any) -> bool:
     if judged:
         # A judge call costs money: the row is claimed first so the observer and a page refresh
         # never both ask (a claim older than the judge's timeout is taken over, see refresh).
-        if not ExperimentRun.objects.filter(unscored, pk=er.pk).exclude(status=JUDGING).update(
-            status=JUDGING, judging_since=timezone.now()
+        if (
+            not ExperimentRun.objects.filter(unscored, pk=er.pk)
+            .exclude(status=JUDGING)
+            .update(status=JUDGING, judging_since=timezone.now())
         ):
             return False
         unscored = Q(status=JUDGING)
@@ -333,8 +335,10 @@ def _score(er: ExperimentRun, run: Any) -> bool:
         score = score_answer(er.experiment.evaluator, run.answer or "", er.item.reference)
     else:
         score = None
-    if run.status != "succeeded" and run.status != "cancelled" and (
-        er.item.reference is not None or er.experiment.evaluator == EvaluatorKind.JUDGE
+    if (
+        run.status != "succeeded"
+        and run.status != "cancelled"
+        and (er.item.reference is not None or er.experiment.evaluator == EvaluatorKind.JUDGE)
     ):
         # A failed, blocked or timed-out run answered nothing: wrong, not unknown. A cancelled
         # one was never allowed to answer, so it does not count against its strategy.

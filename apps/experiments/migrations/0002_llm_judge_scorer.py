@@ -5,41 +5,54 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('experiments', '0001_initial'),
-        ('workers', '0004_worker_health'),
+        ("experiments", "0001_initial"),
+        ("workers", "0004_worker_health"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='experiment',
-            name='judge_pool',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='workers.pool'),
+            model_name="experiment",
+            name="judge_pool",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="workers.pool",
+            ),
         ),
         migrations.AddField(
-            model_name='experiment',
-            name='judge_worker',
-            field=models.CharField(blank=True, default='', max_length=60),
+            model_name="experiment",
+            name="judge_worker",
+            field=models.CharField(blank=True, default="", max_length=60),
         ),
         migrations.AddField(
-            model_name='experiment',
-            name='rubric',
-            field=models.TextField(blank=True, default=''),
+            model_name="experiment",
+            name="rubric",
+            field=models.TextField(blank=True, default=""),
         ),
         migrations.AddField(
-            model_name='experimentrun',
-            name='judging_since',
+            model_name="experimentrun",
+            name="judging_since",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='experimentrun',
-            name='score_note',
-            field=models.CharField(blank=True, default='', max_length=200),
+            model_name="experimentrun",
+            name="score_note",
+            field=models.CharField(blank=True, default="", max_length=200),
         ),
         migrations.AlterField(
-            model_name='experiment',
-            name='evaluator',
-            field=models.CharField(choices=[('exact', 'Exact match'), ('regex', 'Regular expression'), ('judge', 'LLM judge (a model grades with a rubric)')], default='exact', max_length=8),
+            model_name="experiment",
+            name="evaluator",
+            field=models.CharField(
+                choices=[
+                    ("exact", "Exact match"),
+                    ("regex", "Regular expression"),
+                    ("judge", "LLM judge (a model grades with a rubric)"),
+                ],
+                default="exact",
+                max_length=8,
+            ),
         ),
     ]
