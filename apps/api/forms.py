@@ -42,7 +42,11 @@ class ApiKeyCreateForm(forms.Form):
     requests_per_minute = forms.IntegerField(min_value=1, max_value=MAX_RPM, initial=60)
     tokens_per_minute = forms.IntegerField(min_value=1, max_value=MAX_TPM, initial=100_000)
     budget_period = forms.ChoiceField(
-        label="Budget period", choices=BUDGET_PERIODS, initial="monthly", help_text="Periods are UTC."
+        label="Budget period",
+        choices=BUDGET_PERIODS,
+        initial="monthly",
+        required=False,
+        help_text="Periods are UTC.",
     )
     budget_soft_usd = forms.DecimalField(
         label="Soft budget (USD)",

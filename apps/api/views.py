@@ -48,7 +48,7 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
                     allowed_pools=form.cleaned_data["allowed_pools"],
                     requests_per_minute=form.cleaned_data["requests_per_minute"],
                     tokens_per_minute=form.cleaned_data["tokens_per_minute"],
-                    budget_period=form.cleaned_data["budget_period"],
+                    budget_period=form.cleaned_data["budget_period"] or "monthly",
                     budget_soft_usd=form.cleaned_data["budget_soft_usd"],
                     budget_hard_usd=form.cleaned_data["budget_hard_usd"],
                 )
