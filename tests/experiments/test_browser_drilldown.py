@@ -101,12 +101,12 @@ def test_judge_scorer_and_every_question_drill_down(
 
         page.click("[data-testid=question-link] >> nth=0")
         page.wait_for_selector("[data-testid=question-arm]")
-        arms = page.locator("[data-testid=question-arm]")
-        assert arms.count() == 2
-        assert arms.nth(0).locator("h2").text_content() == "Single worker · fake-solver"
-        assert arms.nth(0).locator("[data-testid=arm-answer]").text_content() == "4"
-        assert arms.nth(0).locator("[data-testid=arm-score]").text_content() == "0.75"
-        assert arms.nth(0).locator("[data-testid=arm-note]").text_content() == "judge score 0.75"
+        assert page.locator("[data-testid=question-arm]").count() == 2
+        solver = page.locator("[data-testid=question-arm][data-arm='single:fake-solver']")
+        assert solver.locator("h2").text_content() == "Single worker · fake-solver"
+        assert solver.locator("[data-testid=arm-answer]").text_content() == "4"
+        assert solver.locator("[data-testid=arm-score]").text_content() == "0.75"
+        assert solver.locator("[data-testid=arm-note]").text_content() == "judge score 0.75"
         assert page.text_content("[data-testid=question-reference]") == "4"
         assert page.evaluate("document.documentElement.scrollWidth") <= width
         assert serious_violations(page) == []
