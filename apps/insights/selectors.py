@@ -162,7 +162,8 @@ def _day(d: datetime) -> str:
 def _has_data(trace: dict[str, Any]) -> bool:
     """A trace draws something: a value that is a number other than 0 (all-zero or all-None bars
     would make plotly draw bare axes from -1 to 1, issue 42)."""
-    values = trace.get("y") if trace.get("y") is not None else trace.get("values")
+    axis = "x" if trace.get("orientation") == "h" else "y"
+    values = trace.get(axis) if trace.get(axis) is not None else trace.get("values")
     return any(isinstance(v, int | float) and v != 0 for v in values or [])
 
 
@@ -327,10 +328,11 @@ def latency_chart(scope: Scope, run_lat: dict[str, dict[float, int]] | None = No
     # Time to first token of streamed runs, per strategy (None on the worker bars).
     ttft = _hist(_rows(HistogramRollup, scope, worker=False).filter(metric="ttft"), "strategy")
     ttft_p50 = [None] * len(workers) + [percentile(ttft.get(name, {}), 0.5) for name in sorted(strategies)]
+    # Horizontal bars: each label on one line to the left of its bars, grown to fit (automargin),
+    # never slanted under the axis and cut at a phone's width (issue 42).
     data = [
-        {"type": "bar", "name": "p50", "x": labels, "y": p50, "customdata": links},
-        {"type": "bar", "name": "p95", "x": labels, "y": p95, "customdata": links},
-        {"type": "bar", "name": "first token p50", "x": labels, "y": ttft_p50, "customdata": links},
+        {"type": "bar", "orientation": "h", "name": name, "y": labels, "x": values, "customdata": links}
+        for name, values in (("p50", p50), ("p95", p95), ("first token p50", ttft_p50))
     ]
     return _chart(
         "latency",
@@ -339,9 +341,9 @@ def latency_chart(scope: Scope, run_lat: dict[str, dict[float, int]] | None = No
         "(bucketed estimate, ms)",
         data,
         barmode="group",
-        # Long worker names: plotly grows the bottom margin to fit the labels instead of cutting them.
-        xaxis={"automargin": True, "tickangle": -30},
-        yaxis={"title": "ms"},
+        yaxis={"automargin": True, "autorange": "reversed"},
+        xaxis={"title": "ms"},
+        height=max(300, 70 + 60 * len(labels)),
     )
 
 

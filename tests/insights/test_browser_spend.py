@@ -28,12 +28,12 @@ def _run(owner: Any, fake_pool: Any, strategy: str, **kw: Any) -> None:
 
 
 def _labels_inside(page: Any, cid: str) -> bool:
-    """Every x tick label of the chart lies inside the chart's drawing (none cut at its edge)."""
+    """Every category label (the y axis: horizontal bars) lies inside the chart's drawing."""
     return page.evaluate(
         """(cid) => {
           const root = document.querySelector(`[data-testid=chart-${cid}] .main-svg`);
           const box = root.getBoundingClientRect();
-          const ticks = [...document.querySelectorAll(`[data-testid=chart-${cid}] .xtick text`)];
+          const ticks = [...document.querySelectorAll(`[data-testid=chart-${cid}] .ytick text`)];
           return ticks.length > 0 && ticks.every(t => {
             const b = t.getBoundingClientRect();
             return b.bottom <= box.bottom + 0.5 && b.left >= box.left - 0.5 && b.right <= box.right + 0.5;
@@ -107,6 +107,14 @@ def test_empty_spend_names_and_spend_per_model_and_key(
     )
     assert solver.text_content() != "$0.000000"
     page.wait_for_selector("[data-testid=chart-latency][data-ready=true]")
+    labels = page.locator("[data-testid=chart-latency] .ytick text").all_text_contents()
+    assert sorted(labels) == [
+        "run · Conductor",
+        "run · Single worker",
+        "worker · fake-critic",
+        "worker · fake-planner",
+        "worker · fake-solver",
+    ]
     assert _labels_inside(page, "latency"), "worker labels are cut"
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     assert serious_violations(page) == []
@@ -117,5 +125,5 @@ def test_empty_spend_names_and_spend_per_model_and_key(
     page.click("[data-testid=insight-apply]")
     page.wait_for_url("**worker=fake-solver**")
     page.wait_for_selector("[data-testid=chart-latency][data-ready=true]")
-    ticks = page.locator("[data-testid=chart-latency] .xtick text").all_text_contents()
+    ticks = page.locator("[data-testid=chart-latency] .ytick text").all_text_contents()
     assert [t for t in ticks if t.startswith("worker")] == ["worker · fake-solver"]
