@@ -128,3 +128,33 @@ def test_team_admin_sets_a_key_budget_on_the_key_page_audited(
     member = Client()
     member.force_login(owner)
     assert member.post(url, {p + "budget_period": "daily"}).status_code == 403
+
+
+@pytest.mark.django_db
+def test_rest_run_create_refuses_a_spent_key_budget_and_warns_on_a_soft_one(
+    fake_pool: Any, alpha: Any, team_admin: Any
+) -> None:
+    created = make_api_key(
+        alpha,
+        name="rest job",
+        principal=team_admin,
+        role="run",
+        budget_soft_usd=Decimal("0.5"),
+        budget_hard_usd=Decimal("1"),
+    )
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {created.plaintext}")
+    first = client.post("/api/runs/", {"question": "What is 6*7?"}, content_type="application/json")
+    assert first.status_code == 201 and "X-Conductor-Budget-Warning" not in first
+    Run.objects.filter(pk=first.json()["id"]).update(cost_usd=Decimal("0.75"))  # the run cost this much
+    soft = client.post("/api/runs/", {"question": "And 7*8?"}, content_type="application/json")
+    assert soft.status_code == 201
+    assert soft["X-Conductor-Budget-Warning"].startswith("the API key's monthly soft budget ($0.5")
+    Run.objects.filter(pk=soft.json()["id"]).update(cost_usd=Decimal("0.25"))
+    refused = client.post("/api/runs/", {"question": "And 8*9?"}, content_type="application/json")
+    assert refused.status_code == 429
+    assert refused.json()["code"] == "budget_exhausted"
+    assert (
+        "The API key 'rest job'" in refused.json()["detail"]
+        and "monthly budget ($1" in refused.json()["detail"]
+    )
+    assert Run.objects.filter(api_key=created.api_key).count() == 2
