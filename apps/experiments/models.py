@@ -54,7 +54,7 @@ class EvaluatorKind(models.TextChoices):
     EXACT = "exact", "Exact match"
     REGEX = "regex", "Regular expression"
     # A worker model grades each answer against a rubric (apps.feedback.evaluators.judge_score).
-    JUDGE = "judge", "LLM judge (a model grades with a rubric)"
+    JUDGE = "judge", "LLM judge with a rubric"
 
 
 class ExperimentStatus(models.TextChoices):
