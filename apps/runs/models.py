@@ -155,6 +155,8 @@ class Run(models.Model):
         permissions = [("review_run", "Can review (sign off or flag) the run")]
         indexes = [
             models.Index(fields=["team", "-created_at"], name="run_team_created"),
+            # A key's spend in a budget period (apps.api.budgets), as run_team_created serves a team's.
+            models.Index(fields=["api_key", "-created_at"], name="run_key_created"),
             models.Index(fields=["created_by", "-created_at"], name="run_user_created"),
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["strategy", "-created_at"], name="run_strategy_created"),
