@@ -38,6 +38,13 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     requests_per_minute = models.PositiveIntegerField(default=60)
     tokens_per_minute = models.PositiveIntegerField(default=100_000)
+    # Dollar budget of the key's runs per UTC day or calendar month (apps.api.budgets), soft
+    # (warn) and hard (refuse), like a team's; none set = no key budget (the team's still apply).
+    budget_period = models.CharField(
+        max_length=8, choices=[("daily", "per UTC day"), ("monthly", "per UTC month")], default="monthly"
+    )
+    budget_soft_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    budget_hard_usd = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

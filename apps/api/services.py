@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -113,9 +114,60 @@ def _snapshot(key: ApiKey) -> dict[str, Any]:
         "allowed_pools": sorted(key.allowed_pools.values_list("slug", flat=True)),
         "requests_per_minute": key.requests_per_minute,
         "tokens_per_minute": key.tokens_per_minute,
+        **_budget_snapshot(key),
         "acts_as": key.created_by.get_username() if key.created_by else None,
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
     }
+
+
+def _budget_snapshot(key: ApiKey) -> dict[str, Any]:
+    return {
+        "budget_period": key.budget_period,
+        "budget_soft_usd": str(key.budget_soft_usd) if key.budget_soft_usd is not None else None,
+        "budget_hard_usd": str(key.budget_hard_usd) if key.budget_hard_usd is not None else None,
+    }
+
+
+MAX_BUDGET_USD = Decimal("100000000")
+
+
+def budget_errors(period: str, soft: Decimal | None, hard: Decimal | None) -> dict[str, list[str]]:
+    """A key budget's rules, each refusal naming its field."""
+    errors: dict[str, list[str]] = {}
+    if period not in ("daily", "monthly"):
+        errors["budget_period"] = ["Choose daily or monthly."]
+    for field, value in (("budget_soft_usd", soft), ("budget_hard_usd", hard)):
+        if value is not None and not (Decimal(0) < value <= MAX_BUDGET_USD):
+            errors[field] = [f"A budget is more than $0 and at most ${MAX_BUDGET_USD:,}."]
+    if soft is not None and hard is not None and soft > hard and not errors:
+        errors["budget_soft_usd"] = ["The soft budget (a warning) must not be above the hard budget."]
+    return errors
+
+
+def apikey_set_budget(
+    *, actor: Any, api_key: ApiKey, period: str, soft_usd: Decimal | None, hard_usd: Decimal | None
+) -> ApiKey:
+    """Set (or clear, with None) the key's dollar budgets; audited with the values before and after."""
+    _assert_manages(actor, api_key.team)
+    errors = budget_errors(period, soft_usd, hard_usd)
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+        before = _budget_snapshot(key)
+        key.budget_period, key.budget_soft_usd, key.budget_hard_usd = period, soft_usd, hard_usd
+        after = _budget_snapshot(key)
+        if before == after:
+            return key
+        key.save(update_fields=["budget_period", "budget_soft_usd", "budget_hard_usd"])
+        audit_record(
+            event_type=AuditEventType.APIKEY_BUDGET_CHANGED,
+            actor=actor,
+            team=key.team_id,
+            obj=key,
+            payload={"name": key.name, "prefix": key.prefix, "before": before, "after": after},
+        )
+    return key
 
 
 def _check_scope_caps(
@@ -158,6 +210,9 @@ def apikey_create(
     tokens_per_minute: int | None = None,
     principal: Any = None,
     issuing_key: ApiKey | None = None,
+    budget_period: str = "monthly",
+    budget_soft_usd: Decimal | None = None,
+    budget_hard_usd: Decimal | None = None,
 ) -> CreatedApiKey:
     """Create a key for ``team``. The plaintext is in the result and nowhere else, ever.
 
@@ -197,6 +252,7 @@ def apikey_create(
     ):
         if value is not None and not (1 <= int(value) <= upper):
             errors.setdefault(field, []).append(f"Must be between 1 and {upper}.")
+    errors.update(budget_errors(budget_period, budget_soft_usd, budget_hard_usd))
     acts_as = principal or actor or _default_principal(team)
     if acts_as is None:
         errors.setdefault("principal", []).append(
@@ -221,6 +277,9 @@ def apikey_create(
             scopes=wanted,
             expires_at=expires_at,
             created_by=acts_as,
+            budget_period=budget_period,
+            budget_soft_usd=budget_soft_usd,
+            budget_hard_usd=budget_hard_usd,
         )
         if requests_per_minute is not None:
             key.requests_per_minute = int(requests_per_minute)

@@ -124,4 +124,5 @@ urlpatterns = [
     path("api/", include(rest)),
     path("teams/<slug:slug>/keys/", views.key_list, name="key_list"),
     path("teams/<slug:slug>/keys/<int:key_id>/revoke/", views.key_revoke, name="key_revoke"),
+    path("teams/<slug:slug>/keys/<int:key_id>/budget/", views.key_budget, name="key_budget"),
 ]

@@ -11,9 +11,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from apps.api.forms import ApiKeyCreateForm
+from apps.api.budgets import key_windows
+from apps.api.forms import ApiKeyBudgetForm, ApiKeyCreateForm
 from apps.api.models import ApiKey
-from apps.api.services import apikey_create, apikey_revoke
+from apps.api.services import apikey_create, apikey_revoke, apikey_set_budget
 from apps.governance import selectors as gov
 from apps.workers.visibility import pools_granted_to
 
@@ -47,6 +48,9 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
                     allowed_pools=form.cleaned_data["allowed_pools"],
                     requests_per_minute=form.cleaned_data["requests_per_minute"],
                     tokens_per_minute=form.cleaned_data["tokens_per_minute"],
+                    budget_period=form.cleaned_data["budget_period"] or "monthly",
+                    budget_soft_usd=form.cleaned_data["budget_soft_usd"],
+                    budget_hard_usd=form.cleaned_data["budget_hard_usd"],
                 )
             except ValidationError as exc:
                 for field, errors in exc.message_dict.items():
@@ -57,14 +61,70 @@ def key_list(request: HttpRequest, slug: str) -> HttpResponse:
                 form = ApiKeyCreateForm(pools=pools)
     else:
         form = ApiKeyCreateForm(pools=pools)
-    keys = ApiKey.objects.filter(team=team).select_related("created_by").prefetch_related("allowed_pools")
     # The plaintext is in this response only: never cache it, and say 400 when the form failed.
     status = 400 if request.method == "POST" and created is None else 200
+    return _render_list(request, team, form=form, created=created, status=status)
+
+
+def _render_list(
+    request: HttpRequest,
+    team: Any,
+    *,
+    form: ApiKeyCreateForm,
+    created: Any = None,
+    status: int = 200,
+    budget_form: tuple[int, ApiKeyBudgetForm] | None = None,
+) -> HttpResponse:
+    keys = list(
+        ApiKey.objects.filter(team=team).select_related("created_by").prefetch_related("allowed_pools")
+    )
+    windows = key_windows([k for k in keys if k.revoked_at is None])
+    rows = []
+    for key in keys:
+        if budget_form is not None and budget_form[0] == key.pk:
+            bform = budget_form[1]
+        else:
+            bform = ApiKeyBudgetForm(
+                initial={
+                    "budget_period": key.budget_period,
+                    "budget_soft_usd": key.budget_soft_usd,
+                    "budget_hard_usd": key.budget_hard_usd,
+                },
+                prefix=f"k{key.pk}",
+            )
+        rows.append({"key": key, "window": windows.get(key.pk), "budget_form": bform})
     return render(
         request,
         "api/key_list.html",
-        {"team": team, "keys": keys, "form": form, "created": created},
+        {"team": team, "keys": keys, "rows": rows, "form": form, "created": created},
         status=status,
+    )
+
+
+@require_POST
+def key_budget(request: HttpRequest, slug: str, key_id: int) -> HttpResponse:
+    """Set one key's dollar budgets (audited as ``apikey.budget_changed``)."""
+    team = _managed_team(request, slug)
+    key = get_object_or_404(ApiKey, pk=key_id, team=team)
+    form = ApiKeyBudgetForm(request.POST, prefix=f"k{key.pk}")
+    if form.is_valid():
+        try:
+            apikey_set_budget(
+                actor=request.user,
+                api_key=key,
+                period=form.cleaned_data["budget_period"],
+                soft_usd=form.cleaned_data["budget_soft_usd"],
+                hard_usd=form.cleaned_data["budget_hard_usd"],
+            )
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        else:
+            messages.success(request, f"Saved the budget of the key “{key.name}” ({key.prefix}).")
+            return redirect("api:key_list", slug=team.slug)
+    pools = pools_granted_to(team).order_by("slug")
+    return _render_list(
+        request, team, form=ApiKeyCreateForm(pools=pools), status=400, budget_form=(key.pk, form)
     )
 
 

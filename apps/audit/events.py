@@ -37,6 +37,7 @@ class AuditEventType(models.TextChoices):
     POLICY_ROLLED_BACK = "policy.rolled_back"
     APIKEY_CREATED = "apikey.created"
     APIKEY_REVOKED = "apikey.revoked"
+    APIKEY_BUDGET_CHANGED = "apikey.budget_changed"
     APIKEY_DENIED = "apikey.denied"
     # Authentication abuse (issue 13): failed logins, lockouts, invalid API keys, key throttling
     APIKEY_REJECTED = "apikey.rejected"

@@ -53,6 +53,8 @@ class DatasetItem(models.Model):
 class EvaluatorKind(models.TextChoices):
     EXACT = "exact", "Exact match"
     REGEX = "regex", "Regular expression"
+    # A worker model grades each answer against a rubric (apps.feedback.evaluators.judge_score).
+    JUDGE = "judge", "LLM judge with a rubric"
 
 
 class ExperimentStatus(models.TextChoices):
@@ -72,6 +74,12 @@ class Experiment(models.Model):
     pool = models.ForeignKey("workers.Pool", on_delete=models.PROTECT, related_name="experiments")
     arms = models.JSONField(default=list)  # ["single:<worker>", "moa", "pev", "conductor-mini", ...]
     evaluator = models.CharField(max_length=8, choices=EvaluatorKind.choices, default=EvaluatorKind.EXACT)
+    # The LLM judge: a worker of one of the team's pools and what a good answer does.
+    judge_pool = models.ForeignKey(
+        "workers.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    judge_worker = models.CharField(max_length=60, blank=True, default="")
+    rubric = models.TextField(blank=True, default="")
     seed = models.IntegerField(default=0)
     policy_version_id_at_start = models.IntegerField(null=True, blank=True)
     models_at_start = models.JSONField(
@@ -109,6 +117,9 @@ class ExperimentRun(models.Model):
     tokens = models.PositiveIntegerField(null=True, blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
     scored_at = models.DateTimeField(null=True, blank=True)
+    # Why there is no score (the judge refused, a reply without a score...); never content.
+    score_note = models.CharField(max_length=200, blank=True, default="")
+    judging_since = models.DateTimeField(null=True, blank=True)  # the LLM judge's claim
 
     class Meta:
         ordering = ["experiment", "item__index", "arm"]

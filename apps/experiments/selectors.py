@@ -8,8 +8,9 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from apps.experiments.models import Dataset, Experiment, ExperimentRun
+from apps.experiments.models import Dataset, DatasetItem, Experiment, ExperimentRun
 from apps.governance import selectors as gov
+from apps.runs.models import strategy_name
 
 QUESTION_PREVIEW_CHARS = 160
 MAX_DISAGREEMENTS = 200
@@ -134,6 +135,72 @@ def results(experiment: Experiment) -> dict[str, Any]:
     }
 
 
+QUESTIONS_PER_PAGE = 50
+
+
+def _preview(text: str) -> str:
+    return text if len(text) <= QUESTION_PREVIEW_CHARS else text[:QUESTION_PREVIEW_CHARS] + "…"
+
+
+def questions_page(experiment: Experiment, page: int) -> dict[str, Any]:
+    """Every question of the experiment (not only where strategies disagree), a page at a time:
+    each strategy's score and a link to the question's drill-down (issue 42)."""
+    items = list(experiment.dataset.items.order_by("index").values_list("pk", "index", "messages"))
+    pages = max(1, -(-len(items) // QUESTIONS_PER_PAGE))
+    page = min(max(1, page), pages)
+    chunk = items[(page - 1) * QUESTIONS_PER_PAGE : page * QUESTIONS_PER_PAGE]
+    arms = list(experiment.arms)
+    scores: dict[tuple[int, str], ExperimentRun] = {
+        (r.item_id, r.arm): r
+        for r in ExperimentRun.objects.filter(experiment=experiment, item_id__in=[pk for pk, _i, _m in chunk])
+    }
+    rows = []
+    for pk, index, messages in chunk:
+        item = DatasetItem(pk=pk, index=index, messages=messages)
+        rows.append(
+            {
+                "index": index,
+                "question": _preview(item.question),
+                "cells": [{"arm": arm, "row": scores.get((pk, arm))} for arm in arms],
+            }
+        )
+    return {"rows": rows, "page": page, "pages": pages, "total": len(items)}
+
+
+def question_detail(experiment: Experiment, index: int, *, content_visible: Any) -> dict[str, Any] | None:
+    """One question through every strategy: answer (when the viewer may see it), score and why,
+    latency, cost, tokens and the run. ``content_visible(run) -> bool`` is the held-answer rule."""
+    item = experiment.dataset.items.filter(index=index).first()
+    if item is None:
+        return None
+    by_arm = {
+        r.arm: r for r in ExperimentRun.objects.filter(experiment=experiment, item=item).select_related("run")
+    }
+    cells = []
+    for arm in experiment.arms:
+        row = by_arm.get(arm)
+        run = row.run if row is not None else None
+        visible = run is not None and content_visible(run)
+        cells.append(
+            {
+                "arm": arm,
+                "row": row,
+                "run": run,
+                "answer": (run.answer if visible else None) if run is not None else None,
+                "withheld": run is not None and not visible,
+            }
+        )
+    indexes = list(experiment.dataset.items.order_by("index").values_list("index", flat=True))
+    at = indexes.index(index)
+    return {
+        "item": item,
+        "cells": cells,
+        "previous": indexes[at - 1] if at > 0 else None,
+        "next": indexes[at + 1] if at + 1 < len(indexes) else None,
+        "page": at // QUESTIONS_PER_PAGE + 1,
+    }
+
+
 def scatter(table: list[dict[str, Any]]) -> dict[str, Any]:
     """Plotly figure: accuracy against mean cost per question (tokens when the pool is unpriced)."""
     points = [row for row in table if row["accuracy"] is not None]
@@ -154,13 +221,13 @@ def scatter(table: list[dict[str, Any]]) -> dict[str, Any]:
             {
                 "type": "scatter",
                 "mode": "markers+text",
-                "name": row["arm"],
+                "name": strategy_name(row["arm"]),
                 "x": [row[x_key] or 0],
                 "y": [round(100 * row["accuracy"], 2)],
-                "text": [row["arm"]],
+                "text": [strategy_name(row["arm"])],
                 "textposition": "top center",
                 "marker": {"size": 12},
-                "hovertemplate": f"{row['arm']}: %{{y}} % at %{{x}}<extra></extra>",
+                "hovertemplate": f"{strategy_name(row['arm'])}: %{{y}} % at %{{x}}<extra></extra>",
             }
             for row in points
         ],

@@ -10,8 +10,10 @@ update, so the observer and a refresh may race without scoring twice.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -30,7 +32,7 @@ from apps.experiments.models import (
     ExperimentRun,
     ExperimentStatus,
 )
-from apps.feedback.evaluators import evaluate_exact, evaluate_regex
+from apps.feedback.evaluators import JUDGE_TIMEOUT_S, Outcome, evaluate_exact, evaluate_regex, judge_score
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.learning.bandit import Arm
@@ -40,12 +42,16 @@ from apps.runs.models import Run, RunSource
 from apps.runs.services import RunRefused, run_cancel, run_create
 from apps.workers.engine_adapter import preset_conductor_of
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool
+from apps.workers.visibility import pools_granted_to
+
+logger = logging.getLogger(__name__)
 
 RUN_PERMISSION = "governance.run_on_team"
 TEACH_PERMISSION = "governance.manage_team"
 COMPOSITE_ARMS = ("moa", "pev", "conductor-mini", "conductor-ultra", "learned")
 MAX_RUNS_PER_EXPERIMENT = 5_000
 TERMINAL_RUN = ("succeeded", "failed", "blocked", "cancelled", "timed_out")
+JUDGING = "judging"  # the LLM judge is grading the row's answer (claimed, not yet scored)
 HELD = "held"  # an experiment row whose run's answer is held for review: not scored (issue 39)
 
 
@@ -148,8 +154,14 @@ def experiment_start(
     arms: list[str],
     evaluator: str = EvaluatorKind.EXACT,
     seed: int = 0,
+    judge_pool: Any = None,
+    judge_worker: str = "",
+    rubric: str = "",
 ) -> Experiment:
-    """Create the experiment and every (item, arm) run in one transaction; they dispatch on commit."""
+    """Create the experiment and every (item, arm) run in one transaction; they dispatch on commit.
+
+    ``evaluator="judge"``: ``judge_worker`` of ``judge_pool`` (a pool of the team the actor may
+    use) grades every answer against ``rubric``; its calls pass the team's outbound gate."""
 
     team = dataset.team
     _require_run_on_team(actor, team)
@@ -166,7 +178,13 @@ def experiment_start(
             field="arms",
         )
     if evaluator not in EvaluatorKind.values:
-        raise ExperimentError(f"Unknown evaluator '{evaluator}'; choose exact or regex.", field="evaluator")
+        raise ExperimentError(
+            f"Unknown evaluator '{evaluator}'; choose {', '.join(EvaluatorKind.values)}.", field="evaluator"
+        )
+    if evaluator == EvaluatorKind.JUDGE:
+        _check_judge(actor=actor, team=team, pool=judge_pool, worker=judge_worker, rubric=rubric)
+    else:
+        judge_pool, judge_worker, rubric = None, "", ""
     items = list(dataset.items.all())
     if len(items) * len(arms) > MAX_RUNS_PER_EXPERIMENT:
         raise ExperimentError(
@@ -184,6 +202,9 @@ def experiment_start(
             pool=pool,
             arms=arms,
             evaluator=evaluator,
+            judge_pool=judge_pool,
+            judge_worker=judge_worker,
+            rubric=rubric.strip(),
             seed=seed,
             policy_version_id_at_start=policy_in_force(team).version_id,
             models_at_start=_models_of(pool),
@@ -230,6 +251,11 @@ def experiment_start(
                 "pool": pool.slug,
                 "arms": arms,
                 "evaluator": evaluator,
+                **(
+                    {"judge": f"{judge_pool.slug}/{judge_worker}", "rubric_chars": len(rubric.strip())}
+                    if judge_pool is not None
+                    else {}
+                ),
                 "seed": seed,
                 "runs": len(rows),
                 "models": experiment.models_at_start,
@@ -238,10 +264,47 @@ def experiment_start(
     return experiment
 
 
+def _check_judge(*, actor: Any, team: Team, pool: Any, worker: str, rubric: str) -> None:
+    if pool is None or not worker:
+        raise ExperimentError("The LLM judge needs a judge worker.", field="judge")
+    usable = Pool.objects.visible_to(actor, "use").filter(pk=pool.pk, enabled=True).exists()
+    if not usable or not pools_granted_to(team).filter(pk=pool.pk).exists():
+        raise ExperimentError(
+            f"The judge's pool '{pool.slug}' is not one of team '{team.slug}' you may use (use_pool).",
+            field="judge",
+        )
+    if not pool.pool_workers.filter(worker__slug=worker).exists():
+        raise ExperimentError(f"The worker '{worker}' is not in the pool '{pool.slug}'.", field="judge")
+    if not rubric.strip():
+        raise ExperimentError("The LLM judge needs a rubric: what a good answer does.", field="rubric")
+
+
 def score_answer(evaluator: str, answer: str, reference: str | None) -> float | None:
     if evaluator == EvaluatorKind.REGEX:
         return evaluate_regex(answer, reference).value
     return evaluate_exact(answer, reference, {"normalize": True}).value
+
+
+def _judge(er: ExperimentRun, run: Any) -> Outcome:
+    experiment = er.experiment
+    if experiment.judge_pool is None:
+        return Outcome(None, "no judge worker was chosen")
+    try:
+        outcome = judge_score(
+            team=experiment.team,
+            pool=experiment.judge_pool,
+            worker_slug=experiment.judge_worker,
+            question=er.item.question,
+            answer=run.answer or "",
+            rubric=experiment.rubric,
+            reference=er.item.reference,
+            run_id=run.pk,
+            purpose="experiment judge",
+        )
+    except Exception as exc:  # a broken judge scores nothing; the row says why
+        logger.warning("experiment %s: judge failed on run %s: %s", experiment.pk, run.pk, exc)
+        return Outcome(None, f"the judge failed ({type(exc).__name__})")
+    return outcome if outcome.value is None else Outcome(outcome.value, f"judge score {outcome.value:g}")
 
 
 def _score(er: ExperimentRun, run: Any) -> bool:
@@ -249,20 +312,45 @@ def _score(er: ExperimentRun, run: Any) -> bool:
 
     A held answer is not scored (issue 39): a score compares the answer with a reference the
     experimenter wrote, so it would tell a member the held answer one guess per dataset row. The
-    row says ``held``; ``experiment_refresh`` scores it once a reviewer releases the answer."""
+    row says ``held``; ``experiment_refresh`` scores it once a reviewer releases the answer. The
+    LLM judge never sees a held answer either."""
     held = run.status == "succeeded" and bool(getattr(run, "answer_held", False))
     succeeded = run.status == "succeeded" and not held
-    score = score_answer(er.experiment.evaluator, run.answer or "", er.item.reference) if succeeded else None
-    if run.status != "succeeded" and run.status != "cancelled" and er.item.reference is not None:
+    judged = succeeded and er.experiment.evaluator == EvaluatorKind.JUDGE
+    unscored = Q(scored_at__isnull=True) | Q(status=HELD)
+    note = ""
+    if judged:
+        # A judge call costs money: the row is claimed first so the observer and a page refresh
+        # never both ask (a claim older than the judge's timeout is taken over, see refresh).
+        if (
+            not ExperimentRun.objects.filter(unscored, pk=er.pk)
+            .exclude(status=JUDGING)
+            .update(status=JUDGING, judging_since=timezone.now())
+        ):
+            return False
+        unscored = Q(status=JUDGING)
+        outcome = _judge(er, run)
+        score, note = outcome.value, outcome.note
+    elif succeeded:
+        score = score_answer(er.experiment.evaluator, run.answer or "", er.item.reference)
+    else:
+        score = None
+    if (
+        run.status != "succeeded"
+        and run.status != "cancelled"
+        and (er.item.reference is not None or er.experiment.evaluator == EvaluatorKind.JUDGE)
+    ):
         # A failed, blocked or timed-out run answered nothing: wrong, not unknown. A cancelled
         # one was never allowed to answer, so it does not count against its strategy.
         score = 0.0
+    if held:
+        note = "held for review: not scored until a reviewer releases it"
     tokens = (run.input_tokens or 0) + (run.output_tokens or 0)
     # Claimed once; a held row again once its answer is released (then it gets its score).
-    unscored = Q(scored_at__isnull=True) | Q(status=HELD)
     updated = ExperimentRun.objects.filter(unscored, pk=er.pk).update(
         status=HELD if held else run.status,
         score=score,
+        score_note=note[:200],
         cost_usd=run.cost_usd if run.priced else None,
         tokens=tokens,
         latency_ms=run.latency_ms,
@@ -323,10 +411,13 @@ def on_run_event(view: Any) -> None:
 def experiment_refresh(experiment: Experiment) -> None:
     """Score finished runs the observer did not (cancelled in the queue, erased, lost); idempotent."""
     # Only rows whose run ended (or vanished): the page polls this every second.
+    stale = timezone.now() - timedelta(seconds=3 * JUDGE_TIMEOUT_S)
     pending = (
         ExperimentRun.objects.select_related("experiment", "item", "run")
         .filter(experiment=experiment, scored_at__isnull=True)
         .filter(Q(run__isnull=True) | Q(run__status__in=TERMINAL_RUN))
+        # a judge at work is left alone, unless its claim outlived the judge's timeout (a crash)
+        .exclude(status=JUDGING, judging_since__gte=stale)
     )
     released = ExperimentRun.objects.select_related("experiment", "item", "run").filter(
         experiment=experiment, status=HELD, run__answer_held=False
@@ -337,6 +428,10 @@ def experiment_refresh(experiment: Experiment) -> None:
                 status="failed", scored_at=timezone.now()
             )
         elif er.run.status in TERMINAL_RUN:
+            if er.status == JUDGING:  # a crashed judge's claim: release it to be judged again
+                ExperimentRun.objects.filter(pk=er.pk, status=JUDGING, judging_since__lt=stale).update(
+                    status=""
+                )
             _score(er, er.run)
     if experiment.status == ExperimentStatus.RUNNING:
         _maybe_finish(experiment.pk)

@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.experiment_list, name="list"),
     path("datasets/", views.dataset_upload, name="dataset_upload"),
     path("<int:pk>/", views.experiment_detail, name="detail"),
+    path("<int:pk>/questions/<int:index>/", views.experiment_question, name="question"),
     path("<int:pk>/progress/", views.experiment_progress, name="progress"),
     path("<int:pk>/cancel/", views.experiment_cancel, name="cancel"),
     path("<int:pk>/teach/", views.experiment_teach, name="teach"),

@@ -17,6 +17,7 @@ from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.learning.services import RouterError
 from apps.policies.models import PolicyVersion
+from apps.runs.selectors import run_content_visible
 
 
 def _experiment_for(user: Any, pk: int) -> Experiment:
@@ -65,6 +66,9 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
                     arms=c["arms"],
                     evaluator=c["evaluator"],
                     seed=c["seed"],
+                    judge_pool=c["judge_pool"],
+                    judge_worker=c["judge_worker"],
+                    rubric=c.get("rubric") or "",
                 )
             except PermissionError as err:
                 raise PermissionDenied(str(err)) from None
@@ -102,11 +106,16 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     services.experiment_refresh(experiment)
     experiment.refresh_from_db()
     data = selectors.results(experiment)
+    try:
+        page = int(request.GET.get("page") or 1)
+    except ValueError:
+        page = 1
     return render(
         request,
         "experiments/detail.html",
         {
             "experiment": experiment,
+            "questions": selectors.questions_page(experiment, page),
             "progress": selectors.progress(experiment),
             "data": data,
             "scatter_json": data["scatter"],
@@ -117,6 +126,17 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
             .first(),
         },
     )
+
+
+def experiment_question(request: HttpRequest, pk: int, index: int) -> HttpResponse:
+    """One question through every strategy: answers, scores, latency, cost and the runs."""
+    experiment = _experiment_for(request.user, pk)
+    detail = selectors.question_detail(
+        experiment, index, content_visible=lambda run: run_content_visible(user=request.user, run=run)
+    )
+    if detail is None:
+        raise Http404(f"The dataset has no line {index}.")
+    return render(request, "experiments/question.html", {"experiment": experiment, **detail})
 
 
 def experiment_progress(request: HttpRequest, pk: int) -> JsonResponse:

@@ -105,28 +105,52 @@ def judge_prompt(question: str, answer: str, rubric: str, reference: str | None)
 
 
 def evaluate_judge(run: Any, config: dict[str, Any], reference: str | None) -> Outcome:
-    """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score.
+    """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score."""
+    return judge_score(
+        team=run.team,
+        pool=run.pool,
+        worker_slug=config.get("worker") or None,
+        question=run.question,
+        answer=run.answer,
+        rubric=str(config.get("rubric") or ""),
+        reference=reference,
+        run_id=run.pk,
+    )
+
+
+def judge_score(
+    *,
+    team: Any,
+    pool: Any,
+    worker_slug: str | None,
+    question: str,
+    answer: str,
+    rubric: str,
+    reference: str | None,
+    run_id: Any,
+    purpose: str = "evaluator",
+) -> Outcome:
+    """One judge call (team evaluators and experiments' LLM-as-judge scorer share it).
 
     The judge's request passes the team's outbound gate like every provider call (issue 39): the
     question, answer and reference reach the judge model as the run's workers would see them
     (redacted), or not at all (blocked); what the gate did is audited on the run."""
 
-    gate = outbound_gate(policy_in_force(run.team).effective)
-    pool = build_engine_pool(run.pool, gate=gate)
-    slug = config.get("worker")
-    worker = pool.get(slug) if slug else pool.workers[pool.default_index]
+    gate = outbound_gate(policy_in_force(team).effective)
+    engine_pool = build_engine_pool(pool, gate=gate)
+    worker = engine_pool.get(worker_slug) if worker_slug else engine_pool.workers[engine_pool.default_index]
     if worker is None:
-        return Outcome(None, f"the pool has no worker '{slug}'")
+        return Outcome(None, f"the pool has no worker '{worker_slug}'")
     try:
         result = worker.complete(  # type: ignore[attr-defined]
-            judge_prompt(run.question, run.answer, str(config.get("rubric") or ""), reference),
+            judge_prompt(question, answer, rubric, reference),
             max_tokens=JUDGE_MAX_TOKENS,
             timeout=JUDGE_TIMEOUT_S,
         )
     except ProviderRequestRefused as refused:
-        audit_outbound(purpose="evaluator", checks=refused.checks, blocked=True, team=run.team, run_id=run.pk)
+        audit_outbound(purpose=purpose, checks=refused.checks, blocked=True, team=team, run_id=run_id)
         return Outcome(None, f"the judge's request was refused: {refused}")
-    audit_outbound(purpose="evaluator", checks=result.outbound, blocked=False, team=run.team, run_id=run.pk)
+    audit_outbound(purpose=purpose, checks=result.outbound, blocked=False, team=team, run_id=run_id)
     score = parse_score(result.text or "")
     if score is None:
         return Outcome(None, "the judge's reply held no score between 0 and 1")

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from django import forms
 
-from apps.runs.models import Strategy
+from apps.runs.models import Strategy, strategy_name
 
 RANGES = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MAX_CUSTOM_DAYS = 366
@@ -22,14 +22,20 @@ class InsightFilterForm(forms.Form):
     date_to = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), label="To")
     team = forms.ChoiceField(required=False)
     pool = forms.ChoiceField(required=False)
-    worker = forms.CharField(required=False, max_length=60)
-    strategy = forms.ChoiceField(choices=[("", "any"), *Strategy.choices], required=False)
+    worker = forms.ChoiceField(required=False)
+    # Named as the playground names them (issue 42).
+    strategy = forms.ChoiceField(
+        choices=[("", "any"), *((v, strategy_name(v)) for v in Strategy.values)], required=False
+    )
 
-    def __init__(self, *args: Any, teams: list[str], pools: list[str], **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, teams: list[str], pools: list[str], workers: list[str] = (), **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         # Only what the viewer may see is offered (and accepted).
         cast(forms.ChoiceField, self.fields["team"]).choices = [("", "all visible"), *((t, t) for t in teams)]
         cast(forms.ChoiceField, self.fields["pool"]).choices = [("", "any"), *((p, p) for p in pools)]
+        cast(forms.ChoiceField, self.fields["worker"]).choices = [("", "any"), *((w, w) for w in workers)]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

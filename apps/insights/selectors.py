@@ -14,6 +14,8 @@ from urllib.parse import urlencode
 from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 
+from apps.api.budgets import key_windows
+from apps.api.models import ApiKey
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.insights.models import (
@@ -28,7 +30,8 @@ from apps.insights.models import (
     Rollup,
 )
 from apps.policies.services import effective_policy
-from apps.workers.models import Pool
+from apps.runs.models import Run, strategy_name
+from apps.workers.models import Pool, Worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,18 @@ def visible_pool_slugs(user: Any) -> list[str]:
     team_ids = gov.teams_with_runs_visible_to(user).values("pk")
     pool_ids = Rollup.objects.filter(team_id__in=team_ids, grain=DAY).values("pool_id").distinct()
     return list(Pool.objects.filter(pk__in=pool_ids).order_by("slug").values_list("slug", flat=True))
+
+
+def visible_worker_keys(user: Any) -> list[str]:
+    """Workers that have steps in the viewer's teams' rollups (the Worker filter's choices)."""
+    team_ids = gov.teams_with_runs_visible_to(user).values("pk")
+    return list(
+        Rollup.objects.filter(team_id__in=team_ids, grain=DAY)
+        .exclude(worker_key=RUN_ROW)
+        .values_list("worker_key", flat=True)
+        .distinct()
+        .order_by("worker_key")
+    )
 
 
 def scope_for(*, user: Any, start: datetime, end: datetime, filters: dict[str, Any]) -> Scope:
@@ -144,9 +159,36 @@ def _day(d: datetime) -> str:
     return f"{d:%Y-%m-%d}"
 
 
-def _chart(cid: str, title: str, caption: str, data: list[dict[str, Any]], **layout: Any) -> dict[str, Any]:
-    empty = not any(len(t.get("x") or t.get("values") or []) for t in data)
-    return {"id": cid, "title": title, "caption": caption, "empty": empty, "data": data, "layout": layout}
+def _has_data(trace: dict[str, Any]) -> bool:
+    """A trace draws something: a value that is a number other than 0 (all-zero or all-None bars
+    would make plotly draw bare axes from -1 to 1, issue 42)."""
+    axis = "x" if trace.get("orientation") == "h" else "y"
+    values = trace.get(axis) if trace.get(axis) is not None else trace.get("values")
+    return any(isinstance(v, int | float) and v != 0 for v in values or [])
+
+
+def _chart(
+    cid: str,
+    title: str,
+    caption: str,
+    data: list[dict[str, Any]],
+    *,
+    empty_note: str = "No data in this range.",
+    **layout: Any,
+) -> dict[str, Any]:
+    # Overlays (a budget line) draw nothing on their own: they never make a chart non-empty.
+    empty = not any(_has_data(t) for t in data if not t.get("overlay"))
+    for t in data:
+        t.pop("overlay", None)
+    return {
+        "id": cid,
+        "title": title,
+        "caption": caption,
+        "empty": empty,
+        "empty_note": empty_note,
+        "data": data,
+        "layout": layout,
+    }
 
 
 # --- the charts -------------------------------------------------------------------------------------
@@ -194,6 +236,7 @@ def spend_chart(scope: Scope) -> dict[str, Any]:
                 "y": [float(limit), float(limit)],
                 "line": {"dash": "dash"},
                 "customdata": [scope.drill(team=team), scope.drill(team=team)],
+                "overlay": True,
             }
             data.append(line)
     return _chart(
@@ -202,6 +245,7 @@ def spend_chart(scope: Scope) -> dict[str, Any]:
         "What did each team spend, per "
         + ("day, against its daily budget (dashed; resets 00:00 UTC)?" if scope.by_day else "hour?"),
         data,
+        empty_note="No spend in this range: no runs, or only runs on unpriced workers ($0).",
         barmode="stack",
         xaxis=scope.time_axis(),
         yaxis={"title": "USD"},
@@ -224,7 +268,7 @@ def orchestration_chart(scope: Scope) -> dict[str, Any]:
     )
     strategies, orch_tokens, work_tokens, links = [], [], [], []
     for r in rows:
-        strategies.append(r["strategy"])
+        strategies.append(strategy_name(r["strategy"]))
         orch = int(r["oi"] or 0) + int(r["oo"] or 0)
         orch_tokens.append(orch)
         # Run totals include planning: the worker share is what is left.
@@ -246,6 +290,7 @@ def orchestration_chart(scope: Scope) -> dict[str, Any]:
         "How much of the tokens does planning cost against the work itself?",
         data,
         barmode="stack",
+        xaxis={"automargin": True},
         yaxis={"title": "tokens"},
     )
 
@@ -271,22 +316,23 @@ def latency_chart(scope: Scope, run_lat: dict[str, dict[float, int]] | None = No
     strategies = run_lat if run_lat is not None else run_latency(scope)
     labels, p50, p95, links = [], [], [], []
     for name, hist in sorted(workers.items()):
-        labels.append(f"worker {name}")
+        labels.append(f"worker · {name}")
         p50.append(percentile(hist, 0.5))
         p95.append(percentile(hist, 0.95))
         links.append(scope.drill(worker=name))
     for name, hist in sorted(strategies.items()):
-        labels.append(f"run {name}")
+        labels.append(f"run · {strategy_name(name)}")
         p50.append(percentile(hist, 0.5))
         p95.append(percentile(hist, 0.95))
         links.append(scope.drill(strategy=name))
     # Time to first token of streamed runs, per strategy (None on the worker bars).
     ttft = _hist(_rows(HistogramRollup, scope, worker=False).filter(metric="ttft"), "strategy")
     ttft_p50 = [None] * len(workers) + [percentile(ttft.get(name, {}), 0.5) for name in sorted(strategies)]
+    # Horizontal bars: each label on one line to the left of its bars, grown to fit (automargin),
+    # never slanted under the axis and cut at a phone's width (issue 42).
     data = [
-        {"type": "bar", "name": "p50", "x": labels, "y": p50, "customdata": links},
-        {"type": "bar", "name": "p95", "x": labels, "y": p95, "customdata": links},
-        {"type": "bar", "name": "first token p50", "x": labels, "y": ttft_p50, "customdata": links},
+        {"type": "bar", "orientation": "h", "name": name, "y": labels, "x": values, "customdata": links}
+        for name, values in (("p50", p50), ("p95", p95), ("first token p50", ttft_p50))
     ]
     return _chart(
         "latency",
@@ -295,7 +341,9 @@ def latency_chart(scope: Scope, run_lat: dict[str, dict[float, int]] | None = No
         "(bucketed estimate, ms)",
         data,
         barmode="group",
-        yaxis={"title": "ms"},
+        yaxis={"automargin": True, "autorange": "reversed"},
+        xaxis={"title": "ms"},
+        height=max(300, 70 + 60 * len(labels)),
     )
 
 
@@ -437,6 +485,7 @@ def review_chart(user: Any, scope: Scope) -> tuple[dict[str, Any], dict[str, Any
         "Who signs off, who flags, and how long do runs wait?",
         data,
         barmode="stack",
+        xaxis={"automargin": True},
         yaxis={"title": "reviews"},
     )
     return chart, summary
@@ -470,6 +519,7 @@ def strategy_table(
         table.append(
             {
                 "strategy": strategy,
+                "name": strategy_name(strategy),
                 "runs": runs,
                 "success_rate": round(100 * int(r["ok"] or 0) / runs, 1) if runs else None,
                 "approval_rate": round(100 * rv["approved"] / rv["decided"], 1)
@@ -483,6 +533,81 @@ def strategy_table(
             }
         )
     return table
+
+
+def spend_per_model(scope: Scope) -> list[dict[str, Any]]:
+    """Spend of the range per provider model: the workers' steps (from the worker rollups, each
+    worker by the model it names now), and the conductors' planning as its own row."""
+    per_worker = (
+        _rows(Rollup, scope, worker=True)
+        .values("worker_key")
+        .annotate(c=Sum("cost_usd"), st=Sum("steps"), ti=Sum("input_tokens"), to=Sum("output_tokens"))
+    )
+    models = dict(
+        Worker.objects.filter(slug__in=[r["worker_key"] for r in per_worker]).values_list(
+            "slug", "model_name"
+        )
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    for r in per_worker:
+        model = models.get(r["worker_key"]) or f"(worker {r['worker_key']} removed)"
+        row = rows.setdefault(model, {"model": model, "workers": set(), "steps": 0, "tokens": 0, "cost": 0.0})
+        row["workers"].add(r["worker_key"])
+        row["steps"] += int(r["st"] or 0)
+        row["tokens"] += int(r["ti"] or 0) + int(r["to"] or 0)
+        row["cost"] += _f(r["c"])
+    planning = _rows(Rollup, scope, worker=False).aggregate(
+        c=Sum("orch_cost_usd"), ti=Sum("orch_input_tokens"), to=Sum("orch_output_tokens")
+    )
+    out = sorted(rows.values(), key=lambda r: (-r["cost"], r["model"]))
+    for row in out:
+        row["workers"] = ", ".join(sorted(row["workers"]))
+    planning_tokens = int(planning["ti"] or 0) + int(planning["to"] or 0)
+    if planning_tokens or planning["c"]:
+        out.append(
+            {
+                "model": "conductor planning",
+                "workers": "the pools' conductors",
+                "steps": None,
+                "tokens": planning_tokens,
+                "cost": _f(planning["c"]),
+            }
+        )
+    return out
+
+
+def spend_per_key(scope: Scope) -> list[dict[str, Any]]:
+    """Spend of the range per API key (runs started with a key), with the key's budget now."""
+    key_ids = list(ApiKey.objects.filter(team_id__in=scope.team_ids).values_list("pk", flat=True))
+    if not key_ids:
+        return []  # no key, no read of the runs
+    # By each key's (api_key, created_at) index: only the keyed runs of the range are read.
+    runs = Run.objects.filter(api_key_id__in=key_ids, created_at__gte=scope.start, created_at__lt=scope.end)
+    if scope.pool:
+        runs = runs.filter(pool__slug=scope.pool)
+    if scope.strategy:
+        runs = runs.filter(strategy=scope.strategy)
+    rows = list(
+        runs.values("api_key_id", "api_key__name", "api_key__prefix", "team__slug")
+        .annotate(n=Count("pk"), c=Sum("cost_usd"), ti=Sum("input_tokens"), to=Sum("output_tokens"))
+        .order_by()
+    )
+    keys = {k.pk: k for k in ApiKey.objects.filter(pk__in=[r["api_key_id"] for r in rows])}
+    windows = key_windows(list(keys.values()))
+    out = [
+        {
+            "name": r["api_key__name"],
+            "prefix": r["api_key__prefix"],
+            "team": r["team__slug"],
+            "runs": int(r["n"]),
+            "tokens": int(r["ti"] or 0) + int(r["to"] or 0),
+            "cost": _f(r["c"]),
+            "window": windows.get(r["api_key_id"]),
+            "link": reverse("runs:list") + "?" + urlencode({"key": r["api_key__prefix"]}),
+        }
+        for r in rows
+    ]
+    return sorted(out, key=lambda r: (-r["cost"], r["name"]))
 
 
 def insights(*, user: Any, scope: Scope) -> dict[str, Any]:
@@ -502,5 +627,7 @@ def insights(*, user: Any, scope: Scope) -> dict[str, Any]:
         "shape": shape,
         "reviews": review_summary,
         "strategies": strategy_table(user, scope, run_lat),
+        "per_model": spend_per_model(scope),
+        "per_key": spend_per_key(scope),
         "totals": {"runs": int(totals["runs"] or 0), "cost": _f(totals["cost"])},
     }

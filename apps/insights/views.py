@@ -18,7 +18,10 @@ from apps.tools.selectors import tool_call_counts
 def dashboard(request: HttpRequest) -> HttpResponse:
     teams = selectors.visible_team_slugs(request.user)
     form = InsightFilterForm(
-        request.GET or None, teams=teams, pools=selectors.visible_pool_slugs(request.user)
+        request.GET or None,
+        teams=teams,
+        pools=selectors.visible_pool_slugs(request.user),
+        workers=selectors.visible_worker_keys(request.user),
     )
     valid = form.is_valid() if form.is_bound else True
     start, end = form.window(timezone.now())

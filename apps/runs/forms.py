@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django import forms
 
 from apps.governance import selectors as gov
-from apps.runs.models import RunStatus, Strategy
+from apps.runs.models import STRATEGY_NAMES, RunStatus, Strategy
 from apps.runs.search import MAX_QUERY_CHARS, run_ref_range
 from apps.runs.services import MAX_QUESTION_CHARS
 from apps.workers.engine_adapter import pool_unavailable_reason
@@ -17,12 +17,8 @@ if TYPE_CHECKING:
 
 # What the playground offers, mapped to (strategy, preset).
 STRATEGY_CHOICES = [
-    ("conductor-mini", "Conductor · mini"),
-    ("conductor-ultra", "Conductor · ultra"),
-    ("single", "Single worker"),
-    ("moa", "Mixture of agents"),
-    ("pev", "Planner-executor-verifier"),
-    ("learned", "Learned router (picks one of the above per request)"),
+    *((v, STRATEGY_NAMES[v]) for v in ("conductor-mini", "conductor-ultra", "single", "moa", "pev")),
+    ("learned", f"{STRATEGY_NAMES['learned']} (picks one of the above per request)"),
 ]
 
 

@@ -48,6 +48,25 @@ class Strategy(models.TextChoices):
     LEARNED = "learned", "Learned router"
 
 
+# The names the playground offers (issue 42): experiments and insights name strategies the same way.
+STRATEGY_NAMES = {
+    "conductor-mini": "Conductor · mini",
+    "conductor-ultra": "Conductor · ultra",
+    "conductor": "Conductor",
+    "single": "Single worker",
+    "moa": "Mixture of agents",
+    "pev": "Planner-executor-verifier",
+    "learned": "Learned router",
+}
+
+
+def strategy_name(value: str) -> str:
+    """``conductor-mini`` -> ``Conductor · mini``; ``single:w1`` -> ``Single worker · w1``."""
+    if value.startswith("single:"):
+        return f"Single worker · {value.removeprefix('single:')}"
+    return STRATEGY_NAMES.get(value, value)
+
+
 class Preset(models.TextChoices):
     NONE = "", "—"
     MINI = "mini", "mini"
@@ -136,6 +155,8 @@ class Run(models.Model):
         permissions = [("review_run", "Can review (sign off or flag) the run")]
         indexes = [
             models.Index(fields=["team", "-created_at"], name="run_team_created"),
+            # A key's spend in a budget period (apps.api.budgets), as run_team_created serves a team's.
+            models.Index(fields=["api_key", "-created_at"], name="run_key_created"),
             models.Index(fields=["created_by", "-created_at"], name="run_user_created"),
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
             models.Index(fields=["strategy", "-created_at"], name="run_strategy_created"),

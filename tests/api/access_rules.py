@@ -432,4 +432,18 @@ RULES: dict[str, Any] = {
         "kwargs": _key_kwargs,
         "method": "POST",
     },
+    "api:key_budget": {
+        "anonymous": "login",
+        "owner": 403,
+        "teammate": 403,
+        "outsider": 404,
+        "reviewer": 403,
+        "policy_admin": 403,
+        "team_admin": 302,
+        "superuser": 302,
+        "kwargs": _key_kwargs,
+        "method": "POST",
+        "data": lambda ctx: {f"k{ctx.memo('key', _key).pk}-budget_period": "monthly"},
+        "note": "team admins set a key's dollar budgets (empty = none); audited",
+    },
 }

@@ -65,6 +65,7 @@ RULES: dict[str, Any] = {
     },
     "experiments:detail": {"kwargs": _pk, **ALPHA_RUNNERS},
     "experiments:progress": {"kwargs": _pk, **ALPHA_RUNNERS},
+    "experiments:question": {"kwargs": lambda ctx: {**_pk(ctx), "index": 1}, **ALPHA_RUNNERS},
     "experiments:cancel": {
         "kwargs": _pk,
         "method": "POST",

@@ -83,10 +83,13 @@ def test_rollups_page_and_metrics_follow_real_runs(
     data = page.get("/insights/").context["data"]
     assert data["totals"]["runs"] == 3
     charts = {c["id"]: c for c in data["charts"]}
-    for cid in ("spend", "orchestration", "latency", "plans"):
+    for cid in ("orchestration", "latency", "plans"):
         assert not charts[cid]["empty"], cid
+    # The fake workers are unpriced: $0 bars would draw bare axes from -1 to 1 (issue 42), so the
+    # chart says why it is empty instead.
+    assert charts["spend"]["empty"] and "unpriced" in charts["spend"]["empty_note"]
     first_token = next(t for t in charts["latency"]["data"] if t["name"] == "first token p50")
-    assert [y for y in first_token["y"] if y is not None], first_token
+    assert [x for x in first_token["x"] if x is not None], first_token  # horizontal bars
     assert charts["spend"]["data"][0]["name"] == "alpha"
     assert {row["strategy"]: row["runs"] for row in data["strategies"]} == {"conductor": 2, "single": 1}
     # By day, the spend chart draws the daily budget as a line.

@@ -154,7 +154,11 @@ def _live_client(daphne_server: Any, user: Any) -> httpx.Client:
 
 
 def _start(
-    client: httpx.Client, lines: list[dict[str, Any]], name: str, evaluator: str = "exact"
+    client: httpx.Client,
+    lines: list[dict[str, Any]],
+    name: str,
+    evaluator: str = "exact",
+    extra: dict[str, Any] | None = None,
 ) -> Experiment:
     data = "\n".join(json.dumps(line) for line in lines).encode()
     up = client.post(
@@ -172,6 +176,7 @@ def _start(
             "arms": ["single:fake-solver"],
             "evaluator": evaluator,
             "seed": 1,
+            **(extra or {}),
         },
     )
     assert page.status_code == 302, page.text[:2000]
@@ -207,6 +212,50 @@ def test_an_experiment_sends_its_judge_nothing_the_policy_masks(
     )
     assert any(RUBRIC.encode() in r.raw for r in fake_pool.server.requests), "the judge was asked"
     _no_pii(fake_pool.server.received())
+
+
+JUDGE_SCORER = {"judge": "fake/fake-critic", "rubric": RUBRIC}
+
+
+def test_the_experiment_judge_scorer_passes_the_outbound_gate(
+    daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, owner: Any
+) -> None:
+    """Issue 42: the LLM-as-judge scorer of an experiment sends its judge the question, answer and
+    reference as the policy lets them out (masked), audited as the experiment judge's call."""
+    publish_policy(alpha, {"guardrails": {"input": REDACT}})
+    fake_pool.server.responder = lambda req: FakeReply(f"Mail {EMAIL}. SCORE: 0.6")
+    client = _live_client(daphne_server, owner)
+    experiment = _start(
+        client, [{"input": QUESTION, "reference": f"write to {EMAIL}"}], "judge-set", "judge", JUDGE_SCORER
+    )
+    experiment = _finish(experiment, daphne_server, owner)
+    [row] = ExperimentRun.objects.filter(experiment=experiment)
+    wait_until(lambda: ExperimentRun.objects.get(pk=row.pk).score is not None, 60, "the judge's score")
+    row.refresh_from_db()
+    assert (row.score, row.score_note) == (0.6, "judge score 0.6")
+    judged = [r for r in fake_pool.server.requests if RUBRIC.encode() in r.raw]
+    assert len(judged) == 1 and (judged[0].json or {})["model"] == "fake-critic-1"
+    _no_pii(fake_pool.server.received())
+    audited = AuditEvent.objects.filter(event_type="outbound.checked", run_id=row.run_id)
+    assert any(e.payload.get("purpose") == "experiment judge" for e in audited)
+
+
+def test_the_experiment_judge_is_never_sent_a_held_answer(
+    daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, owner: Any
+) -> None:
+    publish_policy(
+        alpha,
+        {"guardrails": {"output": {"length": {"enabled": True, "action": "require_review", "max_chars": 5}}}},
+    )
+    fake_pool.server.responder = lambda req: FakeReply("The secret plan is Bluebird. SCORE: 1")
+    client = _live_client(daphne_server, owner)
+    experiment = _start(client, [{"input": "What is the plan?"}], "judge-held", "judge", JUDGE_SCORER)
+    experiment = _finish(experiment, daphne_server, owner)
+    [row] = ExperimentRun.objects.filter(experiment=experiment)
+    assert row.status == "held" and row.score is None
+    assert not any(RUBRIC.encode() in r.raw for r in fake_pool.server.requests), "the judge saw a held answer"
+    page = client.get(f"/experiments/{experiment.pk}/questions/1/")
+    assert "The answer is held for review" in page.text and "Bluebird" not in page.text
 
 
 def test_held_answers_are_not_scored_until_released(

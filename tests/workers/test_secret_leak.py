@@ -34,6 +34,7 @@ POST_ONLY = "no GET rule (POST only)"
 NOT_SWEPT: dict[str, str] = {
     "api:apikey_revoke": POST_ONLY,
     "api:key_revoke": POST_ONLY,
+    "api:key_budget": POST_ONLY,
     "api:policy_version_publish": POST_ONLY,
     "api:run_approval": POST_ONLY,
     "api:run_cancel": POST_ONLY,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.shortcuts import get_object_or_404
@@ -41,6 +42,9 @@ class ApiKeyOutput(serializers.ModelSerializer):
             "expires_at",
             "requests_per_minute",
             "tokens_per_minute",
+            "budget_period",
+            "budget_soft_usd",
+            "budget_hard_usd",
             "acts_as",
             "created_at",
             "last_used_at",
@@ -82,6 +86,23 @@ class ApiKeyCreateInput(serializers.Serializer):
     )
     requests_per_minute = serializers.IntegerField(min_value=1, max_value=MAX_RPM, required=False)
     tokens_per_minute = serializers.IntegerField(min_value=1, max_value=MAX_TPM, required=False)
+    budget_period = serializers.ChoiceField(choices=["daily", "monthly"], required=False, default="monthly")
+    budget_soft_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="Dollar budget per period; reached: calls run with x-conductor-budget-warning.",
+    )
+    budget_hard_usd = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal("0.000001"),
+        required=False,
+        allow_null=True,
+        help_text="Dollar budget per period; spent: the key's calls are refused (429 budget_exhausted).",
+    )
 
 
 def _managed_team(view: ApiView, slug: str) -> Any:
@@ -130,6 +151,9 @@ class ApiKeyListCreate(ApiListView):
             requests_per_minute=v.get("requests_per_minute"),
             tokens_per_minute=v.get("tokens_per_minute"),
             issuing_key=self.key,
+            budget_period=v.get("budget_period") or "monthly",
+            budget_soft_usd=v.get("budget_soft_usd"),
+            budget_hard_usd=v.get("budget_hard_usd"),
         )
         body = {**ApiKeyOutput(created.api_key).data, "key": created.plaintext}
         response = Response(body, status=status.HTTP_201_CREATED)

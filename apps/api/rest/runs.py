@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.api import selectors as api_sel
+from apps.api.budgets import KeyBudgetExceeded, key_budget_check
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.api.v1.shaping import run_url
@@ -367,6 +368,15 @@ class RunListCreate(ApiListView):
             worker = api_sel.workers_visible_for(request.user, self.key).filter(slug=v["worker"]).first()
             if worker is None:
                 raise ValidationError({"worker": ["No worker with this slug that you can see."]})
+        warning = None
+        if self.key is not None:
+            # The key's own dollar budget, as on /v1 (apps.api.budgets).
+            try:
+                warning = key_budget_check(self.key)
+            except KeyBudgetExceeded as exc:
+                raise RunRefusedError(
+                    RunRefused("budget_exhausted", str(exc), retry_after_s=exc.retry_after_s)
+                ) from None
         try:
             run = run_create(
                 actor=request.user,
@@ -385,6 +395,8 @@ class RunListCreate(ApiListView):
         response = Response(RunOutput(run, context={"request": request}).data, status=status.HTTP_201_CREATED)
         response["X-Conductor-Run"] = str(run.pk)
         response["Location"] = run_absolute_url(request, run)
+        if warning:
+            response["X-Conductor-Budget-Warning"] = warning
         return response
 
 

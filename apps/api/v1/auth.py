@@ -39,6 +39,8 @@ class RequestState:
     # Time the request's run spent waiting on model providers (``run.finished``'s ``provider_ms``),
     # known once a plain response's run ended: x-conductor-overhead-ms is the rest.
     provider_ms: float | None = None
+    # The key's soft dollar budget is reached (apps.api.budgets): x-conductor-budget-warning.
+    budget_warning: str | None = None
 
 
 # The state of the /v1 request being served (set by the middleware), so the bridge can note the

@@ -38,6 +38,7 @@ from django.http import HttpRequest
 
 from apps.api import ratelimit
 from apps.api import selectors as api_sel
+from apps.api.budgets import KeyBudgetExceeded, key_budget_check
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1.auth import authenticate, current_state, deny, request_state
 from apps.api.v1.errors import OpenAIError, no_retry
@@ -164,6 +165,7 @@ def _start_run(
             code="rate_limit_exceeded",
             headers={"Retry-After": str(tokens.retry_after_s)},
         )
+    check_key_budget(request, key)
     record = api_request_record(req, target)
     inline = execution.inline_wanted(stream=req.stream, passthrough=target.passthrough, live=live)
     slot = execution.take_inline_slot(inline)
@@ -180,6 +182,25 @@ def _start_run(
     if ended is not None and ended.is_terminal:
         ended = _answer_ended(ended)  # on this thread: no second trip to one for the answer
     return Started(key=key, req=req, target=target, run=run, ended=ended)
+
+
+def check_key_budget(request: HttpRequest, key: ApiKey) -> None:
+    """The key's own dollar budget (issue 42), before the run (and its team's budget): a spent
+    hard budget refuses like a spent team budget, naming the key's; a soft one warns."""
+    try:
+        warning = key_budget_check(key)
+    except KeyBudgetExceeded as exc:
+        err = deny(
+            key,
+            429,
+            "budget_exhausted",
+            str(exc),
+            detail=f"key {exc.window.name} budget ${exc.window.hard_usd}",
+            type_="insufficient_quota",
+        )
+        err.headers["Retry-After"] = str(exc.retry_after_s)
+        raise err from None
+    request_state(request).budget_warning = warning
 
 
 def _create(

@@ -33,7 +33,7 @@ from conductor_web.request_context import current_request_meta, set_request_meta
 PREFIX = "/v1/"
 EXPOSED_HEADERS = (
     "x-request-id, openai-processing-ms, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, "
-    "x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
+    "x-ratelimit-reset-requests, x-conductor-budget-warning, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, "
     "x-ratelimit-reset-tokens, retry-after, x-should-retry, x-conductor-run, x-conductor-run-url, "
     "x-conductor-overhead-ms"
 )
@@ -95,6 +95,8 @@ class V1Middleware(InlineHooks, MiddlewareMixin):
         response["x-conductor-overhead-ms"] = f"{max(0.0, elapsed_ms - (state.provider_ms or 0.0)):.1f}"
         for name, value in rate_limit_headers(state).items():
             response[name] = value
+        if state.budget_warning:
+            response["x-conductor-budget-warning"] = state.budget_warning
         if response.status_code == 429 and not response.has_header("Retry-After"):
             decision = state.requests
             response["Retry-After"] = str(decision.retry_after_s if decision is not None else 60)

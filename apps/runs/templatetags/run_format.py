@@ -7,6 +7,8 @@ from typing import Any
 
 from django import template
 
+from apps.runs.models import strategy_name as _strategy_name
+
 register = template.Library()
 
 
@@ -20,3 +22,9 @@ def duration(ms: Any) -> str:
     if value < 1000:
         return f"{value:.0f} ms"
     return f"{value / 1000:.1f} s"
+
+
+@register.filter
+def strategy_name(value: Any) -> str:
+    """A strategy or experiment arm by the playground's name (``moa`` -> ``Mixture of agents``)."""
+    return _strategy_name(str(value or ""))
