@@ -41,6 +41,16 @@ plan.validated
 step.started
     {index, round, worker_key, worker_name, instruction, access: [int], messages: [Message]}
     Indices are global across recursion rounds (round 2 continues after round 1).
+step.waiting
+    {index, round, worker_key, worker_name, capacity, reason}
+    Issue 44: right after step.started, when every slot of the step's worker is taken (the local
+    model runs one call at a time; ``apps.engine.slots``). The step is *waiting*, not running: no
+    call was made and its call timeout has not started; only the run's deadline bounds the wait.
+step.running
+    {index, round, waited_ms}
+    The waiting step got its slot: its call, and its call timeout, start now. A step that never
+    waited has no step.waiting / step.running (step.started means running). A step abandoned
+    while waiting ends with step.finished (skipped or timed_out) saying no call started.
 step.delta
     {index, text, answer?: true}
     ``answer: true``: the step writes the run's answer, and ``text`` is what the output gate
@@ -68,7 +78,7 @@ run.awaiting_approval
     run.plan_decided {decision, by, note}; the next attempt's events follow (run.started again,
     planning replayed from the journal). On refusal or timeout a run.finished (blocked) follows.
 
-Step statuses: pending running succeeded failed timed_out skipped blocked.
+Step statuses: pending waiting running succeeded failed timed_out skipped blocked.
 Run statuses: queued running succeeded failed blocked cancelled timed_out, and awaiting_approval
 (paused: not terminal).
 """
@@ -95,6 +105,8 @@ class EventType(StrEnum):
     PLAN_PROPOSED = "plan.proposed"
     PLAN_VALIDATED = "plan.validated"
     STEP_STARTED = "step.started"
+    STEP_WAITING = "step.waiting"  # issue 44: the step waits for its worker's slot, no call yet
+    STEP_RUNNING = "step.running"  # issue 44: a waiting step got its slot, its call starts
     STEP_DELTA = "step.delta"
     STEP_FINISHED = "step.finished"
     RUN_FINISHED = "run.finished"
@@ -105,6 +117,7 @@ class EventType(StrEnum):
 
 class StepStatus(StrEnum):
     PENDING = "pending"
+    WAITING = "waiting"  # started, but waits for its worker's slot: no call, no call timeout yet
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
