@@ -8,7 +8,7 @@ the executor emits from several threads. `ts` is a Unix timestamp (seconds, floa
 Payloads (`data`) by type — the websocket UI depends on these shapes:
 
 run.started
-    {strategy, preset, question, workers: [{index, key, name, model, tags}],
+    {strategy, preset, question, workers: [{index, key, name, model, tags, concurrency}],
      conductor: {key, name, model} | None, limits}
 guardrail.checked
     {stage: "input"|"step_output"|"output", step: int|None,
@@ -23,6 +23,10 @@ plan.started
     is the global index the round's steps will start at. Strategies without a conductor call
     (single, moa, pev, a pool without a conductor) emit none. Its usage and cost arrive on the
     round's plan.proposed events.
+plan.waiting / plan.running
+    {round, worker_key, worker_name, capacity, reason} / {round, waited_ms}
+    Issue 44: like step.waiting / step.running, for a planning call whose conductor (the local
+    model) is busy with another call: planning has not started, only the run's deadline runs.
 plan.delta
     {round, attempt, text}
     The planning call's text as the conductor writes it (when the provider streams and
@@ -101,6 +105,8 @@ class EventType(StrEnum):
     RUN_STARTED = "run.started"
     GUARDRAIL_CHECKED = "guardrail.checked"
     PLAN_STARTED = "plan.started"
+    PLAN_WAITING = "plan.waiting"  # issue 44: the planning call waits for the conductor's slot
+    PLAN_RUNNING = "plan.running"  # issue 44: it got the slot, the planning call starts
     PLAN_DELTA = "plan.delta"
     PLAN_PROPOSED = "plan.proposed"
     PLAN_VALIDATED = "plan.validated"
