@@ -420,6 +420,16 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
         return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
+    if kind in ("step.waiting", "plan.waiting"):
+        # Issue 44: not running yet, the worker's one slot is taken (no content in it).
+        return {**base, "index": data.get("index"), "round": data.get("round"), "reason": data.get("reason")}
+    if kind in ("step.running", "plan.running"):
+        return {
+            **base,
+            "index": data.get("index"),
+            "round": data.get("round"),
+            "waited_ms": data.get("waited_ms"),
+        }
     if kind == "plan.validated":
         plan = data.get("plan") or {}
         return {**base, "action": data.get("action"), "steps": len(plan.get("steps") or [])}
