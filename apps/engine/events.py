@@ -81,6 +81,11 @@ run.awaiting_approval
     this attempt ends, the run does not. On approval the Django side queues it again and writes
     run.plan_decided {decision, by, note}; the next attempt's events follow (run.started again,
     planning replayed from the journal). On refusal or timeout a run.finished (blocked) follows.
+run.requeued
+    {attempt, reason, restart: "resume"|"clean"}
+    Written by the Django side when a lost executor's run goes back to the queue (issue 44): the
+    run is queued, not planning or running; the next attempt's events follow (run.started
+    again, answered calls replayed from the journal).
 
 Step statuses: pending waiting running succeeded failed timed_out skipped blocked.
 Run statuses: queued running succeeded failed blocked cancelled timed_out, and awaiting_approval
@@ -118,6 +123,7 @@ class EventType(StrEnum):
     RUN_FINISHED = "run.finished"
     RUN_AWAITING_APPROVAL = "run.awaiting_approval"
     RUN_PLAN_DECIDED = "run.plan_decided"  # written by the Django side (apps.runs.approvals)
+    RUN_REQUEUED = "run.requeued"  # written by the Django side (apps.runs.execution.requeue_run)
     TOOL_CALLED = "tool.called"  # a step's worker called a tool (issue 43): a node of the live graph
 
 

@@ -298,6 +298,15 @@
           window.location.reload(); // the run page's approval panel (plan, reasons, decision form) is server-rendered
         }
         break;
+      case EV.RUN_REQUEUED:
+        // Issue 44: the executor was lost; the run waits in the queue for its next attempt, whose
+        // events (replayed from the journal) rebuild the graph. Not "Planning…" meanwhile.
+        if (run) {
+          run.status = "queued"; run.error = ""; run.status_reason = ""; run.requeued = d;
+          run.input_tokens = 0; run.output_tokens = 0; run.cost_usd = null; run.step_count = 0;
+        }
+        this.steps = {}; this.plans = {}; this.roundSteps = {}; this.tools = {}; this.inputChecked = false; this.liveAnswer = "";
+        break;
       case EV.RUN_PLAN_DECIDED:
         if (run && d.decision === "approved") {
           // The next attempt replays planning from the journal and rebuilds the graph and usage.
@@ -541,7 +550,8 @@
     if (run.status === "awaiting_approval") return "Waiting for an approver (a team admin or reviewer): " + (run.error || "the plan needs approval") ;
     if (run.status === "queued") {
       var decided = run.plan_decision && run.plan_decision.decision === "approved" ? "Plan approved by " + run.plan_decision.by + ". " : "";
-      return decided + "Queued: waiting for an executor to pick the run up.";
+      var again = run.requeued ? "Its executor was lost; attempt " + (Number(run.requeued.attempt || 1) + 1) + " resumes from the answered calls. " : "";
+      return decided + again + "Queued: waiting for an executor to pick the run up.";
     }
     var planning = Object.keys(this.plans).map(function (r) { return self.plans[r]; })
       .filter(function (p) { return p.status === "running" || p.status === "waiting"; })[0];
