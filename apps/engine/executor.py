@@ -271,6 +271,9 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
                 # Bounded by the run's deadline: the scheduler abandons the attempt then.
                 if not slot.acquire(give_up=lambda: not att.live):
                     return  # abandoned while it waited: the scheduler already ended the step
+                if not att.live:  # abandoned just as the slot came free: no call
+                    slot.release()
+                    return
                 call_timeout_s = call_timeout(worker)
                 inbox.put(_Began(att.id, time.monotonic(), call_timeout_s))
             t0 = time.perf_counter()
