@@ -112,6 +112,9 @@ def worker_slot(worker: Any) -> Slot | None:
     if callable(get):
         found: Slot | None = get()
         return found
+    inner = getattr(worker, "inner", None)
+    if inner is not None:  # a wrapper (the resume journal, a replay): the wrapped worker's slot
+        return worker_slot(inner)
     return slot(f"worker:{worker.info.key}", worker.info.concurrency)
 
 

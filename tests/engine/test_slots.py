@@ -175,3 +175,24 @@ def test_slot_counts_its_holders_and_waiters(capacity: int) -> None:
     slot.release()
     waiter.join(LIMIT_S)
     assert got == [True] and slot.in_use == capacity
+
+
+def test_a_wrapped_worker_shares_the_slot_of_the_worker_it_wraps() -> None:
+    """Two workers of one local model file share its one slot; a wrapper (the resume journal's,
+    a replay's) takes the slot of what it wraps, not one of its own."""
+    from apps.engine.providers.local import LocalWorker
+
+    def local(key: str) -> LocalWorker:
+        info = WorkerInfo(key=key, name=key, model="m", provider="local")
+        return LocalWorker(info, gate=gate_without_policy(), model_path=__file__)
+
+    class Wrapper:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.info = inner.info
+
+    planner, solver = local("planner"), local("solver")
+    shared = slots.worker_slot(planner)
+    assert shared is not None and shared is slots.worker_slot(solver)
+    assert slots.worker_slot(Wrapper(solver)) is shared
+    assert slots.worker_slot(Wrapper(Wrapper(planner))) is shared
