@@ -82,7 +82,7 @@ run.awaiting_approval
     run.plan_decided {decision, by, note}; the next attempt's events follow (run.started again,
     planning replayed from the journal). On refusal or timeout a run.finished (blocked) follows.
 run.requeued
-    {attempt, reason, restart: "resume"|"clean"}
+    {attempt, restart: "resume"|"clean"}
     Written by the Django side when a lost executor's run goes back to the queue (issue 44): the
     run is queued, not planning or running; the next attempt's events follow (run.started
     again, answered calls replayed from the journal).

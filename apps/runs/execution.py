@@ -763,7 +763,8 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
         event = stored_event(
             run,
             EventType.RUN_REQUEUED.value,
-            {"attempt": run.attempts, "reason": reason, "restart": "resume" if journaled else "clean"},
+            # Not the reason: it names the lost executor (host, pid), which is the audit's to keep.
+            {"attempt": run.attempts, "restart": "resume" if journaled else "clean"},
             now,
         )
         run_id_, request_id = run.id, run.request_id or ""
