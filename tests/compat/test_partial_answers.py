@@ -173,3 +173,22 @@ def test_a_stream_that_released_part_of_a_later_answer_does_not_end_as_if_it_wer
     assert str(run.id) in body["message"]
     # Every other surface has the run's one answer: round 1's, marked partial.
     _assert_run_partial(str(run.id))
+
+
+def test_a_messages_stream_that_released_part_of_a_later_answer_ends_with_an_error(
+    round_two_streams_then_stalls: Any, api_server: Any, api_key: Any
+) -> None:
+    claude = anthropic.Anthropic(base_url=api_server.url, api_key=api_key[1], max_retries=0, timeout=90)
+    received: list[str] = []
+    with (
+        pytest.raises(anthropic.APIError) as ended,
+        claude.messages.stream(
+            model=MODEL, max_tokens=512, messages=[{"role": "user", "content": "Partial, messages fragment?"}]
+        ) as stream,
+    ):
+        for text in stream.text_stream:
+            received.append(text)
+    assert "".join(received) == "".join(FRAGMENT)
+    assert "answer_superseded" in str(ended.value.body) and "not the answer" in str(ended.value.body)
+    run = Run.objects.get(question="Partial, messages fragment?")
+    _assert_run_partial(str(run.id))
