@@ -6,8 +6,8 @@
 Not a test: prints figures for bench/RUNS.md. ``--root`` is the checkout whose engine runs (this
 one by default; an export of an older commit measures "before"). No Django, no network: the
 product's ``LocalWorker`` in front of a stand-in llama model that generates one token every
-``--token-ms`` (as llama-cpp does, it calls the ``stopping_criteria`` it is given after each
-token), so a call takes ``tokens * token_ms``. The real SmolLM2 varies far more from call to call
+``--token-ms`` and yields it (as llama-cpp's stream does; closing the stream stops it), so a call
+takes ``tokens * token_ms``. The real SmolLM2 varies far more from call to call
 on a shared machine; the stand-in makes both versions see the same model.
 
 Scenario A (item 4): ``--steps`` independent steps on the local worker plus an answer step reading
@@ -49,7 +49,7 @@ from tests.engine.test_executor import PlanStrategy  # noqa: E402
 
 
 class PacedLlama:
-    """One token every ``token_ms``; stops at ``max_tokens`` or when its stopping criteria say so."""
+    """One token every ``token_ms``; stops at ``max_tokens`` or when its stream is closed."""
 
     def __init__(self, token_ms: float) -> None:
         self.pace = token_ms / 1000

@@ -5,7 +5,7 @@ block ends the run. Until then the call was left running on its thread: a local 
 the model's one slot busy for the steps behind it, and an HTTP request stayed open. Each call now
 runs inside a ``CallScope``; abandoning it ``cancel()``s the scope, which
 
-- sets a flag the local model checks at every token (llama-cpp's stopping criteria), so the
+- sets a flag the local model checks at every streamed token (closing llama's stream), so the
   generation stops and frees the slot;
 - runs the cancellers registered on it: the HTTP client registers one per socket read or write
   that shuts the socket down (``apps.engine.providers._egress_http``), so a blocked SDK call

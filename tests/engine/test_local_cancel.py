@@ -1,7 +1,8 @@
 """Issue 44, item 5: a local generation the executor abandons stops, and the slot goes to the
-next call. llama-cpp checks its ``stopping_criteria`` after every sampled token; the stand-in model
-below does the same, so these tests exercise the provider's hook without the real model (the
-slow test at the end runs it against SmolLM2 when installed)."""
+next call. llama-cpp's ``create_chat_completion(stream=True)`` is a generator that yields each
+sampled token and stops generating when it is closed; the stand-in model below does the same (and
+records whether it was closed mid-generation), so these tests exercise the provider's per-token
+check without the real model (the slow test at the end runs SmolLM2 when it is installed)."""
 
 from __future__ import annotations
 
@@ -23,27 +24,26 @@ LIMIT_S = 30.0
 
 
 class EndlessLlama:
-    """Generates tokens until llama's stopping criteria say stop (as llama-cpp's generate loop
-    does: the criteria are called with the ids and logits after each token)."""
+    """Streams tokens (one chunk per sampled token, as llama-cpp does) until it is closed."""
 
     def __init__(self) -> None:
         self.generated = 0
-        self.stopped_by_criteria = False
+        self.closed_early = False  # the consumer closed the stream mid-generation
         # (n, scope): another thread cancels the call while token n is sampled.
         self.cancel_at: tuple[int, calls.CallScope] | None = None
 
     def create_chat_completion(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        stop = kwargs["stopping_criteria"]
+        assert "stopping_criteria" not in kwargs  # llama's chat completion takes none
         yield {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]}
-        while self.generated < 100_000:
-            self.generated += 1
-            if self.cancel_at is not None and self.generated == self.cancel_at[0]:
-                self.cancel_at[1].cancel("cancelled mid-token")
-            if stop([1, 2, 3], [0.0]):
-                self.stopped_by_criteria = True
-                yield {"choices": [{"delta": {}, "finish_reason": "stop"}]}
-                return
-            yield {"choices": [{"delta": {"content": "tok "}, "finish_reason": None}]}
+        try:
+            while self.generated < 100_000:
+                self.generated += 1
+                if self.cancel_at is not None and self.generated == self.cancel_at[0]:
+                    self.cancel_at[1].cancel("cancelled mid-token")
+                yield {"choices": [{"delta": {"content": "tok "}, "finish_reason": None}]}
+        except GeneratorExit:
+            self.closed_early = True
+            raise
         yield {"choices": [{"delta": {}, "finish_reason": "length"}]}
 
 
@@ -87,8 +87,8 @@ def test_cancelling_the_call_stops_the_generation_and_frees_the_slot(
 
     with calls.scope(scope), pytest.raises(ProviderCancelled, match="gave up"):
         worker.complete([{"role": "user", "content": "go on forever"}], timeout=LIMIT_S, on_delta=on_delta)
-    # Ended at the next token (the stopping criterion, or the stream closed), not at max_tokens.
-    assert llm.generated <= 4
+    # Ended at the next token (the stream closed), not at max_tokens.
+    assert llm.closed_early and llm.generated <= 4
     assert worker.load().slot.in_use == 0
 
 
@@ -140,7 +140,7 @@ def test_a_caller_without_the_slot_waits_for_it_and_gives_up_when_cancelled(
         slot.release()
 
 
-def test_a_cancel_between_tokens_is_seen_by_llamas_stopping_criterion(
+def test_a_cancel_from_another_thread_ends_the_generation_at_the_next_token(
     endless: tuple[LocalWorker, EndlessLlama],
 ) -> None:
     worker, llm = endless
@@ -148,7 +148,7 @@ def test_a_cancel_between_tokens_is_seen_by_llamas_stopping_criterion(
     llm.cancel_at = (5, scope)
     with calls.scope(scope), pytest.raises(ProviderCancelled, match="mid-token"):
         worker.complete([{"role": "user", "content": "x"}], timeout=LIMIT_S)
-    assert llm.stopped_by_criteria and llm.generated == 5
+    assert llm.closed_early and llm.generated == 5  # no token after the one being sampled
     assert worker.load().slot.in_use == 0
 
 
@@ -156,7 +156,7 @@ def test_the_call_deadline_ends_the_generation(endless: tuple[LocalWorker, Endle
     worker, llm = endless
     with pytest.raises(ProviderTimeout, match="did not finish"):
         worker.complete([{"role": "user", "content": "x"}], timeout=0.2)
-    assert llm.generated < 100_000 and worker.load().slot.in_use == 0
+    assert llm.closed_early and worker.load().slot.in_use == 0
 
 
 @pytest.mark.slow

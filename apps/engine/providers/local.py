@@ -9,11 +9,13 @@ would corrupt each other.
 Timeouts measure the call, not the queue (issue 44): the deadline starts once the slot is taken.
 The executor takes the slot itself (its step shows as waiting meanwhile) and the call sees it held;
 any other caller waits for the slot here, at most its timeout, before its call's own timeout
-starts. llama-cpp generation cannot be interrupted from outside, so we stream internally and a
-stopping criterion, checked by llama at every token, ends the generation past the deadline or
-once the caller cancelled the call (``apps.engine.calls``): an abandoned generation stops and the
-slot goes to the next step. (A logits processor would also work but costs ~15% throughput: it is a
-ctypes callback that builds a vocabulary-sized array per token, and it cannot raise.)
+starts. llama-cpp generation cannot be interrupted from outside, so we stream internally: llama
+yields each sampled token, and at every token we check the deadline and whether the caller
+cancelled the call (``apps.engine.calls``); either closes the stream, which stops the generation
+inside llama, so an abandoned generation ends at its next token and the slot goes to the next
+step. (``create_chat_completion`` takes no ``stopping_criteria``, only ``create_completion`` does;
+a logits processor could force the end token but costs ~15% throughput: it is a ctypes callback
+that builds a vocabulary-sized array per token.)
 """
 
 from __future__ import annotations
@@ -248,8 +250,6 @@ class LocalWorker:
             # Always stream internally: between tokens is the only place a llama generation
             # can be stopped, which is how timeouts are enforced (and it costs ~nothing).
             "stream": True,
-            # Checked by llama at every token: past the deadline or once cancelled, it stops.
-            "stopping_criteria": stop,
         }
         if self.seed is not None:
             kwargs["seed"] = self.seed
@@ -283,7 +283,7 @@ class LocalWorker:
                             if on_delta is not None:
                                 on_delta(piece)
                     if stop.why() is not None:
-                        break
+                        break  # past the deadline or cancelled: closing the stream stops llama
             finally:
                 stream.close()  # stops generation if we left early
             why = stop.why()
@@ -326,9 +326,9 @@ class LocalWorker:
 
 
 class _StopWhen:
-    """llama-cpp's stopping criterion (called with the token ids and logits after each token):
-    true past the call's deadline or once the call was cancelled. It remembers why, so a
-    generation it ended is reported as a timeout or a cancellation, never as an answer."""
+    """Checked at every streamed token: why the generation must stop (past the call's deadline,
+    or the call cancelled), or None. It remembers why, so a generation it ended is reported as a
+    timeout or a cancellation, never as an answer. Callable like a llama stopping criterion."""
 
     __slots__ = ("_why", "deadline", "scope")
 
