@@ -178,7 +178,8 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
     def abandon_running(status: StepStatus, error: str, waited: str) -> None:
         for att in sorted(state.running.values(), key=lambda a: a.step.index):
             att.abandon(error)
-            # An abandoned call may still be billed: its cost is unknown, not zero.
+            # An abandoned call may still be billed: its cost is unknown, not zero. A step that
+            # still waited for its slot made no call: it costs nothing and has no latency.
             finish(
                 StepRecord(
                     att.step,
@@ -187,13 +188,14 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
                     att.worker.info.key,
                     error=waited if att.waiting else error,
                     fallback_from=att.fallback_from,
-                    cost_usd=None,
-                    priced=False,
-                    latency_ms=(time.monotonic() - att.started) * 1000,
+                    cost_usd=Decimal(0) if att.waiting else None,
+                    priced=att.waiting,
+                    latency_ms=0.0 if att.waiting else (time.monotonic() - att.started) * 1000,
                     messages=att.messages,
                 )
             )
-            session.add_usage(Usage(), None, False)
+            if not att.waiting:
+                session.add_usage(Usage(), None, False)
         state.running.clear()
 
     def drop_waiting(reason: str) -> None:

@@ -121,6 +121,7 @@ def test_the_run_deadline_ends_a_run_stuck_waiting_and_the_abandoned_call_is_clo
             waited = next(e.data["index"] for e in sink.of_type(EventType.STEP_WAITING))
             assert ended[waited]["status"] == "timed_out"
             assert "waited for its worker (no call started)" in ended[waited]["error"]
+            assert ended[waited]["priced"] is True and ended[waited]["cost_usd"] == "0"  # no call, no bill
             assert not sink.of_type(EventType.STEP_RUNNING)
             assert len(server.chat_requests()) == 1  # the waiting step never called
             # The abandoned call was cancelled: its request closed, the slot freed, all while the
