@@ -36,7 +36,8 @@ class EndlessLlama:
         assert "stopping_criteria" not in kwargs  # llama's chat completion takes none
         yield {"choices": [{"delta": {"role": "assistant"}, "finish_reason": None}]}
         try:
-            while self.generated < 100_000:
+            # Far more tokens than any test waits for: only a stop ends it (a safety cap, not a pace).
+            while self.generated < 50_000_000:
                 self.generated += 1
                 if self.cancel_at is not None and self.generated == self.cancel_at[0]:
                     self.cancel_at[1].cancel("cancelled mid-token")
