@@ -11,7 +11,8 @@ providers      Worker (protocol: `info` + `complete(messages, *, max_tokens, tim
                api_key, model, model_path, ...), OutboundGate (every request passes it before a
                socket opens; issue 39), gate_without_policy, ProviderRequestRefused, PROVIDER_KINDS, ProviderError and subclasses
                ProviderAuthError / ProviderModelNotFound / ProviderContextTooLong /
-               ProviderRateLimited / ProviderUnavailable / ProviderTimeout / ProviderBadRequest,
+               ProviderRateLimited / ProviderUnavailable / ProviderTimeout / ProviderBadRequest /
+               ProviderCancelled,
                call_with_retries, price_call, default_model_path
 plan           Plan, PlanStep, PlanError, CONDUCTOR_SELF (= -1; the conductor may also write
                `pool_size`), parse_plan, build_plan, validate_plan, plan_json_schema,
@@ -24,6 +25,8 @@ pool           WorkerPool(workers, default_index=0, conductor=None)
 session        RunSession (what a Strategy works with), CancelToken (subclass `is_cancelled()`
                to poll the DB), RunAborted, StepRecord
 executor       execute_plan, build_messages (the one place worker context is assembled)
+slots / calls  (not re-exported) a worker's slots: steps beyond its capacity wait
+               (step.waiting / step.running); CallScope: an abandoned call is cancelled (issue 44)
 strategies     Strategy, ConductorStrategy(preset=None|"mini"|"ultra"), SingleStrategy,
                MixtureOfAgentsStrategy, PlannerExecutorVerifierStrategy, PRESETS,
                build_strategy(name, preset=...)

@@ -8,7 +8,7 @@ the executor emits from several threads. `ts` is a Unix timestamp (seconds, floa
 Payloads (`data`) by type — the websocket UI depends on these shapes:
 
 run.started
-    {strategy, preset, question, workers: [{index, key, name, model, tags}],
+    {strategy, preset, question, workers: [{index, key, name, model, tags, concurrency}],
      conductor: {key, name, model} | None, limits}
 guardrail.checked
     {stage: "input"|"step_output"|"output", step: int|None,
@@ -23,6 +23,10 @@ plan.started
     is the global index the round's steps will start at. Strategies without a conductor call
     (single, moa, pev, a pool without a conductor) emit none. Its usage and cost arrive on the
     round's plan.proposed events.
+plan.waiting / plan.running
+    {round, worker_key, worker_name, capacity, reason} / {round, waited_ms}
+    Issue 44: like step.waiting / step.running, for a planning call whose conductor (the local
+    model) is busy with another call: planning has not started, only the run's deadline runs.
 plan.delta
     {round, attempt, text}
     The planning call's text as the conductor writes it (when the provider streams and
@@ -41,6 +45,16 @@ plan.validated
 step.started
     {index, round, worker_key, worker_name, instruction, access: [int], messages: [Message]}
     Indices are global across recursion rounds (round 2 continues after round 1).
+step.waiting
+    {index, round, worker_key, worker_name, capacity, reason}
+    Issue 44: right after step.started, when every slot of the step's worker is taken (the local
+    model runs one call at a time; ``apps.engine.slots``). The step is *waiting*, not running: no
+    call was made and its call timeout has not started; only the run's deadline bounds the wait.
+step.running
+    {index, round, waited_ms}
+    The waiting step got its slot: its call, and its call timeout, start now. A step that never
+    waited has no step.waiting / step.running (step.started means running). A step abandoned
+    while waiting ends with step.finished (skipped or timed_out) saying no call started.
 step.delta
     {index, text, answer?: true}
     ``answer: true``: the step writes the run's answer, and ``text`` is what the output gate
@@ -67,8 +81,13 @@ run.awaiting_approval
     this attempt ends, the run does not. On approval the Django side queues it again and writes
     run.plan_decided {decision, by, note}; the next attempt's events follow (run.started again,
     planning replayed from the journal). On refusal or timeout a run.finished (blocked) follows.
+run.requeued
+    {attempt, restart: "resume"|"clean"}
+    Written by the Django side when a lost executor's run goes back to the queue (issue 44): the
+    run is queued, not planning or running; the next attempt's events follow (run.started
+    again, answered calls replayed from the journal).
 
-Step statuses: pending running succeeded failed timed_out skipped blocked.
+Step statuses: pending waiting running succeeded failed timed_out skipped blocked.
 Run statuses: queued running succeeded failed blocked cancelled timed_out, and awaiting_approval
 (paused: not terminal).
 """
@@ -91,20 +110,26 @@ class EventType(StrEnum):
     RUN_STARTED = "run.started"
     GUARDRAIL_CHECKED = "guardrail.checked"
     PLAN_STARTED = "plan.started"
+    PLAN_WAITING = "plan.waiting"  # issue 44: the planning call waits for the conductor's slot
+    PLAN_RUNNING = "plan.running"  # issue 44: it got the slot, the planning call starts
     PLAN_DELTA = "plan.delta"
     PLAN_PROPOSED = "plan.proposed"
     PLAN_VALIDATED = "plan.validated"
     STEP_STARTED = "step.started"
+    STEP_WAITING = "step.waiting"  # issue 44: the step waits for its worker's slot, no call yet
+    STEP_RUNNING = "step.running"  # issue 44: a waiting step got its slot, its call starts
     STEP_DELTA = "step.delta"
     STEP_FINISHED = "step.finished"
     RUN_FINISHED = "run.finished"
     RUN_AWAITING_APPROVAL = "run.awaiting_approval"
     RUN_PLAN_DECIDED = "run.plan_decided"  # written by the Django side (apps.runs.approvals)
+    RUN_REQUEUED = "run.requeued"  # written by the Django side (apps.runs.execution.requeue_run)
     TOOL_CALLED = "tool.called"  # a step's worker called a tool (issue 43): a node of the live graph
 
 
 class StepStatus(StrEnum):
     PENDING = "pending"
+    WAITING = "waiting"  # started, but waits for its worker's slot: no call, no call timeout yet
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

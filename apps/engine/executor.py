@@ -12,6 +12,14 @@ cannot be interrupted, and an abandoned call must neither hold a pool slot nor b
 interpreter exit. All events except `step.delta` are emitted from the scheduling thread, so the
 per-step event order is deterministic.
 
+Slots (issue 44): a worker with a capacity (the local model: one call at a time, see
+``apps.engine.slots``) gives a step its slot before the call. A step that finds every slot taken
+is *waiting* (``step.waiting``), not running: its call timeout has not started, only the run's
+deadline bounds the wait; when it gets the slot its call starts (``step.running``) and its timeout
+with it. A call the executor abandons (its timeout, the run's deadline, cancellation) is cancelled
+(``apps.engine.calls``): the local model stops generating and frees the slot for the steps behind
+it, an HTTP request is closed.
+
 Failure: a step that fails (provider error after retries, or timeout) is retried once on its
 worker's `fallback_key` worker if the pool has it; otherwise it ends `failed`/`timed_out`, the
 steps not yet started are `skipped` and the run ends `failed`. A *tolerant* round (issue 44: a
@@ -32,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from apps.engine import health, outbound, threads
+from apps.engine import calls, health, outbound, slots, threads
 from apps.engine.answer import AnswerBlocked
 from apps.engine.events import EventType, RunStatus, StepStatus
 from apps.engine.generation import StepEnding, final_index, step_call_kwargs
@@ -66,6 +74,10 @@ def build_messages(question: str, step: PlanStep, records: dict[int, StepRecord]
     return messages
 
 
+def round_ms(ms: float) -> float:
+    return float(f"{ms:.1f}")
+
+
 def _circuit_text(worker: Worker) -> str:
     return (
         f"{CIRCUIT_OPEN}: not called, the worker “{worker.info.name}” failed repeatedly in recent "
@@ -79,10 +91,25 @@ class _Attempt:
     step: PlanStep
     worker: Worker
     messages: list[Message]
-    started: float
-    deadline: float
+    started: float  # when its call started (or, while waiting, when it began to wait)
+    deadline: float  # its call's deadline; infinite while it waits for a slot
     fallback_from: str | None = None
     live: bool = True  # False once abandoned: late deltas/results are dropped
+    waiting: bool = False  # waits for its worker's slot: no call yet, no timeout running
+    call: calls.CallScope = field(default_factory=calls.CallScope)
+
+    def abandon(self, reason: str) -> None:
+        self.live = False
+        self.call.cancel(reason)  # the provider stops the call (apps.engine.calls)
+
+
+@dataclass(slots=True)
+class _Began:
+    """A waiting attempt got its slot: its call (and its timeout) starts now."""
+
+    attempt_id: int
+    at: float
+    timeout: float
 
 
 @dataclass(slots=True)
@@ -123,7 +150,7 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
     done: dict[int, StepStatus] = {}
     # A tolerant round's first step failure: raised at the end if the round's answer never came.
     tolerated: list[RunAborted] = []
-    inbox: queue.Queue[_Outcome] = queue.Queue()
+    inbox: queue.Queue[_Outcome | _Began] = queue.Queue()
     limits = session.limits
     # The step that writes the answer gets the API client's generation options (issue 22).
     answer_index = final_index(steps, plan.recurses)
@@ -148,40 +175,76 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             step = state.pending.pop(index)
             finish(StepRecord(step, round, StepStatus.SKIPPED, session.worker_key(step.worker), error=reason))
 
-    def abandon_running(status: StepStatus, error: str) -> None:
+    def abandon_running(status: StepStatus, error: str, waited: str) -> None:
         for att in sorted(state.running.values(), key=lambda a: a.step.index):
-            att.live = False
-            # An abandoned call may still be billed: its cost is unknown, not zero.
+            att.abandon(error)
+            # An abandoned call may still be billed: its cost is unknown, not zero. A step that
+            # still waited for its slot made no call: it costs nothing and has no latency.
             finish(
                 StepRecord(
                     att.step,
                     round,
                     status,
                     att.worker.info.key,
-                    error=error,
+                    error=waited if att.waiting else error,
                     fallback_from=att.fallback_from,
-                    cost_usd=None,
-                    priced=False,
-                    latency_ms=(time.monotonic() - att.started) * 1000,
+                    cost_usd=Decimal(0) if att.waiting else None,
+                    priced=att.waiting,
+                    latency_ms=0.0 if att.waiting else (time.monotonic() - att.started) * 1000,
                     messages=att.messages,
                 )
             )
-            session.add_usage(Usage(), None, False)
+            if not att.waiting:
+                session.add_usage(Usage(), None, False)
         state.running.clear()
+
+    def drop_waiting(reason: str) -> None:
+        # A step still waiting for its slot when the round ends has made no call: it is not run.
+        for att in sorted(state.running.values(), key=lambda a: a.step.index):
+            if att.waiting:
+                del state.running[att.id]
+                att.abandon(reason)
+                finish(StepRecord(att.step, round, StepStatus.SKIPPED, att.worker.info.key, error=reason))
+
+    def call_timeout(worker: Worker) -> float:
+        return max(0.001, min(limits.step_timeout_s, worker.info.timeout_s, session.remaining()))
+
+    def grace(timeout: float) -> float:
+        # Small grace so a provider that honours `timeout` reports its own ProviderTimeout first.
+        return min(0.5, 0.1 * timeout)
 
     def launch(step: PlanStep, worker: Worker, messages: list[Message], fallback_from: str | None) -> None:
         now = time.monotonic()
-        timeout = max(0.001, min(limits.step_timeout_s, worker.info.timeout_s, session.remaining()))
-        # Small grace so a provider that honours `timeout` reports its own ProviderTimeout first.
+        timeout = call_timeout(worker)
+        slot = slots.worker_slot(worker)
+        waiting = slot is not None and not slot.try_acquire()
         att = _Attempt(
             next(_attempt_ids),
             step,
             worker,
             messages,
             now,
-            now + timeout + min(0.5, 0.1 * timeout),
+            float("inf") if waiting else now + timeout + grace(timeout),
             fallback_from,
+            waiting=waiting,
         )
+        if waiting:
+            assert slot is not None
+            session.emitter.emit(
+                EventType.STEP_WAITING,
+                {
+                    "index": step.index,
+                    "round": round,
+                    "worker_key": worker.info.key,
+                    "worker_name": worker.info.name,
+                    "capacity": slot.capacity,
+                    "reason": (
+                        f"waiting for {worker.info.name}: it runs "
+                        + ("one call at a time" if slot.capacity == 1 else f"{slot.capacity} calls at a time")
+                        + " and is busy"
+                    ),
+                },
+            )
         state.running[att.id] = att
         max_tokens = limits.max_tokens_per_step or worker.info.max_output_tokens
         if limits.max_tokens_per_step is not None:
@@ -204,28 +267,49 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
                 session.emitter.emit(EventType.STEP_DELTA, {"index": step.index, "text": text})
 
         def target() -> None:
+            call_timeout_s = timeout
+            if waiting:
+                assert slot is not None
+                # Bounded by the run's deadline: the scheduler abandons the attempt then.
+                if not slot.acquire(give_up=lambda: not att.live):
+                    return  # abandoned while it waited: the scheduler already ended the step
+                if not att.live:  # abandoned just as the slot came free: no call
+                    slot.release()
+                    return
+                call_timeout_s = call_timeout(worker)
+                inbox.put(_Began(att.id, time.monotonic(), call_timeout_s))
             t0 = time.perf_counter()
             result: WorkerResult | None = None
             error: ProviderError | None = None
             try:
-                # Issue 43: a step granted tools runs the bounded tool loop (apps.engine.tools_loop).
-                result = complete_with_tools(
-                    session, step, worker, messages, max_tokens=max_tokens, timeout=timeout, extra=extra
-                )
-                if result is None:
-                    result = worker.complete(
+                with calls.scope(att.call), slots.held(slot):
+                    # Issue 43: a step granted tools runs the bounded tool loop (apps.engine.tools_loop).
+                    result = complete_with_tools(
+                        session,
+                        step,
+                        worker,
                         messages,
                         max_tokens=max_tokens,
-                        timeout=timeout,
-                        on_delta=on_delta if limits.stream else None,
-                        **extra,
+                        timeout=call_timeout_s,
+                        extra=extra,
                     )
+                    if result is None:
+                        result = worker.complete(
+                            messages,
+                            max_tokens=max_tokens,
+                            timeout=call_timeout_s,
+                            on_delta=on_delta if limits.stream else None,
+                            **extra,
+                        )
             except ProviderError as err:
                 error = err
             except Exception as err:
                 # Unknown failure inside a provider: keep the details in the log, show plain words.
                 logger.exception("worker %s raised unexpectedly", worker.info.key)
                 error = ProviderError(f"The worker failed unexpectedly ({type(err).__name__}).")
+            finally:
+                if slot is not None:
+                    slot.release()
             inbox.put(_Outcome(att.id, result, error, (time.perf_counter() - t0) * 1000))
 
         threads.spawn(target, name=f"engine-step-{step.index}")
@@ -442,12 +526,14 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
                 abandon_running(
                     StepStatus.SKIPPED if stop.status == RunStatus.CANCELLED else StepStatus.TIMED_OUT,
                     f"The run was {what} while this step was running.",
+                    f"The run was {what} while this step waited for its worker (no call started).",
                 )
                 skip_pending(f"The run was {what} before this step started.")
                 break
 
         if state.abort is not None:
             skip_pending(f"Not run: {state.abort.error}")
+            drop_waiting(f"Not run: {state.abort.error}")
         else:
             for index in sorted(state.pending):
                 if len(state.running) >= limits.max_parallel or state.abort is not None:
@@ -487,13 +573,25 @@ def execute_plan(session: RunSession, plan: Plan, *, round: int, tolerant: bool 
             for att in sorted(state.running.values(), key=lambda a: a.step.index):
                 if now >= att.deadline:
                     del state.running[att.id]
-                    att.live = False
                     timeout = att.deadline - att.started
+                    att.abandon(f"the step timed out after {timeout:.1f} s")
                     on_failure(
                         att,
                         ProviderTimeout(f"The worker did not answer within {timeout:.1f} s."),
                         (now - att.started) * 1000,
                     )
+            continue
+        if isinstance(out, _Began):
+            began = state.running.get(out.attempt_id)
+            if began is not None and began.waiting:
+                began.waiting = False
+                waited_ms = (out.at - began.started) * 1000
+                began.started = out.at
+                began.deadline = out.at + out.timeout + grace(out.timeout)
+                session.emitter.emit(
+                    EventType.STEP_RUNNING,
+                    {"index": began.step.index, "round": round, "waited_ms": round_ms(waited_ms)},
+                )
             continue
         found = state.running.pop(out.attempt_id, None)
         if found is None:

@@ -133,6 +133,8 @@ def run_request(
                         "name": w.info.name,
                         "model": w.info.model,
                         "tags": list(w.info.tags),
+                        # Calls it takes at once (None: no limit); the run view tells serial steps.
+                        "concurrency": w.info.concurrency,
                     }
                     for i, w in enumerate(pool.workers)
                 ],

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from apps.engine import health, outbound, threads
+from apps.engine import calls, health, outbound, slots, threads
 from apps.engine.answer import AnswerStream, buffered
 from apps.engine.events import Emitter, EventType, RunStatus, StepStatus
 from apps.engine.hooks import GovernanceHooks, PlanValidation, RunContext, Violation
@@ -274,27 +274,38 @@ class RunSession:
         max_tokens: int | None = None,
         worker: Worker | None = None,
         on_delta: Callable[[str], None] | None = None,
+        round: int | None = None,
     ) -> WorkerResult:
         """One planning call, bounded by the step timeout and the run deadline; counted in the
-        run totals whether or not its plan turns out valid."""
+        run totals whether or not its plan turns out valid. Like a step, it first takes its
+        worker's slot (issue 44): while it waits (``plan.waiting`` when ``round`` is given) only
+        the run's deadline runs, and the call's timeout starts with the call."""
         worker = worker or self.pool.conductor
         if worker is None:
             raise ProviderError("No conductor model is configured for this pool.")
         self.checkpoint()
+        slot = self._take_slot(worker, round)
         timeout = max(0.001, min(self.limits.step_timeout_s, worker.info.timeout_s, self.remaining()))
         started = time.monotonic()
+        scope = calls.CallScope()
+
+        def call() -> WorkerResult:
+            try:
+                with calls.scope(scope), slots.held(slot):
+                    return worker.complete(
+                        messages,
+                        max_tokens=max_tokens,
+                        timeout=timeout,
+                        json_schema=json_schema,
+                        on_delta=on_delta if self.limits.stream else None,
+                    )
+            finally:
+                if slot is not None:
+                    slot.release()
+
         try:
             result = call_in_thread(
-                lambda: worker.complete(
-                    messages,
-                    max_tokens=max_tokens,
-                    timeout=timeout,
-                    json_schema=json_schema,
-                    on_delta=on_delta if self.limits.stream else None,
-                ),
-                timeout=timeout,
-                cancelled=self.is_cancelled,
-                poll=self.limits.cancel_poll_s,
+                call, timeout=timeout, cancelled=self.is_cancelled, poll=self.limits.cancel_poll_s
             )
         except ProviderRequestRefused as refused:
             # The outbound gate refused the planning request (issue 39): the run is blocked.
@@ -303,11 +314,15 @@ class RunSession:
                 RunStatus.BLOCKED, outbound.BLOCKED_REASON, f"The planning request was blocked: {refused}"
             ) from None
         except ProviderTimeout as err:
+            scope.cancel("the planning call timed out")  # stops a generation still running
             health.record(self.pool.health, worker.info.key, error=err, latency_ms=None)
             self.checkpoint()  # the run deadline, not just the call, may be what ran out
             raise
         except ProviderError as err:
             health.record(self.pool.health, worker.info.key, error=err, latency_ms=None)
+            raise
+        except BaseException:
+            scope.cancel("the planning call was abandoned")  # cancelled run: stop the call
             raise
         if not result.replayed:  # the planning call feeds the conductor's breaker too (issue 44)
             latency = result.latency_ms or (time.monotonic() - started) * 1000
@@ -315,6 +330,34 @@ class RunSession:
         outbound.report(self, step=None, checks=result.outbound, blocked=False)
         self.add_usage(result.usage, result.cost_usd, result.priced)
         return result
+
+    def _take_slot(self, worker: Worker, round: int | None) -> slots.Slot | None:
+        """The worker's slot for a planning call, waited for within the run's deadline."""
+        slot = slots.worker_slot(worker)
+        if slot is None or slot.try_acquire():
+            return slot
+        waited = time.monotonic()
+        if round is not None:
+            self.emitter.emit(
+                EventType.PLAN_WAITING,
+                {
+                    "round": round,
+                    "worker_key": worker.info.key,
+                    "worker_name": worker.info.name,
+                    "capacity": slot.capacity,
+                    "reason": f"waiting for {worker.info.name}: it runs one call at a time and is busy"
+                    if slot.capacity == 1
+                    else f"waiting for {worker.info.name}: its {slot.capacity} slots are busy",
+                },
+            )
+        while not slot.acquire(timeout=self.limits.cancel_poll_s):
+            self.checkpoint()  # the run's deadline and cancellation end the wait
+        if round is not None:
+            self.emitter.emit(
+                EventType.PLAN_RUNNING,
+                {"round": round, "waited_ms": float(f"{(time.monotonic() - waited) * 1000:.1f}")},
+            )
+        return slot
 
     # ------------------------------------------------------------------ events
 

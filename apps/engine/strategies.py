@@ -325,7 +325,9 @@ class ConductorStrategy(_Base):
         for i in order:
             info = pool.workers[i].info
             strengths = info.strengths or ", ".join(info.tags) or "general tasks"
-            lines.append(f"{i}: {info.name} - {strengths} - cost {info.cost_rank}")
+            # A one-slot worker (the local model) runs its steps one after another (issue 44).
+            serial = " - runs one step at a time" if info.concurrency == 1 else ""
+            lines.append(f"{i}: {info.name} - {strengths} - cost {info.cost_rank}{serial}")
         self_id = len(pool)
         if allow_self:
             lines.append(
@@ -427,7 +429,11 @@ class ConductorStrategy(_Base):
 
                 try:
                     result = session.call_conductor(
-                        messages, json_schema=schema, max_tokens=self.max_tokens, on_delta=on_delta
+                        messages,
+                        json_schema=schema,
+                        max_tokens=self.max_tokens,
+                        on_delta=on_delta,
+                        round=round,
                     )
                 except ProviderError as err:
                     # Retries already happened inside the provider; a repair prompt cannot fix an outage.

@@ -45,12 +45,17 @@ class WorkerInfo:
     max_output_tokens: int = 512
     timeout_s: float = 60.0
     fallback_key: str | None = None  # key of another pool worker to retry a failed step on
+    # How many calls the worker takes at once (apps.engine.slots); None: no limit. The local
+    # model is always 1. Steps beyond it wait (not running, no call timeout) for a slot.
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if not self.key:
             raise ValueError("WorkerInfo.key must not be empty")
         if not 1 <= self.cost_rank <= 5:
             raise ValueError(f"WorkerInfo.cost_rank must be 1..5, got {self.cost_rank}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"WorkerInfo.concurrency must be >= 1 or None, got {self.concurrency}")
 
 
 @dataclass(frozen=True, slots=True)

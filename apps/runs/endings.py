@@ -61,7 +61,7 @@ def run_finish_externally(*, run_id: UUID | str, status: str, reason: str, error
         run.last_seq += 1
         run.save(update_fields=["status", "status_reason", "error", "finished_at", "last_seq"])
         # Steps left running by a dead process are not running any more.
-        run.steps.filter(status__in=["pending", "running"]).update(
+        run.steps.filter(status__in=["pending", "waiting", "running"]).update(
             status="timed_out" if status == RunStatus.TIMED_OUT else "failed", finished_at=now
         )
         forget_calls(run.id)

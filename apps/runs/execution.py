@@ -45,22 +45,23 @@ from uuid import UUID
 from celery import current_app
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.engine.events import EventType
 from apps.engine.runner import run_request
 from apps.engine.strategies import build_strategy
 from apps.governance.access_version import stamp_expression
 from apps.learning.services import learned_strategy
 from apps.runs import integration
 from apps.runs.api_request import generation_for, passthrough_strategy
-from apps.runs.endings import run_finish_externally
+from apps.runs.endings import run_finish_externally, stored_event
 from apps.runs.journal import CallJournal, journal_pool, tool_digest
 from apps.runs.models import Run, RunCall, RunDispatch, RunStatus, Step
 from apps.runs.selectors import approved_digests
-from apps.runs.sink import RunSink
+from apps.runs.sink import RunSink, publish
 from apps.runs.sweeper import run_job, start_sweeper
 from apps.tools.loop import RunToolPort
 from apps.workers.engine_adapter import use_preset_conductor
@@ -771,7 +772,18 @@ def requeue_run(*, run_id: UUID | str, owner: str, reason: str, expired_only: bo
                 "discarded": discarded,
             },
         )
+        # Viewers of the run see it queued again (issue 44), not the lost attempt still planning.
+        run.last_seq += 1
+        Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
+        event = stored_event(
+            run,
+            EventType.RUN_REQUEUED.value,
+            # Not the reason: it names the lost executor (host, pid), which is the audit's to keep.
+            {"attempt": run.attempts, "restart": "resume" if journaled else "clean"},
+            now,
+        )
         run_id_, request_id = run.id, run.request_id or ""
+        transaction.on_commit(lambda: publish(run_id_, event))
         transaction.on_commit(lambda: dispatch_pending(run_id_, request_id))
     logger.warning("run %s re-queued after attempt %s: %s", run_id, run.attempts, reason)
     return RunStatus.QUEUED

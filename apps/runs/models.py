@@ -31,6 +31,7 @@ TERMINAL_RUN_STATUSES = frozenset(
 
 class StepStatus(models.TextChoices):
     PENDING = "pending", "Pending"
+    WAITING = "waiting", "Waiting for its worker"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"

@@ -145,7 +145,17 @@ def run_snapshot(
     for e in RunEvent.objects.filter(
         run_id=run.pk,
         # tool.called too (issue 43): a late viewer sees the tool-call nodes of the graph.
-        type__in=(*DECISION_TYPES[:3], "plan.started", "plan.delta", "run.started", "tool.called"),
+        # plan.waiting / plan.running (issue 44): whether a late viewer's planning node waits for
+        # its model or runs.
+        type__in=(
+            *DECISION_TYPES[:3],
+            "plan.started",
+            "plan.waiting",
+            "plan.running",
+            "plan.delta",
+            "run.started",
+            "tool.called",
+        ),
         seq__lte=run.last_seq,
     ).order_by("seq"):
         if e.type == "run.started":

@@ -287,7 +287,19 @@ def _ts(event: dict[str, Any]) -> datetime:
 # still running (else the engine goes on at once: the next step, the output check, run.finished);
 # any other provider call flushes first through the journal (RunSink.before_provider_call). An
 # answered call is journaled at the first event after it, before any of this (_journal_answers).
-_FLUSH_TYPES = frozenset({"plan.started", "step.started", "run.finished", "run.awaiting_approval"})
+# plan/step .waiting and .running (issue 44): the engine waits for a worker's slot, then its call.
+_FLUSH_TYPES = frozenset(
+    {
+        "plan.started",
+        "plan.waiting",
+        "plan.running",
+        "step.started",
+        "step.waiting",
+        "step.running",
+        "run.finished",
+        "run.awaiting_approval",
+    }
+)
 # A buffer (e.g. a token stream) older than this is stored at the next event.
 DELTA_FLUSH_S = 0.05
 # The same when a /v1 stream in this process takes the answer from a tap (apps.runs.live): its
@@ -763,6 +775,11 @@ class RunSink:
             },
         )
 
+    def _on_step_slot(self, event: dict[str, Any], data: dict[str, Any]) -> None:
+        # Issue 44: waiting for the worker's slot (no call yet), then running once the call starts.
+        status = "waiting" if event["type"] == EventType.STEP_WAITING else "running"
+        update_where(Step, (self.run_id, data["index"]), {"status": status}, where=("run", "index"))
+
     def _on_step_finished(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         usage = data.get("usage") or {}
         planned = self._planned.get(data["index"], {})
@@ -888,6 +905,8 @@ class RunSink:
         EventType.PLAN_PROPOSED: _on_plan_proposed,
         EventType.PLAN_VALIDATED: _on_plan_validated,
         EventType.STEP_STARTED: _on_step_started,
+        EventType.STEP_WAITING: _on_step_slot,
+        EventType.STEP_RUNNING: _on_step_slot,
         EventType.STEP_FINISHED: _on_step_finished,
         EventType.RUN_FINISHED: _on_run_finished,
         EventType.RUN_AWAITING_APPROVAL: _on_run_awaiting_approval,

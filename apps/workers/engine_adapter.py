@@ -58,6 +58,7 @@ def worker_info(worker: Worker, *, fallback_key: str | None = None) -> WorkerInf
         max_output_tokens=worker.max_output_tokens,
         timeout_s=float(worker.timeout_s),
         fallback_key=fallback_key,
+        concurrency=worker.max_concurrency or None,
     )
 
 

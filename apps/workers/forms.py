@@ -289,6 +289,19 @@ class WorkerForm(forms.Form):
             "invalid": "Enter a whole number of seconds.",
         },
     )
+    max_concurrency = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=1000,
+        label="Max concurrency",
+        help_text="Calls it takes at once; empty for no limit (a local model always runs one). "
+        "Steps beyond it wait for a slot, and their timeout starts when their call does.",
+        error_messages={
+            "min_value": "Max concurrency is at least 1 (empty: no limit).",
+            "max_value": "Max concurrency is at most 1000.",
+            "invalid": "Enter a whole number of calls, or leave it empty.",
+        },
+    )
     fallback: forms.ModelChoiceField[Worker] = forms.ModelChoiceField(
         queryset=None,
         required=False,

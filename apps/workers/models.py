@@ -64,6 +64,11 @@ class Worker(models.Model):
     input_price_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     output_price_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
     timeout_s = models.PositiveIntegerField(default=60)
+    # Calls it takes at once (issue 44, apps.engine.slots); empty: no limit. Steps beyond it wait,
+    # and their call timeout starts only when their call does. A local model is always 1.
+    max_concurrency = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Calls at once; empty for no limit (a local model runs one)."
+    )
     fallback = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     enabled = models.BooleanField(default=True)
     health_status = models.CharField(

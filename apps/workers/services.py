@@ -53,6 +53,7 @@ WORKER_FIELDS = (
     "input_price_per_mtok",
     "output_price_per_mtok",
     "timeout_s",
+    "max_concurrency",
     "fallback",
     "enabled",
 )
@@ -100,6 +101,7 @@ def worker_snapshot(w: Worker) -> dict[str, Any]:
         if w.output_price_per_mtok is not None
         else None,
         "timeout_s": w.timeout_s,
+        "max_concurrency": w.max_concurrency,
         "fallback": w.fallback.slug if w.fallback_id and w.fallback else None,
         "enabled": w.enabled,
     }
@@ -433,6 +435,19 @@ def _clean_worker_fields(errors: dict[str, list[str]], f: dict[str, Any]) -> Non
             if not lo <= value <= hi:
                 errors.setdefault(name, []).append(f"{label} must be between {lo:,} and {hi:,}.")
             f[name] = value
+    if "max_concurrency" in f:
+        if f["max_concurrency"] in (None, ""):
+            f["max_concurrency"] = None
+        else:
+            try:
+                concurrency = int(f["max_concurrency"])
+            except (TypeError, ValueError):
+                concurrency = 0
+            if not 1 <= concurrency <= 1000:
+                errors.setdefault("max_concurrency", []).append(
+                    "Max concurrency is a whole number between 1 and 1,000, or empty for no limit."
+                )
+            f["max_concurrency"] = concurrency
     for name in ("input_price_per_mtok", "output_price_per_mtok"):
         if name in f and f[name] not in (None, ""):
             try:
@@ -472,6 +487,7 @@ def worker_create(
     input_price_per_mtok: Decimal | str | None = None,
     output_price_per_mtok: Decimal | str | None = None,
     timeout_s: int = 60,
+    max_concurrency: int | None = None,
     fallback: Worker | None = None,
     enabled: bool = True,
 ) -> Worker:
@@ -487,6 +503,7 @@ def worker_create(
         "input_price_per_mtok": input_price_per_mtok,
         "output_price_per_mtok": output_price_per_mtok,
         "timeout_s": timeout_s,
+        "max_concurrency": max_concurrency,
     }
     errors: dict[str, list[str]] = {}
     _validate_slug(errors, slug, Worker)

@@ -9,7 +9,7 @@
   "use strict";
 
   var COLOURS = {
-    pending: "#9aa6ba", running: "#2f6fde", succeeded: "#1f9d55", failed: "#d64545",
+    pending: "#9aa6ba", waiting: "#9dbcf0", running: "#2f6fde", succeeded: "#1f9d55", failed: "#d64545",
     timed_out: "#d98b00", skipped: "#c9b458", blocked: "#8e2b2b", cancelled: "#6b778c",
     awaiting_approval: "#7a4fd0"
   };
@@ -197,6 +197,9 @@
         usage: { input_tokens: 0, output_tokens: 0 }, cost_usd: null, priced: true, latency_ms: 0 };
       return;
     }
+    // Issue 44: the planning call waits for its model's one slot (another call holds it), then runs.
+    if (p && ev.type === EV.PLAN_WAITING) { p.status = "waiting"; p.waiting_reason = d.reason || ""; return; }
+    if (p && ev.type === EV.PLAN_RUNNING) { if (p.status === "waiting") p.status = "running"; p.waiting_reason = ""; return; }
     if (ev.type === EV.PLAN_DELTA) {
       // The conductor's text as it writes it: the running planning node's live output.
       if (p && p.status === "running" && d.text) p.output = (p.attempt_live === d.attempt ? p.output : "") + d.text;
@@ -254,6 +257,8 @@
         this.applyPlanning(ev);
         break;
       case EV.PLAN_DELTA:
+      case EV.PLAN_WAITING:
+      case EV.PLAN_RUNNING:
         this.applyPlanning(ev);
         break;
       case EV.PLAN_PROPOSED:
@@ -263,6 +268,14 @@
         break;
       case EV.STEP_STARTED:
         this.steps[d.index] = Object.assign({}, this.steps[d.index] || {}, d, { status: "running", live: "" });
+        break;
+      case EV.STEP_WAITING:
+        // Issue 44: started, but its worker's slots are taken: no call yet, its timeout not running.
+        if (this.steps[d.index]) { this.steps[d.index].status = "waiting"; this.steps[d.index].waiting_reason = d.reason || ""; }
+        break;
+      case EV.STEP_RUNNING:
+        if (this.steps[d.index] && this.steps[d.index].status === "waiting") this.steps[d.index].status = "running";
+        if (this.steps[d.index]) this.steps[d.index].waiting_reason = "";
         break;
       case EV.TOOL_CALLED:
         this.applyTool(ev);
@@ -284,6 +297,15 @@
         if (this.root.getAttribute("data-on-run-page") === "true" && !document.querySelector("[data-testid=approval-panel]")) {
           window.location.reload(); // the run page's approval panel (plan, reasons, decision form) is server-rendered
         }
+        break;
+      case EV.RUN_REQUEUED:
+        // Issue 44: the executor was lost; the run waits in the queue for its next attempt, whose
+        // events (replayed from the journal) rebuild the graph. Not "Planning…" meanwhile.
+        if (run) {
+          run.status = "queued"; run.error = ""; run.status_reason = ""; run.requeued = d;
+          run.input_tokens = 0; run.output_tokens = 0; run.cost_usd = null; run.step_count = 0;
+        }
+        this.steps = {}; this.plans = {}; this.roundSteps = {}; this.tools = {}; this.inputChecked = false; this.liveAnswer = "";
         break;
       case EV.RUN_PLAN_DECIDED:
         if (run && d.decision === "approved") {
@@ -322,7 +344,9 @@
   RunView.prototype.endOpenNodes = function (status) {
     var end = status === "succeeded" ? "succeeded" : (COLOURS[status] ? status : "failed");
     var self = this;
-    Object.keys(this.plans).forEach(function (r) { if (self.plans[r].status === "running") self.plans[r].status = end; });
+    Object.keys(this.plans).forEach(function (r) {
+      if (self.plans[r].status === "running" || self.plans[r].status === "waiting") self.plans[r].status = end;
+    });
   };
 
   // ONE step numbering on every surface (nodes, graph, progress line, inspector): from 1 within
@@ -526,23 +550,38 @@
     if (run.status === "awaiting_approval") return "Waiting for an approver (a team admin or reviewer): " + (run.error || "the plan needs approval") ;
     if (run.status === "queued") {
       var decided = run.plan_decision && run.plan_decision.decision === "approved" ? "Plan approved by " + run.plan_decision.by + ". " : "";
-      return decided + "Queued: waiting for an executor to pick the run up.";
+      var again = run.requeued ? "Its executor was lost; attempt " + (Number(run.requeued.attempt || 1) + 1) + " resumes from the answered calls. " : "";
+      return decided + again + "Queued: waiting for an executor to pick the run up.";
     }
     var planning = Object.keys(this.plans).map(function (r) { return self.plans[r]; })
-      .filter(function (p) { return p.status === "running"; })[0];
+      .filter(function (p) { return p.status === "running" || p.status === "waiting"; })[0];
+    if (planning && planning.status === "waiting") {
+      // Issue 44: not planning yet; the conductor's model is busy with another call.
+      return "Waiting for the model " + (planning.worker_name || planning.worker_key) + " before planning" +
+        (planning.round > 1 ? " round " + planning.round : "") + ": it runs one call at a time and is busy…";
+    }
     if (planning) {
       return (planning.attempts > 0 ? "Repairing the plan with worker " : "Planning with worker ") +
         (planning.worker_name || planning.worker_key) + (planning.model ? " (" + planning.model + ")" : "") +
         (planning.round > 1 ? ", round " + planning.round : "") + "…";
     }
     var running = Object.keys(this.steps).map(Number).filter(function (i) { return self.steps[i].status === "running"; });
-    if (running.length) {
-      var s = this.steps[running[0]], planned = this.roundSteps[s.round || 1] || [];
+    var waiting = Object.keys(this.steps).map(Number).filter(function (i) { return self.steps[i].status === "waiting"; });
+    if (running.length || waiting.length) {
+      var s = this.steps[(running.length ? running : waiting)[0]], planned = this.roundSteps[s.round || 1] || [];
       var pos = function (i) { return self.stepNo(i); };
       var of = planned.length ? " of " + planned.length : "";
       var round = this.rounds() > 1 ? " (round " + (s.round || 1) + ")" : "";
-      if (running.length === 1) return "Step " + pos(s.index) + of + round + ": " + (s.worker_name || s.worker_key || "worker") + " is working…";
-      return "Steps " + running.map(pos).join(", ") + of + round + " are running in parallel…";
+      // Issue 44: steps behind a one-slot worker wait their turn; they are not "running in parallel".
+      var queue = waiting.length
+        ? (waiting.length === 1 ? "step " + pos(waiting[0]) + " waits" : "steps " + waiting.map(pos).join(", ") + " wait") +
+          " for the model " + (this.steps[waiting[0]].worker_name || this.steps[waiting[0]].worker_key || "") + " (it runs one call at a time)"
+        : "";
+      if (!running.length) return "Waiting for the model: " + queue + "…";
+      var now = running.length === 1
+        ? "Step " + pos(s.index) + of + round + ": " + (s.worker_name || s.worker_key || "worker") + " is working"
+        : "Steps " + running.map(pos).join(", ") + of + round + " are running in parallel";
+      return now + (queue ? "; " + queue : "") + "…";
     }
     if (!this.inputChecked && !Object.keys(this.steps).length && !Object.keys(this.plans).length) return "Checking the input…";
     if (Object.keys(this.steps).length) return "Checking the output…";
@@ -714,7 +753,9 @@
     // approval panel); a repaired plan says how many tries it took.
     var held = isPlan && s.status === "awaiting_approval";
     var tries = isPlan && s.attempts > 1 ? (held ? " (written in " + s.attempts + " attempts)" : " after " + s.attempts + " attempts") : "";
-    set("status", (held ? "waiting for an approver" + (s.error ? ": " + s.error : "") : s.status) + tries);
+    set("status", (held ? "waiting for an approver" + (s.error ? ": " + s.error : "")
+      : s.status === "waiting" && s.waiting_reason ? "waiting — " + s.waiting_reason + " (no call yet; its timeout has not started)"
+      : s.status) + tries);
     set("instruction-label", isPlan ? "What the conductor does" : "Instruction");
     set("instruction", isPlan ? "Writes the workflow for round " + s.round + ": which worker does what, and which earlier outputs each may read." : (s.instruction || ""));
     set("access", isPlan ? (s.round > 1 ? "the results its re-plan step reads" : "the question") : this.accessText(s.access));

@@ -6,6 +6,7 @@ Messages ``stop_reason: max_tokens``) and under the ``conductor.incomplete`` ext
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import anthropic
@@ -122,3 +123,72 @@ def test_a_policy_that_denies_partial_answers_fails_the_run(
     run = Run.objects.get(question="Partial, denied?")
     assert (run.status, run.status_reason) == ("failed", "step_timed_out")
     assert failed.value.status_code == 502 and "timed out" in str(failed.value)
+
+
+@pytest.fixture
+def round_two_streams_then_stalls(fake_pool: Any, alpha: Any) -> Any:
+    """Round 2's solver streams two pieces of its answer, then stalls past the step timeout."""
+    publish_policy(alpha, {"constraints": {"caps": {"step_timeout_s": 1}}})
+    resume = threading.Event()
+
+    def respond(req: dict[str, Any]) -> FakeReply:
+        messages = req.get("messages") or []
+        if req.get("model") == CONDUCTOR_MODEL:
+            replanning = any("fake-planner-1 says" in str(m.get("content")) for m in messages)
+            return FakeReply(json.dumps(ROUND_2 if replanning else ROUND_1))
+        if req.get("model") == "fake-solver-1":
+            return FakeReply(chunks=[*FRAGMENT, "never sent"], pause_after=len(FRAGMENT), resume=resume)
+        return FakeReply(worker_answer(str(req.get("model")), messages))
+
+    fake_pool.server.responder = respond
+    try:
+        yield fake_pool
+    finally:
+        resume.set()
+
+
+FRAGMENT = ("The solver's answer ", "begins like this")
+
+
+def test_a_stream_that_released_part_of_a_later_answer_does_not_end_as_if_it_were_the_answer(
+    round_two_streams_then_stalls: Any, sdk: openai.OpenAI
+) -> None:
+    """Issue 44: the client got part of round 2's answer, then the run ended partial with round 1's
+    answer. The stream must not end with a success chunk (the client would take the fragment for
+    the answer): it ends with the protocol's error, naming why and where the answer is."""
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Partial, after a fragment?"}], stream=True
+    )
+    received: list[str] = []
+    with pytest.raises(openai.APIError) as ended:
+        for chunk in stream:
+            if chunk.choices:
+                received.append(chunk.choices[0].delta.content or "")
+                assert chunk.choices[0].finish_reason is None  # never a success ending
+    assert "".join(received) == "".join(FRAGMENT)
+    body = ended.value.body
+    assert isinstance(body, dict) and body["code"] == "answer_superseded"
+    assert "not the answer" in body["message"] and "timed out" in body["message"]
+    run = Run.objects.get(question="Partial, after a fragment?")
+    assert str(run.id) in body["message"]
+    # Every other surface has the run's one answer: round 1's, marked partial.
+    _assert_run_partial(str(run.id))
+
+
+def test_a_messages_stream_that_released_part_of_a_later_answer_ends_with_an_error(
+    round_two_streams_then_stalls: Any, api_server: Any, api_key: Any
+) -> None:
+    claude = anthropic.Anthropic(base_url=api_server.url, api_key=api_key[1], max_retries=0, timeout=90)
+    received: list[str] = []
+    with (
+        pytest.raises(anthropic.APIError) as ended,
+        claude.messages.stream(
+            model=MODEL, max_tokens=512, messages=[{"role": "user", "content": "Partial, messages fragment?"}]
+        ) as stream,
+    ):
+        for text in stream.text_stream:
+            received.append(text)
+    assert "".join(received) == "".join(FRAGMENT)
+    assert "answer_superseded" in str(ended.value.body) and "not the answer" in str(ended.value.body)
+    run = Run.objects.get(question="Partial, messages fragment?")
+    _assert_run_partial(str(run.id))

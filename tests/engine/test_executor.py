@@ -516,6 +516,7 @@ def test_engine_limits_block_disallowed_workers() -> None:
 def test_step_status_values_match_protocol() -> None:
     assert {s.value for s in StepStatus} == {
         "pending",
+        "waiting",
         "running",
         "succeeded",
         "failed",

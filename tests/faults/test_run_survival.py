@@ -208,6 +208,9 @@ def assert_resumed(run_id: str, server: Any, *, done_before: list[int]) -> None:
     final = events[last_start:]
     replayed = {e.data["index"] for e in final if e.type == "step.finished" and e.data.get("replayed")}
     assert set(done_before) <= replayed
+    # Viewers were told the run went back to the queue (issue 44), before the next attempt began.
+    requeued = [e for e in events[:last_start] if e.type == "run.requeued"]
+    assert requeued and requeued[-1].data["restart"] == "resume"
     assert any(e.type == "plan.proposed" and e.data.get("replayed") for e in final)
     assert not RunCall.objects.filter(run_id=run_id).exists()
 

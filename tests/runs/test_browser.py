@@ -131,3 +131,64 @@ def test_run_page_of_a_failed_and_of_a_partial_run(
     assert page.is_visible("[data-testid=partial-note]")
     assert "partial answer from an earlier round" in page.text_content("[data-role=progress]")
     assert page.is_visible("[data-testid=thumbs-up]")
+
+
+def test_steps_behind_a_one_slot_worker_show_as_waiting_not_running(
+    transactional_db: Any, runtime_workers: Any, daphne_server: Any, login: Any, fake_pool: Any, owner: Any
+) -> None:
+    """Issue 44: two parallel steps on a worker that takes one call at a time. The one without the
+    slot is *waiting* (its node, its colour in the graph, the progress line, and after a reload
+    from the stored step), never "running in parallel"; once the slot frees, it runs."""
+    import json
+    import threading
+
+    from django.utils import timezone
+
+    from apps.workers.models import Pool, Worker
+    from tests.fakes.base import FakeReply
+    from tests.fixtures.runs import CONDUCTOR_MODEL, worker_answer
+
+    Worker.objects.filter(slug="fake-solver").update(max_concurrency=1)
+    Pool.objects.filter(pk=fake_pool.pool.pk).update(updated_at=timezone.now())  # rebuild the pool
+    hold = threading.Event()
+    plan = {
+        "model_id": [1, 1, 2],
+        "subtasks": ["Solve part one.", "Solve part two.", "Check both."],
+        "access_list": [[], [], [0, 1]],
+    }
+
+    def respond(req: dict[str, Any]) -> Any:
+        if req.get("model") == CONDUCTOR_MODEL:
+            return FakeReply(json.dumps(plan))
+        reply = worker_answer(str(req.get("model")), req.get("messages") or [])
+        return FakeReply(reply, hold=hold if req.get("model") == "fake-solver-1" else None)
+
+    fake_pool.server.responder = respond
+    page = login(owner)
+    try:
+        page.goto(f"{daphne_server.url}/playground/")
+        page.fill("[data-testid=prompt-input]", "Two parts on one model?")
+        page.select_option("[data-testid=strategy-select]", "conductor-mini")
+        page.select_option("[data-testid=pool-select]", label="Fake pool")
+        page.click("[data-testid=run-submit]")
+        page.wait_for_selector("[data-testid=step-graph] .main-svg")
+        waiting = page.wait_for_selector("[data-role=nodes] [data-status=waiting]", timeout=30_000)
+        assert "— waiting" in (waiting.text_content() or "")
+        page.wait_for_selector("[data-role=nodes] [data-status=running]")
+        progress = page.text_content("[data-role=progress]") or ""
+        assert "wait for the model Fake solver" in progress or "waits for the model Fake solver" in progress
+        assert "in parallel" not in progress
+        colours = page.evaluate(
+            "() => document.querySelector('[data-testid=step-graph]').data[1].marker.color"
+        )
+        assert "#9dbcf0" in colours and "#2f6fde" in colours  # one waiting, one running
+        # A late viewer sees the same: the stored step says waiting.
+        page.reload()
+        page.wait_for_selector("[data-role=nodes] [data-status=waiting]", timeout=30_000)
+    finally:
+        hold.set()
+    page.wait_for_selector("[data-testid=final-answer][data-ready=true]", timeout=30_000)
+    run = Run.objects.get(question="Two parts on one model?")
+    assert run.status == "succeeded"
+    assert {s.index: s.status for s in run.steps.all()} == {0: "succeeded", 1: "succeeded", 2: "succeeded"}
+    assert page.locator("[data-role=nodes] [data-status=waiting]").count() == 0

@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
+from apps.engine import slots
 from apps.engine.pool import WorkerPool
 from apps.engine.providers.gate import gate_without_policy
 from apps.workers import secrets
@@ -134,6 +135,30 @@ def test_worker_validation_and_disable_audit(alpha: Any, policy_admin: Any) -> N
     audit_flush()
     ev = AuditEvent.objects.filter(event_type="worker.disabled").latest("seq")
     assert ev.payload["changes"]["enabled"] == {"before": True, "after": False}
+
+
+def test_worker_max_concurrency_reaches_the_engine_as_its_slots(fake_pool: Any, policy_admin: Any) -> None:
+    """Issue 44: a worker's capacity (empty: no limit) is validated naming the field and becomes
+    the engine worker's ``concurrency`` (its slot)."""
+    solver = next(w for w in fake_pool.workers if w.slug == "fake-solver")
+    for bad in (0, 1001, "two"):
+        with pytest.raises(ValidationError) as exc:
+            worker_update(actor=policy_admin, worker=solver, max_concurrency=bad)
+        assert list(exc.value.message_dict) == ["max_concurrency"]
+        assert "Max concurrency" in exc.value.message_dict["max_concurrency"][0]
+    engine_pool = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
+    assert engine_pool.get("fake-solver").info.concurrency is None  # type: ignore[union-attr]
+    worker_update(actor=policy_admin, worker=solver, max_concurrency=1)
+    solver.refresh_from_db()
+    assert solver.max_concurrency == 1
+    engine_pool = build_engine_pool(fake_pool.pool, gate=gate_without_policy())
+    worker = engine_pool.get("fake-solver")
+    assert worker is not None and worker.info.concurrency == 1
+    slot = slots.worker_slot(worker)
+    assert slot is not None and slot.capacity == 1
+    worker_update(actor=policy_admin, worker=solver, max_concurrency=None)
+    solver.refresh_from_db()
+    assert solver.max_concurrency is None
 
 
 def test_pool_rules(alpha: Any) -> None:

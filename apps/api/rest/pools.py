@@ -174,6 +174,7 @@ class WorkerOutput(serializers.ModelSerializer):
             "input_price_per_mtok",
             "output_price_per_mtok",
             "timeout_s",
+            "max_concurrency",
             "fallback",
             "enabled",
             "health_status",
@@ -200,6 +201,13 @@ class _WorkerFields(serializers.Serializer):
         max_digits=12, decimal_places=6, min_value=0, required=False, allow_null=True
     )
     timeout_s = serializers.IntegerField(min_value=1, max_value=3600, required=False)
+    max_concurrency = serializers.IntegerField(
+        min_value=1,
+        max_value=1000,
+        required=False,
+        allow_null=True,
+        help_text="Calls at once; null: no limit.",
+    )
     fallback = serializers.SlugField(
         required=False, allow_null=True, help_text="Slug of the fallback worker."
     )

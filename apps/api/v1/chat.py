@@ -497,6 +497,10 @@ async def _stream_ending(
     if answer.held:
         held = await off_loop(shaping.held_info, final.id)
         yield shaping.sse(_chunk(env, {}, "content_filter", conductor={**conductor, "held": held}))
+    elif (superseded := streamed.superseded(answer.text, final, conductor)) is not None:
+        yield shaping.sse(superseded.body())  # issue 44: what was streamed is not the answer
+        yield DONE
+        return
     else:
         rest = streamed.rest(answer.text)
         if rest:

@@ -320,6 +320,10 @@ async def stream_message(
     if error is not None:
         yield _event("error", **{k: v for k, v in error_body(error, SHAPE).items() if k != "type"})
         return
+    superseded = streamed.superseded(text, final, conductor)
+    if superseded is not None:  # issue 44: what was streamed is not the answer
+        yield _event("error", **{k: v for k, v in error_body(superseded, SHAPE).items() if k != "type"})
+        return
     rest = streamed.rest(text)
     if rest and not opened:
         opened = True

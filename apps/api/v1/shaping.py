@@ -363,6 +363,29 @@ class Streamed:
     def text(self) -> str:
         return "".join(self.parts)
 
+    def superseded(self, answer: str | None, run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+        """Issue 44: the error that ends a stream whose sent text is not the start of the run's
+        answer (the step writing it failed after part of it was released, and the run ended with
+        a partial answer from an earlier round). A success ending would make the client take the
+        fragment for the answer, and a stream cannot take back what it sent; so it ends with the
+        protocol's error, naming why and where the run's answer is. None when the sent text is
+        (the start of) the answer."""
+        sent = self.text
+        if not sent or (answer or "").startswith(sent):
+            return None
+        incomplete = conductor.get("incomplete") or {}
+        why = str(incomplete.get("detail") or run.error or "the step writing it did not finish")
+        return OpenAIError(
+            502,
+            f"The text streamed so far is not the answer: {why.rstrip('.')}. Run {run.id} ended with a "
+            "partial answer from an earlier round instead, which this stream cannot replace; read it "
+            f"at {conductor.get('url') or 'the run page'}.",
+            type_="server_error",
+            code="answer_superseded",
+            headers=no_retry(),
+            conductor=conductor,
+        )
+
     def rest(self, answer: str | None) -> str:
         """What of the stored ``answer`` the client has not received yet. The released pieces
         are a prefix of it by construction; if they were not, nothing more is sent (a second,
@@ -398,6 +421,16 @@ def progress(event: dict[str, Any]) -> dict[str, Any] | None:
         return {**base, "index": data.get("index"), "text": data.get("text")}
     if kind == "step.finished":
         return {**base, "index": data.get("index"), "status": data.get("status"), "usage": data.get("usage")}
+    if kind in ("step.waiting", "plan.waiting"):
+        # Issue 44: not running yet, the worker's one slot is taken (no content in it).
+        return {**base, "index": data.get("index"), "round": data.get("round"), "reason": data.get("reason")}
+    if kind in ("step.running", "plan.running"):
+        return {
+            **base,
+            "index": data.get("index"),
+            "round": data.get("round"),
+            "waited_ms": data.get("waited_ms"),
+        }
     if kind == "plan.validated":
         plan = data.get("plan") or {}
         return {**base, "action": data.get("action"), "steps": len(plan.get("steps") or [])}

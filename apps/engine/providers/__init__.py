@@ -6,6 +6,7 @@ SDK imports happen inside the provider modules, so importing this package stays 
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderBadRequest,
+    ProviderCancelled,
     ProviderContextTooLong,
     ProviderEgressDenied,
     ProviderError,
@@ -31,6 +32,7 @@ __all__ = [
     "OutboundGate",
     "ProviderAuthError",
     "ProviderBadRequest",
+    "ProviderCancelled",
     "ProviderContextTooLong",
     "ProviderEgressDenied",
     "ProviderError",

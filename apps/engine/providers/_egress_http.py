@@ -10,11 +10,17 @@ outbound gate, issue 39) and forces ``follow_redirects=False`` whatever the SDK 
 3xx reaches the SDK as a status error (mapped to ``ProviderRedirect``) and the Authorization
 header goes nowhere else. ``trust_env=False`` keeps HTTP(S)_PROXY from routing around the check.
 
+Every socket read and write of a call registers a canceller on the call's scope
+(``apps.engine.calls``, issue 44): when the executor abandons the call, the socket is shut down, the
+blocked SDK call returns at once and the provider sees the client leave (the connection is not
+reused).
+
 Imported lazily (only when an SDK worker is built) so importing the engine stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +28,7 @@ from typing import Any
 import httpcore2
 import httpx2
 
+from apps.engine import calls
 from apps.engine.egress import EgressDenied, EgressPolicy, resolve_checked
 from apps.engine.providers.gate import OutboundNotAdmitted, admitted_on_wire
 
@@ -56,10 +63,44 @@ class EgressBackend(httpcore2.SyncBackend):
         for _family, _type, _proto, _name, sockaddr in infos:
             # A numeric address: the parent's create_connection does no second lookup.
             try:
-                return super().connect_tcp(str(sockaddr[0]), port, timeout, local_address, socket_options)
+                return _CancellableStream(
+                    super().connect_tcp(str(sockaddr[0]), port, timeout, local_address, socket_options)
+                )
             except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as err:
                 last_error = err
         raise last_error or httpcore2.ConnectError(f"No address for {host}.")
+
+
+class _CancellableStream(httpcore2.NetworkStream):
+    """A connection whose blocking reads and writes end when the current call is cancelled."""
+
+    def __init__(self, inner: httpcore2.NetworkStream) -> None:
+        self._inner = inner
+
+    def _abort(self) -> None:
+        sock = self._inner.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        with calls.on_cancel(self._abort):
+            return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        with calls.on_cancel(self._abort):
+            self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore2.NetworkStream:
+        return _CancellableStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
 
 
 class EgressTransport(httpx2.HTTPTransport):

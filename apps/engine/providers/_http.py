@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from apps.engine import egress
+from apps.engine import calls, egress
 from apps.engine.egress import EgressPolicy
 from apps.engine.providers.base import (
     ProviderAuthError,
     ProviderBadRequest,
+    ProviderCancelled,
     ProviderContextTooLong,
     ProviderEgressDenied,
     ProviderError,
@@ -258,6 +259,10 @@ class SdkWorker:
         sent outside ``admitted.on_wire()`` (see ``apps.engine.providers.gate``)."""
 
         def once() -> CallOutput:
+            if calls.cancelled():
+                raise ProviderCancelled(
+                    "The call was cancelled before it was sent.", provider=self.info.provider
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ProviderTimeout(self.timeout_message)
@@ -266,7 +271,17 @@ class SdkWorker:
                     return self._plain(params, left)
                 return self._stream(params, left, on_delta)
 
-        text, usage, model, *rest = call_with_retries(once, max_retries=self.max_retries, deadline=deadline)
+        try:
+            text, usage, model, *rest = call_with_retries(
+                once, max_retries=self.max_retries, deadline=deadline
+            )
+        except ProviderError as err:
+            if calls.cancelled() and not isinstance(err, ProviderCancelled):
+                # The socket was shut down under the SDK on purpose: not a provider fault.
+                raise ProviderCancelled(
+                    "The request was closed: the caller abandoned the call.", provider=self.info.provider
+                ) from None
+            raise
         ending: dict[str, Any] = rest[0] if rest else {}
         cost, priced = price_call(self.info, usage, model=self.info.model, base_url=self.base_url)
         return WorkerResult(

@@ -99,6 +99,13 @@ class ProviderTimeout(ProviderError):
     retryable = True
 
 
+class ProviderCancelled(ProviderError):
+    """The caller abandoned the call and cancelled it (``apps.engine.calls``): the generation was
+    stopped or the request closed. Never retried; the caller already moved on."""
+
+    code = "cancelled"
+
+
 class ProviderBadRequest(ProviderError):
     code = "bad_request"
 

