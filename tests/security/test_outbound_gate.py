@@ -89,12 +89,12 @@ COMPLETE_CALLERS = {
         "apps/engine/tools_loop.py",
         "run_tool_loop",
     ): "a worker step's tool rounds (issue 43): the same pool worker, built with the run's gate",
-    ("apps/engine/session.py", "<lambda>"): "the conductor's planning call (and JSON repair): same pool",
+    ("apps/engine/session.py", "call"): "the conductor's planning call (and JSON repair): same pool",
     ("apps/policies/guardrails/judge.py", "judge"): "a guardrail judge: a worker of the run's pool",
     (
         "apps/feedback/evaluators.py",
-        "evaluate_judge",
-    ): "an evaluator's judge: pool built with the team's gate",
+        "judge_score",
+    ): "an evaluator's or an experiment's judge: pool built with the team's gate",
     ("apps/workers/services.py", "_probe"): "a health check: worker built with the provider team's gate",
     (
         "apps/workers/connection.py",
