@@ -184,9 +184,9 @@ def any_params(tree: ast.Module) -> list[str]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             a = node.args
             for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
-                if arg is not None and arg.annotation is not None:
-                    if ast.unparse(arg.annotation).strip("'\"") in ("Any", "typing.Any"):
-                        found.append(arg.arg)
+                annotation = arg.annotation if arg is not None else None
+                if annotation is not None and ast.unparse(annotation).strip("'\"") in ("Any", "typing.Any"):
+                    found.append(arg.arg)
     return found
 
 

@@ -24,6 +24,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from apps.api.models import ApiKey, ApiScope
 from apps.audit.models import AuditEvent
+from apps.core.compiled import CompiledRead
 from apps.governance import selectors as gov
 from apps.governance.access_version import stamp_expression
 from apps.governance.models import Membership, Role, Team
@@ -34,7 +35,6 @@ from apps.workers.models import Pool
 from apps.workers.querysets import PoolQuerySet
 from apps.workers.selectors import providers_visible_to, workers_visible_to
 from apps.workers.visibility import pools_granted_to
-from conductor_web.compiled import CompiledRead
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
 

@@ -30,8 +30,8 @@ from apps.audit.models import AuditEvent, ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge
-from conductor_web.compiled import db_value, execute
-from conductor_web.request_context import current_request_meta
+from apps.core.compiled import db_value, execute
+from apps.core.request_context import current_request_meta
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
 _ACTOR_FIELD: Any = AuditEvent._meta.get_field("actor")

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from apps.core.lru import Lru
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
@@ -15,7 +16,6 @@ from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
-from conductor_web.lru import Lru
 
 
 def platform_policy() -> Policy | None:

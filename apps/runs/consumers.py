@@ -34,12 +34,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from apps.runs import fanout, selectors, ws_access
+from apps.core.executor_db import in_executor
+from apps.core.ws_auth import resolve_user
+from apps.runs import fanout, observers, selectors, ws_access
 from apps.runs.models import Run
 from apps.runs.sink import ACCESS_STAMP, group_name, register_server_loop
-from conductor_web.executor_db import in_executor
-from conductor_web.metrics import websocket_viewer
-from conductor_web.ws_auth import resolve_user
 
 T = TypeVar("T")
 
@@ -50,7 +49,7 @@ CLOSE_LAYER_LOST = 1011  # the browser reconnects with ?after=<seq> (or polls th
 async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """The ORM off the event loop AND off daphne's one thread-sensitive worker thread, which every
     sync HTTP view and middleware shares: a burst of handshakes reads in parallel threads instead
-    of queueing there past daphne's websocket connect timeout (conductor_web.executor_db)."""
+    of queueing there past daphne's websocket connect timeout (apps.core.executor_db)."""
     try:
         return await in_executor(fn, *args, **kwargs)
     except Run.DoesNotExist:
@@ -137,7 +136,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._leave()  # also when a handler raised or the task was cancelled
             if self.counted:
                 self.counted = False
-                websocket_viewer(-1)
+                observers.viewers_changed(-1)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # AsyncConsumer.dispatch without its ``aclose_old_connections()`` before every message:
@@ -154,7 +153,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await super().accept(subprotocol, headers)
         if not self.counted:
             self.counted = True
-            websocket_viewer(+1)
+            observers.viewers_changed(+1)
 
     @property
     def run_id(self) -> str:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core import compiled
 from apps.governance import selectors as gov
 from apps.runs import integration
 from apps.runs.endings import terminal_event
@@ -22,7 +23,6 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Strategy
 from apps.runs.sink import publish
 from apps.workers.models import Pool
-from conductor_web import compiled
 
 MAX_QUESTION_CHARS = 32_000
 

@@ -35,6 +35,8 @@ from apps.audit.services import (
     review_request,
     review_sample_rate,
 )
+from apps.core.compiled import CompiledInsert, execute, update_where
+from apps.core.executor_db import keep_connection_healthy
 from apps.engine.events import Event, EventType
 from apps.governance.access_version import TABLE as ACCESS_TABLE
 from apps.governance.models import Team
@@ -43,8 +45,6 @@ from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
 from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
-from conductor_web.compiled import CompiledInsert, execute, update_where
-from conductor_web.executor_db import keep_connection_healthy
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _store_counters(
     ]
     if owner is not None:
         params += [owner, attempt]
-    # Bound on the server, prepared once per connection (conductor_web.compiled.execute): one of
+    # Bound on the server, prepared once per connection (apps.core.compiled.execute): one of
     # these per batch was a tenth of the sink's database time bound in Python (issue #15).
     changed, rows = execute(
         connection, _counters_sql(connection.vendor, owner is not None), params, fetch=True

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
+from apps.core.lru import Lru
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
 from apps.governance.models import Team
@@ -19,7 +20,6 @@ from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers.engine_adapter import worker_unavailable_reason
 from apps.workers.health import Traffic, worker_traffic
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, HealthStatus, Pool, PoolWorker, Provider, Worker
-from conductor_web.lru import Lru
 
 can_configure_team = gov.can_configure_team
 

@@ -41,7 +41,7 @@ def test_vendor_modules_are_found_by_reading_the_code() -> None:
     for module in (
         "apps.audit.sequencer",
         "apps.runs.ends",
-        "conductor_web.compiled",
+        "apps.core.compiled",
         "apps.insights.upsert",
     ):
         assert module in found

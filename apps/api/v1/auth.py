@@ -23,7 +23,7 @@ from apps.api.authentication import presented_key
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
 from apps.api.v1.errors import OpenAIError, no_retry
-from conductor_web.executor_db import off_loop
+from apps.core.executor_db import off_loop
 
 logger = logging.getLogger(__name__)
 

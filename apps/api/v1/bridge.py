@@ -44,6 +44,8 @@ from apps.api.v1.errors import OpenAIError, no_retry
 from apps.api.v1.requests import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
+from apps.core.compiled import CompiledGet, CompiledRead
+from apps.core.executor_db import off_loop, release_while_waiting
 from apps.engine.providers.gate import unreadable_field
 from apps.runs import execution
 from apps.runs import selectors as run_selectors
@@ -52,8 +54,6 @@ from apps.runs.ends import RunEndListener, run_end_listener
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import message_events, register_server_loop
-from conductor_web.compiled import CompiledGet, CompiledRead
-from conductor_web.executor_db import off_loop, release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
 
 
 # A waiter's reads of its run, once or twice per run each: compiled once per process
-# (conductor_web.compiled, issue #15).
+# (apps.core.compiled, issue #15).
 _RUN_WITH_POOL = CompiledGet(
     lambda vendor, run_id: Run.objects.select_related("pool").filter(pk=run_id), placeholders=[Run._meta.pk]
 )

@@ -29,8 +29,8 @@ from apps.api.v1.errors import (
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
-from conductor_web.executor_db import off_loop
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4

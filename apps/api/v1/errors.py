@@ -15,7 +15,7 @@ from typing import Any
 
 from django.http import JsonResponse
 
-from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
+from apps.core.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
 
 
 class OpenAIError(Exception):

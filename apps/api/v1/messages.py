@@ -30,8 +30,8 @@ from apps.api.v1.errors import (
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
-from conductor_web.executor_db import off_loop
 
 SHAPE = "anthropic"
 KNOWN_PARAMS = {

@@ -34,8 +34,8 @@ from apps.api.v1.errors import (
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions
-from conductor_web.executor_db import off_loop
 
 KNOWN_PARAMS = {
     "model",
