@@ -114,3 +114,9 @@ def can_configure_team(user: Any, team: Team | None) -> bool:
     if team is None:
         return is_platform_admin(user)
     return is_platform_admin(user) or role_in(user, team) in (Role.ADMIN, Role.POLICY_ADMIN)
+
+
+def retention_policies() -> list[tuple[int, int]]:
+    """(team id, days) for every team that erases run content after ``retention_days``."""
+    rows = Team.objects.filter(retention_days__isnull=False).order_by("pk")
+    return [(pk, days or 0) for pk, days in rows.values_list("pk", "retention_days")]

@@ -298,7 +298,7 @@ AUDIT_VERIFY_INTERVAL_S = env.int("AUDIT_VERIFY_INTERVAL_S", default=86400)
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-runs": {"task": "apps.runs.tasks.sweep_stale_runs", "schedule": float(RUN_SWEEP_INTERVAL_S)},
     "audit-retention-sweep": {
-        "task": "apps.audit.tasks.audit_retention_sweep",
+        "task": "apps.runs.tasks.retention_sweep",
         "schedule": float(AUDIT_RETENTION_INTERVAL_S),
     },
     "audit-verify": {"task": "apps.audit.tasks.audit_verify", "schedule": float(AUDIT_VERIFY_INTERVAL_S)},
