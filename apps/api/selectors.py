@@ -31,10 +31,10 @@ from apps.governance.models import Membership, Role, Team
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import Policy
 from apps.runs.models import Run
+from apps.workers.grants import pools_granted_to
 from apps.workers.models import Pool
 from apps.workers.querysets import PoolQuerySet
 from apps.workers.selectors import providers_visible_to, workers_visible_to
-from apps.workers.visibility import pools_granted_to
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
 

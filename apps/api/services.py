@@ -35,7 +35,7 @@ from apps.audit.services import audit_record
 from apps.governance import selectors
 from apps.governance.models import Membership, Role
 from apps.governance.visibility import is_platform_admin
-from apps.workers.visibility import pools_granted_to
+from apps.workers.grants import pools_granted_to
 
 logger = logging.getLogger(__name__)
 

@@ -186,7 +186,7 @@ def _per_field(findings: list[Finding], pieces: list[Piece]) -> dict[str, list[F
 
 
 # A chat sent to a conductor model is one question whose turns are labelled by role
-# (apps.api.v1.requests.question_from_turns): its turns are read apart like messages.
+# (apps.api.v1.run_request.question_from_turns): its turns are read apart like messages.
 TURN = re.compile(r"\n\n(?:System|User|Assistant|Tool): ")
 
 

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -144,10 +143,10 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         # a run's viewers on one thread (100 viewers: p99 ~170 ms on an idle box). This consumer
         # touches the database only through ``_db`` (executor threads that check their own
         # connection before each call), never on the thread-sensitive one.
-        handler = getattr(self, get_handler_name(message), None)
+        handler = HANDLERS.get(message["type"])
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        await handler(self, message)
 
     async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
         await super().accept(subprotocol, headers)
@@ -363,3 +362,19 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self._leave()
+
+
+# Every message the consumer takes, by type, named rather than found by ``getattr`` on the type
+# (issue 41: a sender's type greps to its handler): the websocket protocol's three and the
+# channel-layer messages of the sink, the fan-out and a logout.
+Handler = Callable[[RunConsumer, dict[str, Any]], Awaitable[None]]
+HANDLERS: dict[str, Handler] = {
+    "websocket.connect": RunConsumer.websocket_connect,
+    "websocket.receive": RunConsumer.websocket_receive,
+    "websocket.disconnect": RunConsumer.websocket_disconnect,
+    "run.event": RunConsumer.run_event,  # apps.runs.sink.publish_batch, one event
+    "run.events": RunConsumer.run_events,  # apps.runs.sink.publish_batch, a batch
+    "run.reviewed": RunConsumer.run_reviewed,  # apps.runs.sink.publish_review
+    ws_access.SESSION_ENDED: RunConsumer.session_ended,
+    fanout.LAYER_LOST: RunConsumer.run_layer_lost,
+}

@@ -95,7 +95,10 @@ COMPLETE_CALLERS = {
         "apps/feedback/evaluators.py",
         "evaluate_judge",
     ): "an evaluator's judge: pool built with the team's gate",
-    ("apps/workers/services/health_check.py", "_probe"): "a health check: worker built with the provider team's gate",
+    (
+        "apps/workers/services/health_check.py",
+        "_probe",
+    ): "a health check: worker built with the provider team's gate",
     ("apps/runs/execution.py", "complete"): "a replay: wraps a pool worker built with the run's gate",
     ("apps/runs/journal.py", "complete"): "the call journal: wraps a pool worker (replays send nothing)",
 }

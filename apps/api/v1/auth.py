@@ -22,7 +22,7 @@ from apps.api import keyguard, ratelimit
 from apps.api.authentication import presented_key
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
-from apps.api.v1.errors import OpenAIError, no_retry
+from apps.api.v1.errors import ApiError, no_retry
 from apps.core.executor_db import off_loop
 
 logger = logging.getLogger(__name__)
@@ -89,11 +89,11 @@ def run_headers(run: Any, url: str) -> dict[str, str]:
 
 def authenticate(request: HttpRequest) -> ApiKey:
     """The key the request presents (``Authorization: Bearer`` or ``x-api-key``), counted against
-    its request rate limit. Raises ``OpenAIError`` 401 / 429 (with ``Retry-After``)."""
+    its request rate limit. Raises ``ApiError`` 401 / 429 (with ``Retry-After``)."""
     state = request_state(request)
     raw = presented_key(request)
     if raw is None:
-        raise OpenAIError(
+        raise ApiError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer cw_…'.",
             code="missing_api_key",
@@ -101,7 +101,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
     try:
         key = keyguard.authenticate(request, raw)
     except keyguard.KeyThrottled as exc:
-        raise OpenAIError(
+        raise ApiError(
             429,
             exc.message,
             type_="requests",
@@ -109,7 +109,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
             headers={"Retry-After": str(exc.retry_after_s)},
         ) from None
     except ApiKeyInvalid as exc:
-        raise OpenAIError(401, exc.reason, code=exc.code) from None
+        raise ApiError(401, exc.reason, code=exc.code) from None
     decision = ratelimit.hit_requests(key_prefix=key.prefix, limit=key.requests_per_minute)
     state.requests = decision
     try:
@@ -117,7 +117,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
     except Exception:  # headers are informative; never fail a request over them
         logger.debug("could not read the token window", exc_info=True)
     if not decision.allowed:
-        raise OpenAIError(
+        raise ApiError(
             429,
             f"Rate limit reached: {decision.limit} requests per minute for this key. "
             f"Try again in {decision.retry_after_s}s.",
@@ -128,10 +128,10 @@ def authenticate(request: HttpRequest) -> ApiKey:
     return key
 
 
-def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> OpenAIError:
+def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> ApiError:
     """A refusal recorded in the audit trail as ``apikey.denied`` (not retried by SDKs)."""
     apikey_record_denied(api_key=key, reason=reason, detail=detail)
-    return OpenAIError(status, message, code=reason, headers=no_retry(), **kw)
+    return ApiError(status, message, code=reason, headers=no_retry(), **kw)
 
 
 def count_tokens_sync(key: ApiKey, run: Any) -> None:

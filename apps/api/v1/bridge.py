@@ -3,12 +3,12 @@
 An adapter (Chat Completions, Responses, Messages) does three things:
 
 1. ``started = await off_loop(start_run, request, parse)`` — ``parse(body) -> RunRequest``
-   (``apps.api.v1.requests``) turns the protocol's JSON into the neutral ``RunRequest``;
+   (``apps.api.v1.run_request``) turns the protocol's JSON into the neutral ``RunRequest``;
    ``start_run`` authenticates the key (``apps.api.v1.auth``: 401/429 before any parsing), parses,
    checks the key's scope, resolves the model to a pool (``apps.api.v1.targets.resolve_model``),
    refuses what the pool cannot honour (``check_capabilities``), checks the token rate limit and
    creates the run (``run_create``: policy, budget, audit, dispatch). Every refusal is an
-   ``OpenAIError`` (render it with ``errors.error_response(err, shape)``).
+   ``ApiError`` (render it with ``errors.error_response(err, shape)``).
 2. Follow the run: ``await wait_for_run(run)`` (plain) or ``async for update in follow_run(run)``
    (streaming: each persisted event in ``seq`` order, keep-alive ticks, then the final run).
 3. Answer from the final run with ``apps.api.v1.shaping`` (outcome errors, final answer, usage,
@@ -40,8 +40,8 @@ from apps.api import ratelimit
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1.auth import authenticate, current_state, deny, request_state
-from apps.api.v1.errors import OpenAIError, no_retry
-from apps.api.v1.requests import RunRequest
+from apps.api.v1.errors import ApiError, no_retry
+from apps.api.v1.run_request import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
 from apps.core.compiled import CompiledGet, CompiledRead
@@ -50,7 +50,7 @@ from apps.engine.providers.gate import unreadable_field
 from apps.runs import execution
 from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
-from apps.runs.ends import RunEndListener, run_end_listener
+from apps.runs.end_listener import RunEndListener, run_end_listener
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import message_events, register_server_loop
@@ -106,11 +106,11 @@ def start_run(
     protocol's error shape rather than an HTML 500."""
     try:
         return _start_run(request, parse, prepare)
-    except OpenAIError:
+    except ApiError:
         raise
     except Exception as exc:
         logger.exception("could not start a run")
-        raise OpenAIError(503, f"No run was started: {failure_cause(exc)}.", type_="server_error") from exc
+        raise ApiError(503, f"No run was started: {failure_cause(exc)}.", type_="server_error") from exc
 
 
 def _start_run(
@@ -118,7 +118,7 @@ def _start_run(
     parse: Callable[[bytes], RunRequest],
     prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
 ) -> Started:
-    """Authenticate, parse, authorise, resolve, check and create the run. Raises OpenAIError.
+    """Authenticate, parse, authorise, resolve, check and create the run. Raises ApiError.
 
     ``prepare(req, key)`` (optional) completes the parsed request with what only the key may
     read, e.g. the history of a ``previous_response_id``; it runs after the scope check."""
@@ -134,7 +134,7 @@ def _start_run(
     if unreadable is not None:
         # Every provider request passes the outbound gate, which refuses a field it cannot read
         # (issue 39): the client hears which one now, before a run starts.
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"The field {unreadable.path} cannot be checked by the policy ({unreadable.why}); "
             "no run was started.",
@@ -147,7 +147,7 @@ def _start_run(
         key_prefix=key.prefix, limit=key.tokens_per_minute
     )
     if not tokens.allowed:
-        raise OpenAIError(
+        raise ApiError(
             429,
             f"Rate limit reached: {tokens.limit} tokens per minute for this key. Try again in {tokens.retry_after_s}s.",
             type_="tokens",
@@ -209,22 +209,22 @@ def _execute_here(run: Any) -> Any:
         return None
 
 
-def refusal_error(refused: Any) -> OpenAIError:
+def refusal_error(refused: Any) -> ApiError:
     """``RunRefused`` (nothing stored, no model called) as the client's error."""
     if refused.code == "budget_exhausted":
         headers = no_retry()
         if refused.retry_after_s:
             headers["Retry-After"] = str(int(refused.retry_after_s))
-        return OpenAIError(
+        return ApiError(
             429, refused.message, type_="insufficient_quota", code="budget_exhausted", headers=headers
         )
     if refused.code == "pool_not_allowed":
-        return OpenAIError(403, refused.message, param="model", code="pool_not_allowed", headers=no_retry())
+        return ApiError(403, refused.message, param="model", code="pool_not_allowed", headers=no_retry())
     if refused.code == "pool_unavailable":
-        return OpenAIError(
+        return ApiError(
             503, refused.message, type_="server_error", code="pool_unavailable", headers=no_retry()
         )
-    return OpenAIError(400, refused.message, param="messages", code="invalid_value")
+    return ApiError(400, refused.message, param="messages", code="invalid_value")
 
 
 def answer_buffered(started: Started) -> str | None:
@@ -276,7 +276,7 @@ class RunFollower:
         self.layer: Any = None
         self.channel: str | None = None
         # ends_only: the caller reads the run when it may have ended, never its events. Where
-        # PostgreSQL announces run ends (apps.runs.ends) that is all it waits for: no group
+        # PostgreSQL announces run ends (apps.runs.end_listener) that is all it waits for: no group
         # join, no event batches received.
         self.ends_only = ends_only
         # Set together when the run-end listener wakes this follower instead of the layer.

@@ -20,10 +20,10 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import auth, bridge, requests, shaping, targets
+from apps.api.v1 import auth, bridge, run_request, shaping, targets
 from apps.api.v1.errors import (
+    ApiError,
     BodyRules,
-    OpenAIError,
     bad_param,
     error_response,
     json_body,
@@ -310,8 +310,8 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def parse_chat_request(raw: bytes) -> requests.RunRequest:
-    """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises OpenAIError."""
+def parse_chat_request(raw: bytes) -> run_request.RunRequest:
+    """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises ApiError."""
     body = json_body(raw, BODY_RULES)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -349,9 +349,9 @@ def parse_chat_request(raw: bytes) -> requests.RunRequest:
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_param("'stream_options' must be an object.", "stream_options", "invalid_type")
     messages = parse_messages(body.get("messages"))
-    return requests.RunRequest(
+    return run_request.RunRequest(
         model=body.get("model"),
-        question=requests.question_from_turns(messages),
+        question=run_request.question_from_turns(messages),
         messages=messages,
         options=options,
         stream=bool(stream),
@@ -514,7 +514,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
     try:
         key = await off_loop(auth.authenticate, request)
         payload = await off_loop(targets.models_payload, key)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     return JsonResponse(payload)
 
@@ -526,19 +526,19 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     try:
         key = await off_loop(auth.authenticate, request)
         payload = await off_loop(targets.models_payload, key)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     for entry in payload["data"]:
         if entry["id"] == model:
             return JsonResponse(entry)
     return error_response(
-        OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
     )
 
 
 def _outcome(
     key: Any, final: Any, conductor: dict[str, Any]
-) -> tuple[OpenAIError | None, shaping.FinalAnswer | None]:
+) -> tuple[ApiError | None, shaping.FinalAnswer | None]:
     """Everything a plain answer reads once its run ended, in one trip to a sync thread."""
     auth.count_tokens_sync(key, final)
     error = shaping.run_outcome_error(final, conductor)
@@ -555,7 +555,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         return method_not_allowed("POST")
     try:
         started = await off_loop(bridge.start_run, request, parse_chat_request)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     run, target = started.run, started.target
     env = Envelope(

@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.deprecation import MiddlewareMixin
 
 from apps.api.v1.auth import RequestState, bind_state, new_request_id, rate_limit_headers
-from apps.api.v1.errors import OpenAIError, error_response
+from apps.api.v1.errors import ApiError, error_response
 from apps.core.middleware import InlineHooks
 from apps.core.request_context import current_request_meta, set_request_meta
 
@@ -71,7 +71,7 @@ class V1Middleware(InlineHooks, MiddlewareMixin):
         if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
             if not allowed_origin(origin):
                 return error_response(
-                    OpenAIError(
+                    ApiError(
                         403,
                         f"The origin {origin or '(none)'} may not call this API from a browser; "
                         "an operator allows origins in V1_CORS_ALLOWED_ORIGINS.",

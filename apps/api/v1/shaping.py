@@ -21,7 +21,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, get_script_prefix, get_urlconf, reverse
 
-from apps.api.v1.errors import OpenAIError, no_retry
+from apps.api.v1.errors import ApiError, no_retry
 from apps.api.v1.targets import Target
 from apps.runs.models import PlanApproval, RunEvent
 from apps.runs.selectors import held_reason, run_hold_rules, withhold_event_data
@@ -61,7 +61,7 @@ def failure_cause(exc: BaseException) -> str:
     return f"{part} failed ({type(exc).__name__})"
 
 
-def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> OpenAIError:
+def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> ApiError:
     """The answer for a client whose wait broke after its run was created: it names the cause and
     the run (header, ``conductor`` field and message), so the client can look it up later."""
     from django.core.exceptions import ObjectDoesNotExist
@@ -70,7 +70,7 @@ def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: Ba
     conductor["status"] = "unknown"
     if isinstance(exc, ObjectDoesNotExist):
         logger.warning("run %s was deleted while a /v1 client waited for it", run.id)
-        return OpenAIError(
+        return ApiError(
             410,
             f"Run {run.id} was deleted while this request waited for it.",
             type_="server_error",
@@ -81,7 +81,7 @@ def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: Ba
     logger.error(
         "lost track of run %s while a /v1 client waited: %s", run.id, type(exc).__name__, exc_info=exc
     )
-    return OpenAIError(
+    return ApiError(
         503,
         f"Waiting for run {run.id} failed: {failure_cause(exc)}. The run itself goes on; "
         f"follow it at {conductor['url']}.",
@@ -267,7 +267,7 @@ def blocked_rules(run_id: Any) -> list[str]:
     return names
 
 
-def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+def run_outcome_error(run: Any, conductor: dict[str, Any]) -> ApiError | None:
     """The error for a run that ended without a releasable answer, else None."""
     status = run.status
     if status == "succeeded":
@@ -276,7 +276,7 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
         rules = blocked_rules(run.id)
         rule_text = f" (policy rule: {', '.join(rules)})" if rules else ""
         reason = run.error or run.status_reason or "blocked by policy"
-        return OpenAIError(
+        return ApiError(
             400,
             f"{reason}{rule_text}",
             code="content_policy_violation",
@@ -284,12 +284,12 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             conductor=conductor,
         )
     if status == "cancelled":
-        return OpenAIError(
+        return ApiError(
             409, "The run was cancelled.", code="run_cancelled", headers=no_retry(), conductor=conductor
         )
     if status == "awaiting_approval":
         fields = ", ".join(awaiting_fields(run.id)) or "constraints.forecast.action"
-        return OpenAIError(
+        return ApiError(
             409,
             f"{run.error or 'The plan waits for an approver.'} (policy field: {fields}). Run {run.id} "
             "resumes once a team admin or reviewer approves its plan; follow it at its URL.",
@@ -304,11 +304,11 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             if status == "timed_out"
             else "The run did not finish in time; follow it at its URL."
         )
-        return OpenAIError(
+        return ApiError(
             504, message, type_="server_error", code="run_timed_out", headers=no_retry(), conductor=conductor
         )
     if run.status_reason == "response_format_invalid":
-        return OpenAIError(
+        return ApiError(
             422,
             run.error or "The answer did not match the requested response_format.",
             param="response_format",
@@ -316,7 +316,7 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             headers=no_retry(),
             conductor=conductor,
         )
-    return OpenAIError(
+    return ApiError(
         502,
         run.error or "The run failed.",
         type_="server_error",

@@ -16,8 +16,8 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey
 from apps.api.v1.auth import deny
-from apps.api.v1.errors import OpenAIError, no_retry
-from apps.api.v1.requests import RunRequest
+from apps.api.v1.errors import ApiError, no_retry
+from apps.api.v1.run_request import RunRequest
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
 from apps.workers.models import Pool, PoolWorker
@@ -72,7 +72,7 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
 def _resolve_model(key: ApiKey, model: Any) -> Target:
     user = key.created_by
     if not isinstance(model, str) or not model.strip():
-        raise OpenAIError(
+        raise ApiError(
             400, "'model' is required: e.g. 'conductor-mini'.", param="model", code="invalid_value"
         )
     model = model.strip()
@@ -83,17 +83,17 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
         preset = PRESETS.get(base, "mini")
         pool_slug: str | None = slug if sep else None
         if sep and not slug:
-            raise OpenAIError(
+            raise ApiError(
                 400, f"Name a pool after the colon: '{base}:<pool>'.", param="model", code="invalid_value"
             )
     elif not sep:
         preset, pool_slug, direct = PRESETS["conductor-mini"], base, True
     else:
-        raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
 
     if pool_slug is None:
         if key.team.default_pool_id is None:
-            raise OpenAIError(
+            raise ApiError(
                 400,
                 f"The team '{key.team.slug}' has no default pool; use '{base}:<pool>' with a pool from /v1/models.",
                 param="model",
@@ -113,7 +113,7 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
         candidates = candidates.annotate(worker_count=Subquery(workers.annotate(n=Count("pk")).values("n")))
     pool = candidates.select_related("default_worker").first()
     if pool is None:
-        raise OpenAIError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
     if not pool.key_may_use:
         raise deny(
             key,
@@ -158,7 +158,7 @@ def check_capabilities(target: Target, req: RunRequest) -> None:
     unsupported = sorted({kind for kind in kinds.values() if kind not in TOOL_PROVIDER_KINDS})
     if unsupported:
         workers = ", ".join(sorted(slug for slug, kind in kinds.items() if kind not in TOOL_PROVIDER_KINDS))
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"Tool calling is not supported by the pool '{target.pool.slug}': its worker(s) {workers} "
             f"use the provider kind(s) {', '.join(unsupported)}; tools need an OpenAI or "
