@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.db.models import QuerySet
 
@@ -18,6 +18,24 @@ from django.db.models import QuerySet
 Restrict = Callable[[QuerySet[Any], Any, str], QuerySet[Any]]
 # (rule, user, action, obj) -> may the user ``action`` obj: apps.governance.visibility.allows.
 Allows = Callable[[Any, Any, str, Any], bool]
+
+
+class AuditedRun(Protocol):
+    """What audit reads of a run (``apps.runs.models.Run`` is one): audit sits below runs."""
+
+    # Read-only members: a model's fields satisfy them whatever their exact stub types.
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def team(self) -> Any: ...
+    @property
+    def team_id(self) -> Any: ...
+    @property
+    def policy_version_id(self) -> Any: ...
+    @property
+    def created_by_id(self) -> Any: ...
+    @property
+    def answer_held(self) -> bool: ...
 
 
 @dataclass(frozen=True)

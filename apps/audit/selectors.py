@@ -19,12 +19,14 @@ from apps.audit.models import (
     RunReview,
     SignedTreeHead,
 )
+from apps.audit.ports import AuditedRun
 from apps.audit.sequencer import sequencer_lag
+from apps.core.types import Viewer
 
 PAGE_SIZE = 50
 
 
-def reviews_for_run(run: Any) -> QuerySet[RunReview]:
+def reviews_for_run(run: AuditedRun) -> QuerySet[RunReview]:
     return RunReview.objects.filter(run=run).select_related("reviewer").order_by("-created_at", "-id")
 
 
@@ -127,7 +129,7 @@ def log_state() -> LogState:
     return LogState(origin, latest.tree_size, when, cosigners, len(witnesses()))
 
 
-def linked_events(event: AuditEvent, user: Any, *, limit: int = 20) -> dict[str, list[AuditEvent]]:
+def linked_events(event: AuditEvent, user: Viewer, *, limit: int = 20) -> dict[str, list[AuditEvent]]:
     """Events related to ``event`` the user can see: the same run, and the policy version in force."""
     visible = AuditEvent.objects.visible_to(user)
     out: dict[str, list[AuditEvent]] = {}
@@ -151,12 +153,12 @@ def linked_events(event: AuditEvent, user: Any, *, limit: int = 20) -> dict[str,
     return out
 
 
-def reviews_any_team(user: Any) -> bool:
+def reviews_any_team(user: Viewer) -> bool:
     """The user holds ``review_team_runs`` on some team (platform administrators on all)."""
     return ports.governance().reviews_any_team(user)
 
 
-def can_verify_chain(user: Any) -> bool:
+def can_verify_chain(user: Viewer) -> bool:
     """Reviewers of any team may start a chain verification: it reports only whether the whole
     chain is intact, nothing of other teams' events."""
     return reviews_any_team(user)

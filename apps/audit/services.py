@@ -21,10 +21,12 @@ from apps.audit.events import AuditEventType
 from apps.audit.heads import from_note
 from apps.audit.masking import diff_values, mask_secrets
 from apps.audit.models import AuditEvent
+from apps.audit.ports import AuditedRun
 from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge
 from apps.core.compiled import db_value, execute
 from apps.core.request_context import current_request_meta
+from apps.core.types import Actor
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
 _ACTOR_FIELD: Any = AuditEvent._meta.get_field("actor")
@@ -370,8 +372,8 @@ def audit_record_standalone(**kwargs: Any) -> AuditEvent:
 def audit_run_event(
     *,
     event_type: AuditEventType,
-    run: Any,
-    actor: Any = None,
+    run: AuditedRun,
+    actor: Actor = None,
     actor_label: str = "",
     payload: dict[str, Any] | None = None,
     before: dict[str, Any] | None = None,
@@ -421,7 +423,7 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
 CHECKPOINT_FORMAT = "conductor-audit-checkpoint/3"
 
 
-def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
+def audit_checkpoint(*, actor: Actor = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
     """Capture the chain head (seq, digest) and the signed checkpoint (c2sp.org/tlog-checkpoint,
     with the witnesses' cosignatures) for an auditor to keep outside.
 
@@ -461,7 +463,7 @@ def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) 
     return checkpoint
 
 
-def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, Any]) -> AuditEvent:
+def audit_export_record(*, actor: Actor, export_format: str, filters: dict[str, Any]) -> AuditEvent:
     """Record that ``actor`` exported a selection; the export then covers rows before this event.
 
     Returned sequenced (the export is cut at its seq).

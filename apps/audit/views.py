@@ -36,6 +36,7 @@ from apps.audit.forms import (
 )
 from apps.audit.logkeys import log_verifiers
 from apps.audit.models import AuditEvent
+from apps.audit.ports import AuditedRun
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
 from apps.governance.models import Team
@@ -299,7 +300,9 @@ def run_export(request: HttpRequest, run_id: Any) -> HttpResponse | StreamingHtt
     return response
 
 
-def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | None = None) -> dict[str, Any]:
+def review_panel_context(
+    request: HttpRequest, run: AuditedRun, form: RunReviewForm | None = None
+) -> dict[str, Any]:
     """Context for ``audit/_review_panel.html`` (the run page includes the partial)."""
     return {
         "run": run,
@@ -346,7 +349,7 @@ def _safe_next(request: HttpRequest) -> str:
     return ""
 
 
-def _next_url(request: HttpRequest, run: Any) -> str:
+def _next_url(request: HttpRequest, run: AuditedRun) -> str:
     return _safe_next(request) or reverse("runs:detail", args=[run.pk])
 
 

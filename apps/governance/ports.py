@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from apps.audit import ports
+from apps.core.types import Viewer
 from apps.governance.models import Team
 from apps.governance.selectors import teams_reviewable_by
 from apps.governance.visibility import allows, restrict
@@ -14,7 +13,7 @@ def team_id_for_slug(slug: str) -> int | None:
     return Team.objects.filter(slug=slug).values_list("pk", flat=True).first()
 
 
-def reviews_any_team(user: Any) -> bool:
+def reviews_any_team(user: Viewer) -> bool:
     return teams_reviewable_by(user).exists()
 
 

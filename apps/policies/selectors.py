@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from apps.core.lru import Lru
+from apps.core.types import Viewer
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
@@ -44,7 +45,7 @@ class PolicyRow:
     can_change: bool
 
 
-def policy_rows_for(user: Any) -> list[PolicyRow]:
+def policy_rows_for(user: Viewer) -> list[PolicyRow]:
     """The platform default plus one row per team the user can see (with or without a policy yet)."""
 
     rows = [

@@ -15,6 +15,7 @@ from django.utils import timezone
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_run_event
+from apps.core.types import Actor
 from apps.governance.selectors import retention_policies
 from apps.runs.models import TERMINAL_RUN_STATUSES, Run, RunCall, RunEvent, Step
 
@@ -63,7 +64,7 @@ def _json_sha(value: Any) -> dict[str, Any]:
 
 
 def run_payload_erase(
-    *, run: Run, actor: Any = None, reason: str = "retention", retention_days: int | None = None
+    *, run: Run, actor: Actor = None, reason: str = "retention", retention_days: int | None = None
 ) -> bool:
     """Erase a run's prompts and outputs, keeping their SHA-256 and length in the audit trail.
 

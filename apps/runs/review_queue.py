@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent, ReviewDecision, RunReview
+from apps.core.types import Viewer
 from apps.runs.models import ReviewStatus, Run, RunEvent
 
 # The queue (pending, open flags, resolved flags), why each run is there, the preview rows, the nav
@@ -40,7 +41,7 @@ def _open_flag(run_ref: Any) -> Exists:
 
 
 def review_queue(
-    user: Any, *, tab: str = "pending", team: Any = None, reason: str = "", age: str = ""
+    user: Viewer, *, tab: str = "pending", team: Any = None, reason: str = "", age: str = ""
 ) -> QuerySet[Run]:
     """Runs of one tab the user may review, filtered by team, reason and age."""
     qs = Run.objects.visible_to(user, "review").select_related("team", "created_by", "pool")
@@ -69,7 +70,7 @@ def review_queue(
     return qs
 
 
-def awaiting_review_count(user: Any) -> int:
+def awaiting_review_count(user: Viewer) -> int:
     """The nav badge: runs waiting for this user's review."""
     return review_queue(user).count() if getattr(user, "is_authenticated", False) else 0
 
@@ -150,7 +151,7 @@ def queue_items(runs: list[Run], *, content_visible: Callable[[Run], bool]) -> l
     return items
 
 
-def runs_awaiting_review(user: Any) -> QuerySet[Run]:
+def runs_awaiting_review(user: Viewer) -> QuerySet[Run]:
     """Runs the user may review that are queued (guardrail ``warn``/``require_review`` or sampled)."""
     return (
         Run.objects.visible_to(user, "review")
@@ -160,7 +161,7 @@ def runs_awaiting_review(user: Any) -> QuerySet[Run]:
     )
 
 
-def audit_events_for_run(user: Any, run: Run) -> QuerySet[AuditEvent]:
+def audit_events_for_run(user: Viewer, run: Run) -> QuerySet[AuditEvent]:
     """The run's audit trail in seq order, for its run page.
 
     Who may view the run may see its decisions (run events); configuration events stay behind

@@ -20,6 +20,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.models import ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.services import audit_run_event
+from apps.core.types import Actor
 from apps.runs.models import ReviewStatus, Run
 
 REVIEW_TEXT_MAX = 2000
@@ -39,7 +40,7 @@ def _review_errors(status: str, reason: str, comment: str) -> dict[str, list[str
 
 
 def _review_locked(
-    *, actor: Any, run: Run, status: str, reason: str, comment: str, extra: dict[str, Any] | None = None
+    *, actor: Actor, run: Run, status: str, reason: str, comment: str, extra: dict[str, Any] | None = None
 ) -> RunReview:
     """One review inside the caller's transaction: lock the run, save the review, audit it."""
 
@@ -91,11 +92,11 @@ def _review_locked(
     return review
 
 
-def _can_review_run(actor: Any, run: Run) -> bool:
+def _can_review_run(actor: Actor, run: Run) -> bool:
     return bool(Run.objects.allows(actor, "review", run))
 
 
-def _refuse_release(actor: Any, refused: ReleaseRefused, **payload: Any) -> NoReturn:
+def _refuse_release(actor: Actor, refused: ReleaseRefused, **payload: Any) -> NoReturn:
     """Audit a refused release (its own transaction: the decision's rolled back), then raise it."""
     with transaction.atomic():
         for run in refused.runs:
@@ -108,7 +109,7 @@ def _refuse_release(actor: Any, refused: ReleaseRefused, **payload: Any) -> NoRe
     raise refused
 
 
-def run_review(*, actor: Any, run: Run, status: str, reason: str = "", comment: str = "") -> RunReview:
+def run_review(*, actor: Actor, run: Run, status: str, reason: str = "", comment: str = "") -> RunReview:
     """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
 
     Sets ``Run.review_status``; approving a run whose answer a ``require_review`` guardrail held
@@ -131,7 +132,7 @@ def run_review(*, actor: Any, run: Run, status: str, reason: str = "", comment: 
 BULK_REVIEW_MAX = 100
 
 
-def run_review_bulk(*, actor: Any, runs: list[Run], note: str) -> list[RunReview]:
+def run_review_bulk(*, actor: Actor, runs: list[Run], note: str) -> list[RunReview]:
     """Sign several runs off (``approved``) with one note, all or none, in one transaction.
 
     Every run gets its own ``run.reviewed`` event (a run's export must carry its own sign-off);
@@ -179,7 +180,7 @@ def run_review_bulk(*, actor: Any, runs: list[Run], note: str) -> list[RunReview
         _refuse_release(actor, denial, bulk=len(runs))
 
 
-def run_flag_resolve(*, actor: Any, run: Run, note: str) -> RunReview:
+def run_flag_resolve(*, actor: Actor, run: Run, note: str) -> RunReview:
     """Close a run's open flags with a note (flagged → resolved), audited as ``run.flag_resolved``.
 
     The run keeps ``review_status = flagged`` (the finding stands in its history); each open flag
@@ -233,7 +234,7 @@ def run_flag_resolve(*, actor: Any, run: Run, note: str) -> RunReview:
 
 
 def review_request(
-    *, run: Run, reason: str, actor: Any = None, details: dict[str, Any] | None = None
+    *, run: Run, reason: str, actor: Actor = None, details: dict[str, Any] | None = None
 ) -> bool:
     """Queue a run for review (``review_status`` → ``pending``) unless it already has a review state.
 
