@@ -1,8 +1,9 @@
 """Ports: what audit, low in the layers, needs from the apps above it.
 
-Filled in governance's ``AppConfig.ready()`` (the visibility rule, team lookups, retention
-policies), so audit never imports it. Runs needs no port: reviews and retention are the runs
-side's own code (``apps.runs.reviews``, ``apps.runs.retention``) and write their own audit rows.
+Filled in governance's ``AppConfig.ready()`` (the visibility rule, team lookups, "reviews any
+team"), so audit never imports it; a run is read through the ``AuditedRun`` protocol. Runs needs
+no port: reviews and retention are the runs side's own code (``apps.runs.reviews``,
+``apps.runs.retention``) and write their own audit rows.
 Asking for a port nobody filled is a wiring error, reported as such.
 """
 

@@ -27,7 +27,7 @@ PAGE_SIZE = 50
 
 
 def reviews_for_run(run: AuditedRun) -> QuerySet[RunReview]:
-    return RunReview.objects.filter(run=run).select_related("reviewer").order_by("-created_at", "-id")
+    return RunReview.objects.filter(run_id=run.pk).select_related("reviewer").order_by("-created_at", "-id")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from apps.core.types import Actor, Viewer
+from apps.core.types import Actor, User
 from apps.governance import permissions as perms
 from apps.governance.models import Membership, Role, Team
 from apps.governance.selectors import can_manage_team
@@ -97,7 +97,7 @@ def _admin_count(team: Team) -> int:
     return team.memberships.filter(role=Role.ADMIN).count()
 
 
-def membership_set(*, actor: Actor, team: Team, user: Viewer, role: str) -> Membership:
+def membership_set(*, actor: Actor, team: Team, user: User, role: str) -> Membership:
     """Add ``user`` to ``team`` with ``role``, or change their role; grants follow."""
     _require_manage(actor, team)
     if role not in Role.values:
@@ -137,7 +137,7 @@ def membership_set(*, actor: Actor, team: Team, user: Viewer, role: str) -> Memb
     return membership
 
 
-def membership_remove(*, actor: Actor, team: Team, user: Viewer) -> None:
+def membership_remove(*, actor: Actor, team: Team, user: User) -> None:
     """Remove ``user`` from ``team``; the grants the membership gave are revoked."""
     _require_manage(actor, team)
     with transaction.atomic():

@@ -31,16 +31,18 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from django.db import models
 from django.db.models import Q, QuerySet
 from guardian.shortcuts import get_objects_for_user
+from typing_extensions import TypeIs
 
-from apps.core.types import Viewer
+from apps.core.types import User, Viewer
 from apps.governance.models import Team
 
 M = TypeVar("M", bound=models.Model)
 QS = TypeVar("QS", bound=QuerySet[Any])
 
 
-def is_active_user(user: Viewer) -> bool:
-    """Signed in and not deactivated: anyone else sees nothing."""
+def is_active_user(user: Viewer) -> TypeIs[User]:
+    """Signed in and not deactivated: anyone else sees nothing. (Only a ``User`` passes; callers
+    refuse on False and never use the user as anything else then.)"""
     return bool(
         user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False)
     )

@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.apps import apps as django_apps
@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from apps.core.types import Actor
+from apps.core.types import Actor, User
 from apps.engine.pool import WorkerPool
 from apps.engine.strategies import build_strategy
 from apps.governance.models import Team
@@ -87,7 +87,7 @@ def _new_version(
         frozen=router.frozen,
         state=state,
         reason=reason,
-        created_by=actor if getattr(actor, "pk", None) else None,
+        created_by=cast(User, actor) if getattr(actor, "pk", None) else None,
     )
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from apps.core.types import Actor
+from apps.core.types import Actor, stored_user
 from apps.governance.selectors import can_change_team_policy
 from apps.governance.services import grant_object_perms
 from apps.governance.visibility import is_platform_admin
@@ -148,7 +148,7 @@ def policy_save_draft(*, actor: Actor, policy: Policy, spec: dict[str, Any], not
     with transaction.atomic():
         policy = Policy.objects.select_for_update().get(pk=policy.pk)
         draft = _latest_draft(policy)
-        user = actor if getattr(actor, "is_authenticated", False) else None
+        user = stored_user(actor)
         if draft is None:
             draft = PolicyVersion.objects.create(
                 policy=policy, number=_next_number(policy), spec=clean, note=note[:300], created_by=user
@@ -186,7 +186,7 @@ def policy_publish(*, actor: Actor, version: PolicyVersion, note: str = "") -> P
             PolicyVersion.objects.filter(pk=previous.pk).update(status=PolicyVersionStatus.SUPERSEDED)
         version.status = PolicyVersionStatus.PUBLISHED
         version.published_at = timezone.now()
-        version.published_by = actor if getattr(actor, "is_authenticated", False) else None
+        version.published_by = stored_user(actor)
         if note:
             version.note = note[:300]
         version.save(update_fields=["status", "published_at", "published_by", "note"])
@@ -240,7 +240,7 @@ def policy_rollback(
         )
         number = _next_number(policy)  # before the delete: numbers are never reused
         policy.versions.filter(status=PolicyVersionStatus.DRAFT).delete()
-        user = actor if getattr(actor, "is_authenticated", False) else None
+        user = stored_user(actor)
         new = PolicyVersion.objects.create(
             policy=policy,
             number=number,

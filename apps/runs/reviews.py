@@ -20,7 +20,7 @@ from apps.audit.events import AuditEventType
 from apps.audit.models import ReviewDecision, RunReview
 from apps.audit.notify import notify_review_requested
 from apps.audit.services import audit_run_event
-from apps.core.types import Actor
+from apps.core.types import Actor, stored_user
 from apps.runs.models import ReviewStatus, Run
 
 REVIEW_TEXT_MAX = 2000
@@ -53,7 +53,7 @@ def _review_locked(
     if release:
         locked.answer_held = False
     locked.save(update_fields=["review_status", "answer_held"])
-    user = actor if getattr(actor, "is_authenticated", False) else None
+    user = stored_user(actor)
     review = RunReview.objects.create(
         run=locked,
         reviewer=user,
@@ -202,7 +202,7 @@ def run_flag_resolve(*, actor: Actor, run: Run, note: str) -> RunReview:
         )
         if not flags:
             raise ValidationError({"note": ["This run has no open flag to resolve."]})
-        user = actor if getattr(actor, "is_authenticated", False) else None
+        user = stored_user(actor)
         event = audit_run_event(
             event_type=AuditEventType.RUN_FLAG_RESOLVED,
             run=run,
