@@ -34,6 +34,7 @@ from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
 from apps.core.executor_db import in_executor
+from apps.core.types import Viewer
 from apps.core.ws_auth import resolve_user
 from apps.runs import fanout, observers, selectors, ws_access
 from apps.runs.models import Run
@@ -97,7 +98,7 @@ def _shared_checks() -> ws_access.SharedChecks:
     return checks
 
 
-def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
+def _access(user: Viewer, run_id: str) -> selectors.ViewerAccess:
     run = Run.objects.select_related("team").get(pk=run_id)
     return selectors.viewer_access(user=user, run=run)
 

@@ -24,6 +24,7 @@ from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
 from apps.api.v1.errors import ApiError, no_retry
 from apps.core.executor_db import off_loop
+from apps.runs.models import Run
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def rate_limit_headers(state: RequestState) -> dict[str, str]:
     return headers
 
 
-def run_headers(run: Any, url: str) -> dict[str, str]:
+def run_headers(run: Run, url: str) -> dict[str, str]:
     """The headers naming the run a response belongs to (also sent before a stream's body)."""
     return {"X-Conductor-Run": str(run.id), "X-Conductor-Run-Url": url}
 
@@ -134,7 +135,7 @@ def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", 
     return ApiError(status, message, code=reason, headers=no_retry(), **kw)
 
 
-def count_tokens_sync(key: ApiKey, run: Any) -> None:
+def count_tokens_sync(key: ApiKey, run: Run) -> None:
     """Charge the run's tokens to the key's per-minute token window."""
     # Accounting must never turn a finished run into an error for its client.
     try:
@@ -143,5 +144,5 @@ def count_tokens_sync(key: ApiKey, run: Any) -> None:
         logger.warning("could not count the tokens of run %s", run.id, exc_info=True)
 
 
-async def count_tokens(key: ApiKey, run: Any) -> None:
+async def count_tokens(key: ApiKey, run: Run) -> None:
     await off_loop(count_tokens_sync, key, run)

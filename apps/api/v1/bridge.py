@@ -75,7 +75,7 @@ class Started:
     key: ApiKey
     req: RunRequest
     target: Target
-    run: Any
+    run: Run
     # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS);
     # when ended, with its finished data and the provider time recorded (_answer_ended).
     ended: Any = None
@@ -197,7 +197,7 @@ def _create(
         raise refusal_error(refused) from None
 
 
-def _execute_here(run: Any) -> Any:
+def _execute_here(run: Run) -> Any:
     """Execute the accepted run on this thread; the run as it ended, or None to follow it as any
     other. Never raises: the run is accepted, so a failure here must not become "no run was
     started"."""
@@ -407,7 +407,7 @@ def load_run(run_id: Any) -> Any:
     return run
 
 
-def run_deadline(run: Any) -> float:
+def run_deadline(run: Run) -> float:
     """The ``time.monotonic()`` instant a /v1 client stops waiting for ``run``: the run's own
     deadline (``RUN_TIMEOUT_S`` after it was created) plus ``FOLLOW_GRACE_S`` for its verdict."""
     from django.utils import timezone
@@ -445,7 +445,7 @@ def _load_ended(run_id: Any) -> tuple[Any, float | None]:
     return _with_finished_data(load_run(run_id))
 
 
-def _with_finished_data(run: Any) -> tuple[Any, float | None]:
+def _with_finished_data(run: Run) -> tuple[Any, float | None]:
     if not run.is_terminal:
         return run, None
     # Read once: the final answer's extras (finish reason, tool calls) come from the same row.
@@ -480,7 +480,7 @@ def approval_wait_left(run_id: Any) -> float:
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
-async def wait_for_run(run: Any, ended: Any = None) -> Any:
+async def wait_for_run(run: Run, ended: Any = None) -> Any:
     """The run once it is terminal (or paused for an approver past the policy's wait), or as it
     is at the client's deadline. ``ended``: the run row as it came back from executing on the
     request's thread (``Started.ended``); when terminal it is answered at once."""
@@ -523,10 +523,10 @@ class RunUpdate:
 
     kind: str
     event: dict[str, Any] | None = None
-    run: Any = None
+    run: Run | None = None
 
 
-async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
+async def follow_run(run: Run) -> AsyncIterator[RunUpdate]:
     """Every persisted event of ``run`` in ``seq`` order until ``run.finished`` (or the client's
     deadline), keep-alive ticks when quiet, then the final run row."""
     last_seq = 0

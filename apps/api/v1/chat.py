@@ -31,6 +31,7 @@ from apps.api.v1.errors import (
 )
 from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
+from apps.runs.models import Run
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -371,7 +372,7 @@ class Envelope:
     conductor: dict[str, Any]
 
 
-def _usage(run: Any) -> dict[str, Any]:
+def _usage(run: Run) -> dict[str, Any]:
     """The run's totals in the standard fields (the bill); the tokens spent beyond the answer
     (planning and intermediate steps) as ``completion_tokens_details.reasoning_tokens``, as
     OpenAI reports a reasoning model's hidden work, so ``completion_tokens - reasoning_tokens``
@@ -387,7 +388,7 @@ def _usage(run: Any) -> dict[str, Any]:
     }
 
 
-def completion_body(env: Envelope, run: Any, answer: shaping.FinalAnswer) -> dict[str, Any]:
+def completion_body(env: Envelope, run: Run, answer: shaping.FinalAnswer) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls

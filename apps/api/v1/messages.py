@@ -32,6 +32,7 @@ from apps.api.v1.errors import (
 )
 from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
+from apps.runs.models import Run
 
 SHAPE = "anthropic"
 KNOWN_PARAMS = {
@@ -211,7 +212,7 @@ def parse_messages_request(raw: bytes) -> run_request.RunRequest:
 # --- answers -----------------------------------------------------------------------------------------
 
 
-def _msg_id(run: Any) -> str:
+def _msg_id(run: Run) -> str:
     return f"msg_{run.id.hex}"
 
 
@@ -229,7 +230,7 @@ def shape_answer(answer: shaping.FinalAnswer, stops: tuple[str, ...]) -> tuple[s
 
 
 def message_body(
-    run: Any,
+    run: Run,
     model: str,
     text: str,
     stop_reason: str | None,

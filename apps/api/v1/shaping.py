@@ -23,7 +23,7 @@ from django.urls import NoReverseMatch, get_script_prefix, get_urlconf, reverse
 
 from apps.api.v1.errors import ApiError, no_retry
 from apps.api.v1.targets import Target
-from apps.runs.models import PlanApproval, RunEvent
+from apps.runs.models import PlanApproval, Run, RunEvent
 from apps.runs.selectors import held_reason, run_hold_rules, withhold_event_data
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def failure_cause(exc: BaseException) -> str:
     return f"{part} failed ({type(exc).__name__})"
 
 
-def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> ApiError:
+def follow_failure_error(request: HttpRequest, run: Run, target: Target, exc: BaseException) -> ApiError:
     """The answer for a client whose wait broke after its run was created: it names the cause and
     the run (header, ``conductor`` field and message), so the client can look it up later."""
     from django.core.exceptions import ObjectDoesNotExist
@@ -123,7 +123,7 @@ def sse(payload: dict[str, Any] | str, *, event: str | None = None) -> bytes:
 SSE_KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies see a live stream
 
 
-def conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str, Any]:
+def conductor_info(request: HttpRequest, run: Run, target: Target) -> dict[str, Any]:
     """The ``conductor`` field every /v1 answer carries: the run, its graph URL and totals."""
     return {
         "run_id": str(run.id),
@@ -156,12 +156,12 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
-def usage(run: Any) -> Usage:
+def usage(run: Run) -> Usage:
     """The run's whole token usage (conductor calls and every step)."""
     return Usage(run.input_tokens, run.output_tokens)
 
 
-def answer_usage(run: Any) -> Usage:
+def answer_usage(run: Run) -> Usage:
     """The tokens of the call that wrote the answer (what ``max_tokens`` bounds), from the
     run's ``run.finished`` data as the waiter read it (``bridge._load_ended``); zero when the
     run recorded none (it ended before an answer)."""
@@ -176,7 +176,7 @@ def answer_usage(run: Any) -> Usage:
     )
 
 
-def usage_breakdown(run: Any) -> dict[str, Any]:
+def usage_breakdown(run: Run) -> dict[str, Any]:
     """The documented ``conductor`` extension of every protocol's ``usage`` (docs/api.md):
     the standard fields count the run (the bill: planning calls and every step); ``answer`` is
     the call that wrote the answer, ``orchestration`` the rest."""
@@ -206,7 +206,7 @@ class FinalAnswer:
     incomplete: dict[str, Any] | None = None
 
 
-def final_answer(run: Any) -> FinalAnswer:
+def final_answer(run: Run) -> FinalAnswer:
     """The answer of a succeeded run; the extras (finish reason, tool calls) come from its
     ``run.finished`` event. A held answer gives nothing away (see ``run_content_visible``)."""
 
@@ -267,7 +267,7 @@ def blocked_rules(run_id: Any) -> list[str]:
     return names
 
 
-def run_outcome_error(run: Any, conductor: dict[str, Any]) -> ApiError | None:
+def run_outcome_error(run: Run, conductor: dict[str, Any]) -> ApiError | None:
     """The error for a run that ended without a releasable answer, else None."""
     status = run.status
     if status == "succeeded":

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.utils.text import slugify
 
+from apps.core.types import Actor
 from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
 from apps.workers import selectors
@@ -107,7 +108,7 @@ def _require(condition: bool, message: str) -> None:
         raise PermissionDenied(message)
 
 
-def _check_team_config(actor: Any, team: Team | None, what: str) -> None:
+def _check_team_config(actor: Actor, team: Team | None, what: str) -> None:
     if actor is None:
         return
     if team is None:
@@ -171,7 +172,7 @@ def _validate_provider(errors: dict[str, list[str]], data: dict[str, Any], api_k
         errors.setdefault("api_key", []).append("A local model needs no key.")
 
 
-def _check_key_env(errors: dict[str, list[str]], actor: Any, env_name: str) -> None:
+def _check_key_env(errors: dict[str, list[str]], actor: Actor, env_name: str) -> None:
     """Naming a server environment variable as a key source is a platform decision (issue 13):
     platform administrators only, and only names the operator allowed."""
     if not env_name or "api_key_env" in errors:
@@ -187,7 +188,7 @@ def _check_key_env(errors: dict[str, list[str]], actor: Any, env_name: str) -> N
         errors.setdefault("api_key_env", []).append(refusal)
 
 
-def _check_base_url(errors: dict[str, list[str]], actor: Any, base_url: str) -> None:
+def _check_base_url(errors: dict[str, list[str]], actor: Actor, base_url: str) -> None:
     """Save-time egress check (``EGRESS_ALLOW``). The system actor (seeding, fixtures) is trusted;
     every row, however stored, is checked again at connect time."""
     if not base_url or "base_url" in errors:

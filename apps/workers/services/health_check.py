@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor
 from apps.engine.providers import ProviderError
 from apps.workers import ports, selectors
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker, worker_unavailable_reason
@@ -68,7 +68,7 @@ def _probe(worker: Worker) -> HealthResult:
     return HealthResult(HealthStatus.OK, round((time.perf_counter() - started) * 1000, 1), "Reachable")
 
 
-def worker_health_check(*, actor: Any, worker: Worker) -> HealthResult:
+def worker_health_check(*, actor: Actor, worker: Worker) -> HealthResult:
     """Send a tiny real request through the engine provider; store and audit the outcome."""
     if actor is not None:
         _require(selectors.can_test_worker(actor, worker), "You cannot test this worker.")

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor
 from apps.governance.models import Team
 from apps.governance.services import pool_grant
 from apps.workers.engine_adapter import worker_unavailable_reason
@@ -55,7 +56,7 @@ def _check_preset_conductors(errors: dict[str, list[str]], chosen: dict[str, Wor
 
 def pool_create(
     *,
-    actor: Any,
+    actor: Actor,
     team: Team | None,
     slug: str,
     name: str,
@@ -106,7 +107,7 @@ def pool_create(
 
 def pool_update(
     *,
-    actor: Any,
+    actor: Actor,
     pool: Pool,
     workers: Sequence[Worker] | None = None,
     **changes: Any,
@@ -167,14 +168,14 @@ def _set_pool_workers(pool: Pool, members: Iterable[Worker]) -> None:
         PoolWorker.objects.create(pool=pool, worker=w, position=position)
 
 
-def pool_add_worker(*, actor: Any, pool: Pool, worker: Worker) -> Pool:
+def pool_add_worker(*, actor: Actor, pool: Pool, worker: Worker) -> Pool:
     members = [e.worker for e in pool.pool_workers.select_related("worker").order_by("position")]
     if worker.pk in {w.pk for w in members}:
         raise ValidationError({"worker": [f"“{worker.display_name}” is already in this pool."]})
     return pool_update(actor=actor, pool=pool, workers=[*members, worker])
 
 
-def pool_remove_worker(*, actor: Any, pool: Pool, worker: Worker) -> Pool:
+def pool_remove_worker(*, actor: Actor, pool: Pool, worker: Worker) -> Pool:
     members = [e.worker for e in pool.pool_workers.select_related("worker").order_by("position")]
     remaining = [w for w in members if w.pk != worker.pk]
     changes: dict[str, Any] = {}
@@ -183,5 +184,5 @@ def pool_remove_worker(*, actor: Any, pool: Pool, worker: Worker) -> Pool:
     return pool_update(actor=actor, pool=pool, workers=remaining, **changes)
 
 
-def pool_disable(*, actor: Any, pool: Pool) -> Pool:
+def pool_disable(*, actor: Actor, pool: Pool) -> Pool:
     return pool_update(actor=actor, pool=pool, enabled=False)

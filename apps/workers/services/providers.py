@@ -3,13 +3,12 @@ checked against the allow-lists)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor
 from apps.governance.models import Team
 from apps.workers.models import (
     HealthStatus,
@@ -31,7 +30,7 @@ from apps.workers.services.common import (
 
 def provider_create(
     *,
-    actor: Any,
+    actor: Actor,
     slug: str,
     name: str,
     kind: str,
@@ -77,7 +76,7 @@ def provider_create(
 
 def provider_update(
     *,
-    actor: Any,
+    actor: Actor,
     provider: Provider,
     name: str | None = None,
     kind: str | None = None,

@@ -12,6 +12,7 @@ from django.utils.text import slugify
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor
 from apps.workers.models import (
     Provider,
     Worker,
@@ -78,7 +79,7 @@ def _clean_worker_fields(errors: dict[str, list[str]], f: dict[str, Any]) -> Non
 
 def worker_create(
     *,
-    actor: Any,
+    actor: Actor,
     provider: Provider,
     slug: str,
     display_name: str,
@@ -127,7 +128,7 @@ def worker_create(
     return worker
 
 
-def worker_update(*, actor: Any, worker: Worker, **changes: Any) -> Worker:
+def worker_update(*, actor: Actor, worker: Worker, **changes: Any) -> Worker:
     """Edit worker fields (any of ``WORKER_FIELDS``)."""
     _check_team_config(actor, worker.provider.team, "workers")
     unknown = set(changes) - set(WORKER_FIELDS)
@@ -160,5 +161,5 @@ def worker_update(*, actor: Any, worker: Worker, **changes: Any) -> Worker:
     return worker
 
 
-def worker_disable(*, actor: Any, worker: Worker) -> Worker:
+def worker_disable(*, actor: Actor, worker: Worker) -> Worker:
     return worker_update(actor=actor, worker=worker, enabled=False)
