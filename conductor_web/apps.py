@@ -3,7 +3,7 @@ import os
 from django.apps import AppConfig
 from django.conf import settings
 
-from conductor_web.executor_db import forget_parent_connections
+from apps.core.executor_db import forget_parent_connections
 
 
 class ConductorWebConfig(AppConfig):

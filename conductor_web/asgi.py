@@ -11,12 +11,12 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from apps.api.mcp_endpoint import app as mcp_app  # noqa: E402
-from conductor_web import daphne_requests, daphne_ws  # noqa: E402
+from apps.core import daphne_requests, daphne_ws  # noqa: E402
+from apps.core.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
+from apps.core.ws_origin import OriginCheck  # noqa: E402
 from conductor_web.background import start_server_background  # noqa: E402
 from conductor_web.handlers import ApiASGIHandler, http_application, with_api_headers  # noqa: E402
 from conductor_web.routing import websocket_urlpatterns  # noqa: E402
-from conductor_web.ws_auth import ParallelAuthMiddlewareStack  # noqa: E402
-from conductor_web.ws_origin import OriginCheck  # noqa: E402
 
 daphne_requests.install()
 daphne_ws.install()  # close frames carry their reason
@@ -27,7 +27,7 @@ application = ProtocolTypeRouter(
         # /v1 through its own all-async chain (conductor_web.handlers); the pages through Django's.
         # /mcp answers from the MCP SDK's transport, with /v1's security headers (issue 43).
         "http": http_application(django_asgi_app, ApiASGIHandler(), with_api_headers(mcp_app)),
-        # Scheme, host and port of the Origin (conductor_web.ws_origin), before any session read.
+        # Scheme, host and port of the Origin (apps.core.ws_origin), before any session read.
         "websocket": OriginCheck(ParallelAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

@@ -7,7 +7,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-from conductor_web.logging import RedactSecretsFilter, RequestIdFilter
+from apps.core.logging import RedactSecretsFilter, RequestIdFilter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
 

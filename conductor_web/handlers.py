@@ -6,12 +6,12 @@ thread made for it and a crossing to it and back per synchronous section, and Dj
 middleware adds two thread hops each in an async chain. The ``/v1`` API reads none of that state
 (an API key authenticates it, its views are CSRF-exempt and never touch a session), so
 `ApiASGIHandler` builds the same chain without the browser-only middleware, with the header
-middleware swapped for the inline variants of ``conductor_web.middleware``. Every response still
+middleware swapped for the inline variants of ``apps.core.middleware``. Every response still
 carries the security, CSP and framing headers and goes through the input limits, and a middleware an
 operator adds to MIDDLEWARE applies to ``/v1`` too unless it is named in `BROWSER_ONLY`.
 
 The request gets no per-request thread either (Django opens a ``ThreadSensitiveContext`` per
-request): its database work runs on ``conductor_web.executor_db.off_loop``'s kept threads, and the
+request): its database work runs on ``apps.core.executor_db.off_loop``'s kept threads, and the
 two small synchronous calls Django itself makes (the ``request_started`` / ``request_finished``
 receivers) go to asgiref's one shared thread (issue #15).
 """
@@ -33,8 +33,8 @@ from django.utils.module_loading import import_string
 
 from apps.api.v1.auth import new_request_id
 from apps.api.v1.middleware import PREFIX as V1_PREFIX
-from conductor_web.executor_db import served_on_loop
-from conductor_web.request_context import current_request_meta, set_request_meta
+from apps.core.executor_db import served_on_loop
+from apps.core.request_context import current_request_meta, set_request_meta
 
 logger = logging.getLogger(__name__)
 
@@ -51,16 +51,16 @@ BROWSER_ONLY = frozenset(
         "django.middleware.csrf.CsrfViewMiddleware",
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",
-        "conductor_web.middleware.LoginRequiredMiddleware",
+        "apps.core.middleware.LoginRequiredMiddleware",
         "axes.middleware.AxesMiddleware",
     }
 )
 # Header middleware whose hooks do no I/O, and their inline variants.
 INLINE = {
-    "django.middleware.security.SecurityMiddleware": "conductor_web.middleware.SecurityMiddleware",
-    "csp.middleware.CSPMiddleware": "conductor_web.middleware.CSPMiddleware",
-    "django.middleware.common.CommonMiddleware": "conductor_web.middleware.CommonMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware": "conductor_web.middleware.XFrameOptionsMiddleware",
+    "django.middleware.security.SecurityMiddleware": "apps.core.middleware.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware": "apps.core.middleware.CSPMiddleware",
+    "django.middleware.common.CommonMiddleware": "apps.core.middleware.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "apps.core.middleware.XFrameOptionsMiddleware",
 }
 
 

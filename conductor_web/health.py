@@ -21,7 +21,7 @@ from django.http import HttpRequest, JsonResponse
 
 from apps.api import ratelimit
 from apps.audit.sequencer import sequencer_lag, sequencer_role
-from apps.runs.ends import CHANNEL, run_end_listener
+from apps.runs.end_listener import CHANNEL, run_end_listener
 from apps.runs.execution import thread_executor_alive
 from conductor_web.celery import app
 
@@ -105,7 +105,7 @@ async def healthz(request: HttpRequest) -> JsonResponse:
     listener = run_end_listener()  # started here too, so a probe warms a fresh process's listener
     if listener is not None:
         # Informational: while it is not listening, plain /v1 waiters are woken by the channel
-        # layer (or their database poll) instead; nothing is lost (apps.runs.ends).
+        # layer (or their database poll) instead; nothing is lost (apps.runs.end_listener).
         parts["run_ends"] = {
             "ok": True,
             "backend": f"postgresql (LISTEN {CHANNEL})",

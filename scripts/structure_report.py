@@ -1,5 +1,7 @@
-"""Prints the structure figures issue 16 tracks: import cycles between modules, app pairs that
-import each other, function-level imports of project code, and the largest files.
+"""Prints the structure figures issues 16 and 41 track: import cycles between modules, app pairs
+that import each other, function-level imports of project code, app modules importing the project
+package (``conductor_web``), parameters typed ``Any`` (and those named for a domain object), and
+the largest files.
 
     .venv/bin/python scripts/structure_report.py [--root apps]
 
@@ -172,10 +174,36 @@ def mutual_pairs(graph: dict[str, set[str]], keep: Callable[[str], bool]) -> lis
     return sorted({tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges})
 
 
+DOMAIN_PARAMS = ("actor", "run", "user", "pool", "policy")
+
+
+def any_params(tree: ast.Module) -> list[str]:
+    """Names of the function parameters annotated plainly ``Any`` (``typing.Any`` too)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]:
+                annotation = arg.annotation if arg is not None else None
+                if annotation is not None and ast.unparse(annotation).strip("'\"") in ("Any", "typing.Any"):
+                    found.append(arg.arg)
+    return found
+
+
+def project_package_importers(modules: dict[str, ast.Module]) -> list[str]:
+    """App modules (migrations aside) that import the project package ``conductor_web``."""
+    return sorted(
+        mod
+        for mod, tree in modules.items()
+        if not mod.startswith("conductor_web")
+        and any(n.startswith("conductor_web") for _, names in _project_imports(tree) for n in names)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", default="apps")
-    parser.add_argument("--largest", type=int, default=5)
+    parser.add_argument("--largest", type=int, default=8)
     args = parser.parse_args()
     files = source_files(Path(args.root))
     modules = parse_tree(Path(args.root))
@@ -198,8 +226,19 @@ def main() -> None:
         print(f"  {a} <-> {b}")
     print(f"function-level imports of project code: {nested_total}")
     sizes = sorted(((len(p.read_text().splitlines()), str(p)) for p in files), reverse=True)
+    importers = project_package_importers(modules)
+    print(f"modules importing conductor_web: {len(importers)}")
+    for mod in importers:
+        print(f"  {mod}")
+    typed_any = [name for tree in modules.values() for name in any_params(tree)]
+    domain = [name for name in typed_any if name in DOMAIN_PARAMS]
+    print(f"parameters typed Any: {len(typed_any)}; named {'/'.join(DOMAIN_PARAMS)}: {len(domain)}")
+    for name in DOMAIN_PARAMS:
+        print(f"  {name}: {domain.count(name)}")
+    over = [(n, p) for n, p in sizes if n > 600]
+    print(f"modules over 600 lines: {len(over)}")
     print("largest files:")
-    for n, p in sizes[: args.largest]:
+    for n, p in sizes[: max(args.largest, len(over))]:
         print(f"  {n:5d} {p}")
 
 

@@ -62,7 +62,7 @@ CONTENT_COLUMNS = (
     "user_agent", "team_id", "object_type", "object_id", "object_repr", "run_id",
     "policy_version_id", "payload",
 )  # fmt: skip
-# conductor_web.csvsafe: cells starting with one of these got a leading apostrophe.
+# apps.core.csvsafe: cells starting with one of these got a leading apostrophe.
 CSV_TRIGGERS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 # --- Ed25519 verification (RFC 8032 section 5.1.7), cofactorless, canonical encodings only ----

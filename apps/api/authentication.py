@@ -18,7 +18,7 @@ from rest_framework.request import Request
 from apps.api import keyguard, ratelimit
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_authenticate
-from conductor_web.request_context import set_api_key_id
+from apps.core.request_context import set_api_key_id
 
 
 def presented_key(request: HttpRequest) -> str | None:

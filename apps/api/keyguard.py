@@ -24,8 +24,8 @@ from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_authenticate
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from conductor_web.middleware import client_ip
-from conductor_web.request_context import set_api_key_id
+from apps.core.middleware import client_ip
+from apps.core.request_context import set_api_key_id
 
 # Bounds memory under a spray from many addresses: the oldest idle entries go first.
 MAX_TRACKED_CLIENTS = 10_000

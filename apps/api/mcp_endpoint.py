@@ -26,6 +26,7 @@ from mcp_types import INTERNAL_ERROR
 
 from apps.api.models import ApiKey, ApiScope
 from apps.api.services import ApiKeyInvalid, apikey_authenticate
+from apps.core.types import Viewer
 from apps.policies.services import effective_policy
 from apps.tools import selectors
 from apps.tools.calls import tool_call
@@ -39,7 +40,7 @@ PATH = "/mcp"
 class Principal:
     key_id: int
     team: Any
-    user: Any
+    user: Viewer
 
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("mcp_principal", default=None)

@@ -17,24 +17,28 @@ from __future__ import annotations
 
 from functools import cache
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
+from django.urls import reverse
 
+from apps.api.budgets import key_windows
 from apps.api.models import ApiKey, ApiScope
 from apps.audit.models import AuditEvent
+from apps.core.compiled import CompiledRead
 from apps.governance import selectors as gov
 from apps.governance.access_version import stamp_expression
 from apps.governance.models import Membership, Role, Team
 from apps.governance.visibility import is_platform_admin
+from apps.insights.selectors import Scope
 from apps.policies.models import Policy
 from apps.runs.models import Run
+from apps.workers.grants import pools_granted_to
 from apps.workers.models import Pool
 from apps.workers.querysets import PoolQuerySet
 from apps.workers.selectors import providers_visible_to, workers_visible_to
-from apps.workers.visibility import pools_granted_to
-from conductor_web.compiled import CompiledRead
 
 ALL_SCOPES: frozenset[str] = frozenset(ApiScope.values)
 
@@ -291,3 +295,38 @@ def key_for_prefix(prefix: str) -> ApiKey | None:
         # on the key's scopes) needs no read of its own this request (issue #15).
         creator._key_team_role = (key.team_id, key.member_role)  # type: ignore[attr-defined]
     return key
+
+
+def spend_per_key(scope: Scope) -> list[dict[str, Any]]:
+    """Spend of the range per API key (runs started with a key), with the key's budget now: a
+    table of ``/insights/`` that reads keys, so it lives with them (insights sits below the API)."""
+    key_ids = list(ApiKey.objects.filter(team_id__in=scope.team_ids).values_list("pk", flat=True))
+    if not key_ids:
+        return []  # no key, no read of the runs
+    # By each key's (api_key, created_at) index: only the keyed runs of the range are read.
+    runs = Run.objects.filter(api_key_id__in=key_ids, created_at__gte=scope.start, created_at__lt=scope.end)
+    if scope.pool:
+        runs = runs.filter(pool__slug=scope.pool)
+    if scope.strategy:
+        runs = runs.filter(strategy=scope.strategy)
+    rows = list(
+        runs.values("api_key_id", "api_key__name", "api_key__prefix", "team__slug")
+        .annotate(n=Count("pk"), c=Sum("cost_usd"), ti=Sum("input_tokens"), to=Sum("output_tokens"))
+        .order_by()
+    )
+    keys = {k.pk: k for k in ApiKey.objects.filter(pk__in=[r["api_key_id"] for r in rows])}
+    windows = key_windows(list(keys.values()))
+    out = [
+        {
+            "name": r["api_key__name"],
+            "prefix": r["api_key__prefix"],
+            "team": r["team__slug"],
+            "runs": int(r["n"]),
+            "tokens": int(r["ti"] or 0) + int(r["to"] or 0),
+            "cost": float(r["c"] or 0),
+            "window": windows.get(r["api_key_id"]),
+            "link": reverse("runs:list") + "?" + urlencode({"key": r["api_key__prefix"]}),
+        }
+        for r in rows
+    ]
+    return sorted(out, key=lambda r: (-r["cost"], r["name"]))

@@ -2,7 +2,7 @@
 
 Key format: ``cw_<prefix>_<secret>`` — ``prefix`` is 10 lowercase hex characters (stored, shown in
 lists, unique), ``secret`` is 43 URL-safe characters. Only the SHA-256 of the whole key is stored;
-``conductor_web.logging`` redacts this shape from every log line.
+``apps.core.logging`` redacts this shape from every log line.
 
 Who a key acts as: its team. The key's creator (``ApiKey.created_by``) is who the key's actions are
 attributed to and whose visibility bounds it; the key is *restricted* to its team, its allowed pools
@@ -36,7 +36,7 @@ from apps.audit.services import audit_record
 from apps.governance import selectors
 from apps.governance.models import Membership, Role
 from apps.governance.visibility import is_platform_admin
-from apps.workers.visibility import pools_granted_to
+from apps.workers.grants import pools_granted_to
 
 logger = logging.getLogger(__name__)
 

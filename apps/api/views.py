@@ -16,7 +16,7 @@ from apps.api.forms import ApiKeyBudgetForm, ApiKeyCreateForm
 from apps.api.models import ApiKey
 from apps.api.services import apikey_create, apikey_revoke, apikey_set_budget
 from apps.governance import selectors as gov
-from apps.workers.visibility import pools_granted_to
+from apps.workers.grants import pools_granted_to
 
 
 def _managed_team(request: HttpRequest, slug: str) -> Any:

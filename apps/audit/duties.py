@@ -18,6 +18,9 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 
+from apps.audit.ports import AuditedRun
+from apps.core.types import Actor
+
 SEPARATION_OF_DUTIES = "separation_of_duties"
 REFUSAL = (
     "Separation of duties (rule separation_of_duties): you asked this run's question, so another "
@@ -35,12 +38,12 @@ class ReleaseRefused(PermissionDenied):
         self.runs = runs
 
 
-def asked_by(actor: Any, run: Any) -> bool:
+def asked_by(actor: Actor, run: AuditedRun) -> bool:
     pk = getattr(actor, "pk", None)
     return pk is not None and run.created_by_id is not None and run.created_by_id == pk
 
 
-def would_release_own(actor: Any, run: Any, status: str, approved: str) -> bool:
+def would_release_own(actor: Actor, run: AuditedRun, status: str, approved: str) -> bool:
     """Whether deciding ``status`` on ``run`` (as read now) releases the answer to ``actor``'s own
     question. ``approved``: the decision that releases (``ReviewDecision.APPROVED``)."""
     return status == approved and bool(run.answer_held) and asked_by(actor, run)

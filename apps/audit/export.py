@@ -11,7 +11,7 @@ record (``end``) is a note signed by the log's key: the cut, the row count, firs
 and a SHA-256 over every row's seq and leaf, so a file cut short or with a row removed no longer
 verifies. Proofs come from a ``StreamedTree`` (bounded memory); rows stream with
 ``.iterator(chunk_size=...)``; CSV cells are neutralised against formula injection
-(``conductor_web.csvsafe``), which the verifier undoes before comparing.
+(``apps.core.csvsafe``), which the verifier undoes before comparing.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from apps.audit.checkpoints import checkpoint_create, served_note, witnessed_che
 from apps.audit.logkeys import log_signer
 from apps.audit.proofs import StreamedTree
 from apps.audit.verify import ROW_FIELDS, row_content
-from conductor_web import csvsafe
+from apps.core import csvsafe
 
 CONTENT_COLUMNS = DIGEST_FIELDS
 CSV_COLUMNS = (*CONTENT_COLUMNS, "prev_digest", "digest", "canonical", "proof")

@@ -10,8 +10,8 @@ from django.db.models import QuerySet
 from django.http import HttpResponseBadRequest, QueryDict
 
 from apps.audit.models import ReviewDecision
-from apps.audit.selectors import AGE_LABELS, REASONS, TABS
-from apps.audit.services import REVIEW_TEXT_MAX
+from apps.runs.review_queue import AGE_LABELS, REASONS, TABS
+from apps.runs.reviews import REVIEW_TEXT_MAX
 
 
 class RunReviewForm(forms.Form):

@@ -22,6 +22,7 @@ from django.db.models import F, Q, QuerySet
 
 from apps.audit import ports
 from apps.audit.events import AuditEventType, AuditKind
+from apps.core.types import Viewer
 
 
 class AppendOnlyError(Exception):
@@ -37,17 +38,17 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
     object_perms: ClassVar[dict[str, tuple[str, ...]]] = {}
     extra_actions: ClassVar[frozenset[str]] = frozenset()
 
-    def visible_to(self, user: Any, action: str = "view") -> QuerySet[AuditEvent]:
+    def visible_to(self, user: Viewer, action: str = "view") -> QuerySet[AuditEvent]:
         return ports.governance().restrict(self, user, action)
 
-    def allows(self, user: Any, action: str, obj: AuditEvent | None) -> bool:
+    def allows(self, user: Viewer, action: str, obj: AuditEvent | None) -> bool:
         return ports.governance().allows(self, user, action, obj)
 
-    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q:
         return allowed
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool:
         return allowed
 
     def update(self, **kwargs: Any) -> int:

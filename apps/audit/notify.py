@@ -13,6 +13,8 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.urls import reverse
 
+from apps.audit.ports import AuditedRun
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,7 +28,7 @@ def team_reviewer_emails(team: Any) -> list[str]:
     return sorted({u.email for u in users if u.is_active and u.email})
 
 
-def notify_review_requested(*, run: Any, reason: str) -> int:
+def notify_review_requested(*, run: AuditedRun, reason: str) -> int:
     """E-mail the run's team reviewers; returns how many messages went out (0 when disabled)."""
     if not getattr(settings, "REVIEW_NOTIFY_EMAIL", False):
         return 0

@@ -37,8 +37,8 @@ from django.utils import timezone
 from apps.audit import merkle
 from apps.audit.chain import DIGEST_FIELDS, GENESIS_DIGEST, PG_DISPLAY_ROW, canonical_json, column_mac
 from apps.audit.models import AuditChainHead, AuditEvent
-from conductor_web.compiled import CompiledRead, CompiledUpdate
-from conductor_web.executor_db import keep_connection_healthy, kept_connection
+from apps.core.compiled import CompiledRead, CompiledUpdate
+from apps.core.executor_db import keep_connection_healthy, kept_connection
 
 logger = logging.getLogger(__name__)
 

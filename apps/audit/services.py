@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -19,19 +16,17 @@ from django.db.models import Field
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from apps.audit import ports
-from apps.audit.chain import content_sha256
 from apps.audit.checkpoints import checkpoint_create, served_note
-from apps.audit.duties import ReleaseRefused, would_release_own
 from apps.audit.events import AuditEventType
 from apps.audit.heads import from_note
 from apps.audit.masking import diff_values, mask_secrets
-from apps.audit.models import AuditEvent, ReviewDecision, RunReview
-from apps.audit.notify import notify_review_requested
+from apps.audit.models import AuditEvent
+from apps.audit.ports import AuditedRun
 from apps.audit.proofs import consistency_proof
 from apps.audit.sequencer import audit_flush, nudge
-from conductor_web.compiled import db_value, execute
-from conductor_web.request_context import current_request_meta
+from apps.core.compiled import db_value, execute
+from apps.core.request_context import current_request_meta
+from apps.core.types import Actor
 
 _IP_FIELD = AuditEvent._meta.get_field("ip")
 _ACTOR_FIELD: Any = AuditEvent._meta.get_field("actor")
@@ -377,8 +372,8 @@ def audit_record_standalone(**kwargs: Any) -> AuditEvent:
 def audit_run_event(
     *,
     event_type: AuditEventType,
-    run: Any,
-    actor: Any = None,
+    run: AuditedRun,
+    actor: Actor = None,
     actor_label: str = "",
     payload: dict[str, Any] | None = None,
     before: dict[str, Any] | None = None,
@@ -428,7 +423,7 @@ def event_content(event: AuditEvent) -> dict[str, Any]:
 CHECKPOINT_FORMAT = "conductor-audit-checkpoint/3"
 
 
-def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
+def audit_checkpoint(*, actor: Actor = None, since: dict[str, Any] | None = None) -> dict[str, Any]:
     """Capture the chain head (seq, digest) and the signed checkpoint (c2sp.org/tlog-checkpoint,
     with the witnesses' cosignatures) for an auditor to keep outside.
 
@@ -468,7 +463,7 @@ def audit_checkpoint(*, actor: Any = None, since: dict[str, Any] | None = None) 
     return checkpoint
 
 
-def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, Any]) -> AuditEvent:
+def audit_export_record(*, actor: Actor, export_format: str, filters: dict[str, Any]) -> AuditEvent:
     """Record that ``actor`` exported a selection; the export then covers rows before this event.
 
     Returned sequenced (the export is cut at its seq).
@@ -484,409 +479,3 @@ def audit_export_record(*, actor: Any, export_format: str, filters: dict[str, An
         )
     audit_flush()
     return AuditEvent.objects.get(pk=event.pk)
-
-
-# --- reviews ------------------------------------------------------------------------------------
-
-REVIEW_TEXT_MAX = 2000
-
-
-def _review_errors(status: str, reason: str, comment: str) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = {}
-    if status not in ReviewDecision.values:
-        errors["status"] = ["Choose approved, flagged or needs follow-up."]
-    if status == ReviewDecision.FLAGGED and not reason:
-        errors["reason"] = ["Say why you flag this run."]
-    if len(reason) > REVIEW_TEXT_MAX:
-        errors["reason"] = [f"Keep the reason under {REVIEW_TEXT_MAX} characters."]
-    if len(comment) > REVIEW_TEXT_MAX:
-        errors["comment"] = [f"Keep the comment under {REVIEW_TEXT_MAX} characters."]
-    return errors
-
-
-def _review_locked(
-    *, actor: Any, run: Any, status: str, reason: str, comment: str, extra: dict[str, Any] | None = None
-) -> Any:
-    """One review inside the caller's transaction: lock the run, save the review, audit it."""
-
-    locked = ports.runs().run.objects.select_for_update().get(pk=run.pk)
-    if would_release_own(actor, locked, status, ReviewDecision.APPROVED):
-        raise ReleaseRefused([locked])  # held since the caller looked (apps.audit.duties)
-    before = {"review_status": locked.review_status, "answer_held": locked.answer_held}
-    release = status == ReviewDecision.APPROVED and locked.answer_held
-    locked.review_status = status
-    if release:
-        locked.answer_held = False
-    locked.save(update_fields=["review_status", "answer_held"])
-    user = actor if getattr(actor, "is_authenticated", False) else None
-    review = RunReview.objects.create(
-        run=locked,
-        reviewer=user,
-        reviewer_label=user.get_username() if user else "system",
-        status=status,
-        reason=reason,
-        comment=comment,
-        released_answer=release,
-    )
-    # Review text is the reviewer's own judgement (not run content), so it is kept as evidence.
-    event = audit_run_event(
-        event_type=AuditEventType.RUN_REVIEWED,
-        run=locked,
-        actor=actor,
-        payload={
-            "review_id": review.pk,
-            "status": status,
-            "reason": reason,
-            "comment": comment,
-            **(extra or {}),
-        },
-        before=before,
-        after={"review_status": locked.review_status, "answer_held": locked.answer_held},
-    )
-    # The event is numbered after commit; the review links to it by id until then.
-    RunReview.objects.filter(pk=review.pk).update(audit_event_id=event.pk)
-    review.audit_event_id = event.pk
-    if release:
-        audit_run_event(
-            event_type=AuditEventType.RUN_RELEASED,
-            run=locked,
-            actor=actor,
-            payload={"review_id": review.pk, "answer": content_sha256(locked.answer)},
-        )
-    run.review_status, run.answer_held = locked.review_status, locked.answer_held
-    return review
-
-
-def _can_review_run(actor: Any, run: Any) -> bool:
-    return bool(ports.runs().run.objects.allows(actor, "review", run))
-
-
-def _refuse_release(actor: Any, refused: ReleaseRefused, **payload: Any) -> NoReturn:
-    """Audit a refused release (its own transaction: the decision's rolled back), then raise it."""
-    with transaction.atomic():
-        for run in refused.runs:
-            audit_run_event(
-                event_type=AuditEventType.RUN_RELEASE_REFUSED,
-                run=run,
-                actor=actor,
-                payload={"rule": refused.rule, "status": ReviewDecision.APPROVED, **payload},
-            )
-    raise refused
-
-
-def run_review(*, actor: Any, run: Any, status: str, reason: str = "", comment: str = "") -> Any:
-    """A reviewer signs a run off (``approved``), ``flagged`` (reason required) or ``needs_follow_up``.
-
-    Sets ``Run.review_status``; approving a run whose answer a ``require_review`` guardrail held
-    releases the answer (a second event, ``run.released``).
-    """
-    from django.core.exceptions import PermissionDenied, ValidationError
-
-    if not _can_review_run(actor, run):
-        raise PermissionDenied("You may not review this run: it needs the review_team_runs permission.")
-    reason, comment = (reason or "").strip(), (comment or "").strip()
-    if errors := _review_errors(status, reason, comment):
-        raise ValidationError(errors)
-    try:
-        if would_release_own(actor, run, status, ReviewDecision.APPROVED):
-            raise ReleaseRefused([run])
-        with transaction.atomic():
-            return _review_locked(actor=actor, run=run, status=status, reason=reason, comment=comment)
-    except ReleaseRefused as denial:
-        _refuse_release(actor, denial)
-
-
-BULK_REVIEW_MAX = 100
-
-
-def run_review_bulk(*, actor: Any, runs: list[Any], note: str) -> list[Any]:
-    """Sign several runs off (``approved``) with one note, all or none, in one transaction.
-
-    Every run gets its own ``run.reviewed`` event (a run's export must carry its own sign-off);
-    each names the batch size and the shared note, so the note is audited once per run it covers.
-    """
-    from django.core.exceptions import PermissionDenied, ValidationError
-
-    note = (note or "").strip()
-    if not runs:
-        raise ValidationError({"runs": ["Select at least one run."]})
-    if len(runs) > BULK_REVIEW_MAX:
-        raise ValidationError({"runs": [f"Sign off at most {BULK_REVIEW_MAX} runs at once."]})
-    if errors := _review_errors(ReviewDecision.APPROVED, "", note):
-        raise ValidationError({"note": errors["comment"]})
-    if not note:
-        raise ValidationError({"note": ["Write the note that goes with this sign-off."]})
-    refused = [str(run.pk) for run in runs if not _can_review_run(actor, run)]
-    if refused:
-        raise PermissionDenied(
-            f"You may not review {len(refused)} of these runs: it needs the review_team_runs permission."
-        )
-    try:
-        own = [
-            run
-            for run in runs
-            if would_release_own(actor, run, ReviewDecision.APPROVED, ReviewDecision.APPROVED)
-        ]
-        if own:
-            raise ReleaseRefused(
-                own,
-                f"Separation of duties (rule separation_of_duties): you asked {len(own)} of these runs' "
-                "questions, so another reviewer must release their held answers. Nothing was signed off.",
-            )
-        with transaction.atomic():
-            return [
-                _review_locked(
-                    actor=actor,
-                    run=run,
-                    status=ReviewDecision.APPROVED,
-                    reason="",
-                    comment=note,
-                    extra={"bulk": len(runs)},
-                )
-                for run in runs
-            ]
-    except ReleaseRefused as denial:
-        _refuse_release(actor, denial, bulk=len(runs))
-
-
-def run_flag_resolve(*, actor: Any, run: Any, note: str) -> Any:
-    """Close a run's open flags with a note (flagged → resolved), audited as ``run.flag_resolved``.
-
-    The run keeps ``review_status = flagged`` (the finding stands in its history); each open flag
-    review records who resolved it, when and why, so resolved flags stay findable. Returns the
-    latest of them.
-    """
-    from django.core.exceptions import PermissionDenied, ValidationError
-
-    if not _can_review_run(actor, run):
-        raise PermissionDenied("You may not resolve this flag: it needs the review_team_runs permission.")
-    note = (note or "").strip()
-    if not note:
-        raise ValidationError({"note": ["Say how the flag was resolved."]})
-    if len(note) > REVIEW_TEXT_MAX:
-        raise ValidationError({"note": [f"Keep the note under {REVIEW_TEXT_MAX} characters."]})
-    with transaction.atomic():
-        flags = list(
-            RunReview.objects.select_for_update()
-            .filter(run_id=run.pk, status=ReviewDecision.FLAGGED, resolved_at__isnull=True)
-            .order_by("-created_at", "-id")
-        )
-        if not flags:
-            raise ValidationError({"note": ["This run has no open flag to resolve."]})
-        user = actor if getattr(actor, "is_authenticated", False) else None
-        event = audit_run_event(
-            event_type=AuditEventType.RUN_FLAG_RESOLVED,
-            run=run,
-            actor=actor,
-            payload={
-                "review_ids": [f.pk for f in flags],
-                "flag_reason": flags[0].reason,
-                "note": note,
-            },
-        )
-        now = timezone.now()
-        for flag in flags:
-            flag.resolved_at = now
-            flag.resolved_by = user
-            flag.resolved_by_label = user.get_username() if user else "system"
-            flag.resolution_note = note
-            flag.resolution_audit_event_id = event.pk
-        RunReview.objects.bulk_update(
-            flags,
-            [
-                "resolved_at",
-                "resolved_by",
-                "resolved_by_label",
-                "resolution_note",
-                "resolution_audit_event_id",
-            ],
-        )
-    return flags[0]
-
-
-def review_request(
-    *, run: Any, reason: str, actor: Any = None, details: dict[str, Any] | None = None
-) -> bool:
-    """Queue a run for review (``review_status`` → ``pending``) unless it already has a review state.
-
-    ``reason`` is a short code (``sampled``, ``guardrail``...). Returns whether the run was queued.
-    """
-    runs = ports.runs()
-    with transaction.atomic():
-        queued = runs.run.objects.filter(pk=run.pk, review_status=runs.review_none).update(
-            review_status=runs.review_pending
-        )
-        if queued:
-            audit_run_event(
-                event_type=AuditEventType.RUN_REVIEW_REQUESTED,
-                run=run,
-                actor=actor,
-                payload={"reason": reason, **(details or {})},
-            )
-            transaction.on_commit(partial(notify_review_requested, run=run, reason=reason))
-    if queued:
-        run.review_status = runs.review_pending
-    return bool(queued)
-
-
-def review_sample_rate() -> float:
-    """The share of runs sampled for review at their end (``AUDIT_REVIEW_SAMPLE_RATE``); at 0 a
-    caller need not even read the run."""
-    return float(getattr(settings, "AUDIT_REVIEW_SAMPLE_RATE", 0.0) or 0.0)
-
-
-def maybe_sample_for_review(run: Any, *, rng: random.Random | None = None) -> bool:
-    """At run end: queue a random share (``AUDIT_REVIEW_SAMPLE_RATE``, 0.0 to 1.0) of runs for review."""
-    rate = review_sample_rate()
-    if rate <= 0.0 or run.review_status:
-        return False
-    draw = (rng or _SAMPLER).random()
-    if draw >= rate:
-        return False
-    return review_request(run=run, reason="sampled", details={"sample_rate": rate})
-
-
-_SAMPLER = random.SystemRandom()
-
-
-# --- retention ----------------------------------------------------------------------------------
-
-# Keys of RunEvent.data (and nested dicts) whose values are prompt/answer content.
-CONTENT_KEYS = frozenset(
-    {
-        "question",
-        "answer",
-        "output",
-        "instruction",
-        "instructions",
-        "subtasks",
-        "messages",
-        "delta",
-        "text",
-        "content",
-        "prompt",
-        "error",
-        "final",
-        "raw",
-        "reasoning",
-        "tool_calls",  # /v1 tool calls: their arguments are model output (issue 22)
-    }
-)
-
-
-def _erase_content(value: Any, *, under_content: bool = False) -> tuple[Any, int]:
-    """Blank content-bearing values; returns (new value, characters erased)."""
-    if isinstance(value, dict):
-        out, total = {}, 0
-        for key, item in value.items():
-            new, n = _erase_content(item, under_content=under_content or key in CONTENT_KEYS)
-            out[key] = new
-            total += n
-        return out, total
-    if isinstance(value, list):
-        items = [_erase_content(v, under_content=under_content) for v in value]
-        return [v for v, _ in items], sum(n for _, n in items)
-    if under_content and isinstance(value, str) and value:
-        return "", len(value)
-    return value, 0
-
-
-def _json_sha(value: Any) -> dict[str, Any]:
-    return content_sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, default=str) if value else "")
-
-
-def run_payload_erase(
-    *, run: Any, actor: Any = None, reason: str = "retention", retention_days: int | None = None
-) -> bool:
-    """Erase a run's prompts and outputs, keeping their SHA-256 and length in the audit trail.
-
-    Idempotent (a run already erased is left alone; returns False). The chain is untouched:
-    audit payloads never held the text.
-    """
-    runs = ports.runs()
-    Step, RunCall, RunEvent = runs.step, runs.run_call, runs.run_event
-    with transaction.atomic():
-        locked = runs.run.objects.select_for_update().filter(pk=run.pk).first()
-        if locked is None or locked.payload_erased_at is not None:
-            return False
-        now = timezone.now()
-        erased_run = {
-            "question": content_sha256(locked.question),
-            "answer": content_sha256(locked.answer),
-            "error": content_sha256(locked.error),
-            "replay_messages": _json_sha(locked.replay_messages),
-        }
-        steps = []
-        for step in Step.objects.filter(run=locked).order_by("index"):
-            steps.append(
-                {
-                    "index": step.index,
-                    "instruction": content_sha256(step.instruction),
-                    "output": content_sha256(step.output),
-                    "messages": _json_sha(step.messages),
-                    "error": content_sha256(step.error),
-                }
-            )
-        Step.objects.filter(run=locked).update(instruction="", output="", messages=[], error="")
-        RunCall.objects.filter(run=locked).delete()  # a resume journal's output goes too
-        changed_events, event_chars = [], 0
-        for ev in RunEvent.objects.filter(run=locked).only("pk", "data"):
-            data, n = _erase_content(ev.data)
-            if n:
-                ev.data = data
-                changed_events.append(ev)
-                event_chars += n
-        RunEvent.objects.bulk_update(changed_events, ["data"], batch_size=500)
-        locked.question = locked.answer = locked.error = ""
-        locked.replay_messages = None
-        # A /v1 run's stored conversation and tools are content too (issue 22).
-        locked.api_request, _ = _erase_content(locked.api_request, under_content=False)
-        locked.payload_erased_at = now
-        locked.save(
-            update_fields=[
-                "question",
-                "answer",
-                "error",
-                "replay_messages",
-                "api_request",
-                "payload_erased_at",
-            ]
-        )
-        audit_run_event(
-            event_type=AuditEventType.RUN_PAYLOAD_ERASED,
-            run=locked,
-            actor=actor,
-            actor_label="" if actor else "retention",
-            payload={
-                "reason": reason,
-                "retention_days": retention_days,
-                "erased_at": now.isoformat(),
-                "run_created_at": locked.created_at.isoformat(),
-                "run": erased_run,
-                "steps": steps,
-                "events": {"changed": len(changed_events), "chars": event_chars},
-            },
-        )
-    run.payload_erased_at = now
-    return True
-
-
-def audit_retention_sweep(*, now: datetime | None = None, limit: int | None = None) -> int:
-    """Erase run content older than each team's ``retention_days``. Returns how many runs."""
-    runs = ports.runs()
-    now = now or timezone.now()
-    erased = 0
-    for team_id, retention_days in ports.governance().retention_policies():
-        cutoff = now - timedelta(days=retention_days)
-        due = runs.run.objects.filter(
-            team_id=team_id,
-            created_at__lt=cutoff,
-            payload_erased_at__isnull=True,
-            status__in=runs.terminal_statuses,
-        ).order_by("created_at")
-        for run in due.only("pk", "team_id", "payload_erased_at").iterator(chunk_size=200):
-            if limit is not None and erased >= limit:
-                return erased
-            if run_payload_erase(run=run, retention_days=retention_days):
-                erased += 1
-    return erased

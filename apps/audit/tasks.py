@@ -5,16 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from apps.audit.checkpoints import checkpoint_publish
-from apps.audit.services import audit_retention_sweep as sweep
 from apps.audit.services import hmac_key
 from apps.audit.verify import verify_and_record
-
-
-@shared_task(name="apps.audit.tasks.audit_retention_sweep", ignore_result=True)
-def audit_retention_sweep() -> int:
-    """Idempotent: each run is erased once (``payload_erased_at`` is the claim)."""
-
-    return sweep()
 
 
 @shared_task(name="apps.audit.tasks.audit_verify", ignore_result=True)

@@ -11,7 +11,7 @@ urlpatterns = [
     path("evidence.zip", views.evidence_pack, name="evidence_pack"),
     path("verify/", views.verify_now, name="verify"),
     # The log itself (c2sp.org/tlog-tiles serves <prefix>/checkpoint): public keys for anyone,
-    # the checkpoint for reviewers and audit:read keys (conductor_web.middleware lets /audit/log/
+    # the checkpoint for reviewers and audit:read keys (apps.core.middleware lets /audit/log/
     # through without a session; these views answer for themselves).
     path("log/keys", views.log_keys, name="log_keys"),
     path("log/checkpoint", LogCheckpoint.as_view(), name="log_checkpoint"),

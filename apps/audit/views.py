@@ -36,14 +36,17 @@ from apps.audit.forms import (
 )
 from apps.audit.logkeys import log_verifiers
 from apps.audit.models import AuditEvent
-from apps.audit.selectors import TABS
+from apps.audit.ports import AuditedRun
 from apps.audit.verify import verify_and_record
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.governance.visibility import is_platform_admin
 from apps.policies.models import PolicyVersion
+from apps.runs import review_queue as desk
+from apps.runs import reviews as run_reviews
 from apps.runs.approvals import approvals_to_decide, tool_hold_view
 from apps.runs.models import Run
+from apps.runs.review_queue import TABS
 from apps.runs.selectors import run_content_visible
 
 
@@ -190,19 +193,19 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     form = ReviewQueueFilterForm(request.GET or None, teams=teams)
     filters = form.cleaned_data if form.is_valid() else {}
     tab = filters.get("tab") or "pending"
-    qs = selectors.review_queue(
+    qs = desk.review_queue(
         request.user,
         tab=tab,
         team=filters.get("team"),
         reason=filters.get("reason") or "",
         age=filters.get("age") or "",
     )
-    runs = list(qs[: selectors.QUEUE_PAGE])
+    runs = list(qs[: desk.QUEUE_PAGE])
     approvals = list(approvals_to_decide(request.user))
     for a in approvals:
         # A held tool call shows its tool and (to who may see the run's content) its arguments.
         a.tool_view = tool_hold_view(a, content_visible=run_content_visible(user=request.user, run=a.run))
-    answers_waiting = selectors.awaiting_review_count(request.user)
+    answers_waiting = desk.awaiting_review_count(request.user)
     params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
     return render(
         request,
@@ -211,10 +214,10 @@ def review_queue(request: HttpRequest) -> HttpResponse:
             "form": form,
             "tab": tab,
             "tabs": [(key, label, urlencode({**params, "tab": key})) for key, label in TABS.items()],
-            "items": selectors.queue_items(
+            "items": desk.queue_items(
                 runs, content_visible=lambda run: run_content_visible(user=request.user, run=run)
             ),
-            "total": qs.count() if len(runs) == selectors.QUEUE_PAGE else len(runs),
+            "total": qs.count() if len(runs) == desk.QUEUE_PAGE else len(runs),
             "shown": len(runs),
             "here": request.get_full_path(),
             "has_filters": bool(params),
@@ -248,7 +251,7 @@ def review_bulk(request: HttpRequest) -> HttpResponse:
     if len(runs) != len(set(ids)):
         raise Http404("A selected run does not exist or is not visible to you.")
     try:
-        reviews = services.run_review_bulk(actor=request.user, runs=runs, note=form.cleaned_data["note"])
+        reviews = run_reviews.run_review_bulk(actor=request.user, runs=runs, note=form.cleaned_data["note"])
     except ValidationError as exc:
         _flash_errors(request, exc.message_dict)
         return redirect(target)
@@ -271,7 +274,7 @@ def flag_resolve(request: HttpRequest, run_id: Any) -> HttpResponse:
         _flash_errors(request, form.errors)
         return redirect(target)
     try:
-        services.run_flag_resolve(actor=request.user, run=run, note=form.cleaned_data["note"])
+        run_reviews.run_flag_resolve(actor=request.user, run=run, note=form.cleaned_data["note"])
     except ValidationError as exc:
         _flash_errors(request, exc.message_dict)
         return redirect(target)
@@ -302,7 +305,9 @@ def run_export(request: HttpRequest, run_id: Any) -> HttpResponse | StreamingHtt
     return response
 
 
-def review_panel_context(request: HttpRequest, run: Any, form: RunReviewForm | None = None) -> dict[str, Any]:
+def review_panel_context(
+    request: HttpRequest, run: AuditedRun, form: RunReviewForm | None = None
+) -> dict[str, Any]:
     """Context for ``audit/_review_panel.html`` (the run page includes the partial)."""
     return {
         "run": run,
@@ -322,7 +327,7 @@ def run_review(request: HttpRequest, run_id: Any) -> HttpResponse:
     form = RunReviewForm(request.POST)
     if form.is_valid():
         try:
-            review = services.run_review(
+            review = run_reviews.run_review(
                 actor=request.user,
                 run=run,
                 status=form.cleaned_data["status"],
@@ -349,7 +354,7 @@ def _safe_next(request: HttpRequest) -> str:
     return ""
 
 
-def _next_url(request: HttpRequest, run: Any) -> str:
+def _next_url(request: HttpRequest, run: AuditedRun) -> str:
     return _safe_next(request) or reverse("runs:detail", args=[run.pk])
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from django import forms
 
+from apps.core.types import Viewer
 from apps.experiments.datasets import MAX_FILE_BYTES, DatasetInvalid, ParsedItem, parse_jsonl
 from apps.experiments.models import Dataset, EvaluatorKind
 from apps.experiments.selectors import datasets_visible_to
@@ -24,7 +25,7 @@ class DatasetUploadForm(forms.Form):
         '{"messages": [{"role": "user", "content": "…"}], …}. At most 2,000 lines and 5 MB.'
     )
 
-    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Viewer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["team"].queryset = gov.teams_runnable_by(user).order_by("slug")  # type: ignore[attr-defined]
         self.items: list[ParsedItem] = []
@@ -72,7 +73,7 @@ class ExperimentForm(forms.Form):
     )
     seed = forms.IntegerField(initial=0, min_value=0, max_value=2**31 - 1)
 
-    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Viewer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = datasets_visible_to(user)  # type: ignore[attr-defined]
         pools = Pool.objects.visible_to(user, "use").filter(enabled=True).order_by("slug")

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from apps.core.types import Viewer
 from apps.experiments.models import Dataset, DatasetItem, Experiment, ExperimentRun
 from apps.governance import selectors as gov
 from apps.runs.models import strategy_name
@@ -16,14 +17,14 @@ QUESTION_PREVIEW_CHARS = 160
 MAX_DISAGREEMENTS = 200
 
 
-def experiments_visible_to(user: Any) -> QuerySet[Experiment]:
+def experiments_visible_to(user: Viewer) -> QuerySet[Experiment]:
     """Experiments of the teams the user may run on (members who may run; never reviewers only)."""
     return Experiment.objects.filter(team__in=gov.teams_runnable_by(user)).select_related(
         "team", "dataset", "pool", "created_by"
     )
 
 
-def datasets_visible_to(user: Any) -> QuerySet[Dataset]:
+def datasets_visible_to(user: Viewer) -> QuerySet[Dataset]:
     return Dataset.objects.filter(team__in=gov.teams_runnable_by(user)).select_related("team")
 
 

@@ -41,8 +41,8 @@ from apps.runs.integration import policy_in_force
 from apps.runs.models import Run, RunSource
 from apps.runs.services import RunRefused, run_cancel, run_create
 from apps.workers.engine_adapter import preset_conductor_of
+from apps.workers.grants import pools_granted_to
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, Pool
-from apps.workers.visibility import pools_granted_to
 
 logger = logging.getLogger(__name__)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from apps.core.types import Viewer
 from apps.experiments import selectors, services
 from apps.experiments.forms import DatasetUploadForm, ExperimentForm
 from apps.experiments.models import Experiment
@@ -20,7 +19,7 @@ from apps.policies.models import PolicyVersion
 from apps.runs.selectors import run_content_visible
 
 
-def _experiment_for(user: Any, pk: int) -> Experiment:
+def _experiment_for(user: Viewer, pk: int) -> Experiment:
     experiment = get_object_or_404(Experiment.objects.select_related("team", "dataset", "pool"), pk=pk)
     if not gov.can_view_team(user, experiment.team):
         raise Http404("No such experiment.")  # other teams' experiments are not revealed

@@ -53,7 +53,7 @@ class Outcome:
     note: str = ""
 
 
-def reference_of(run: Any) -> str | None:
+def reference_of(run: Run) -> str | None:
     record = run.api_request if isinstance(run.api_request, dict) else {}
     metadata = record.get("metadata") if isinstance(record.get("metadata"), dict) else {}
     ref = metadata.get("reference") if metadata else None
@@ -104,7 +104,7 @@ def judge_prompt(question: str, answer: str, rubric: str, reference: str | None)
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]
 
 
-def evaluate_judge(run: Any, config: dict[str, Any], reference: str | None) -> Outcome:
+def evaluate_judge(run: Run, config: dict[str, Any], reference: str | None) -> Outcome:
     """Ask a worker of the run's pool (``config["worker"]`` or the pool's default) to score."""
     return judge_score(
         team=run.team,
@@ -157,7 +157,7 @@ def judge_score(
     return Outcome(score)
 
 
-def evaluate(evaluator: Evaluator, run: Any) -> Outcome:
+def evaluate(evaluator: Evaluator, run: Run) -> Outcome:
     reference = reference_of(run)
     config = evaluator.config if isinstance(evaluator.config, dict) else {}
     if evaluator.kind == EvaluatorKind.JSON_SCHEMA:

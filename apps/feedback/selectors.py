@@ -8,9 +8,10 @@ from django.db.models import QuerySet
 
 from apps.feedback.models import Evaluator, Feedback, Metric
 from apps.feedback.services import ensure_default_metrics
+from apps.runs.models import Run
 
 
-def feedback_of_run(run: Any) -> QuerySet[Feedback]:
+def feedback_of_run(run: Run) -> QuerySet[Feedback]:
     return Feedback.objects.filter(run_id=run.pk).select_related("metric", "author", "api_key")
 
 

@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
 from apps.api.rest.base import ApiView
+from apps.core.types import Viewer
 from apps.feedback import selectors, services
 from apps.feedback.forms import EvaluatorForm, MetricForm
 from apps.feedback.models import COMMENT_MAX, Feedback, FeedbackSource
@@ -123,7 +124,7 @@ class RunFeedback(ApiView):
 # --- team settings page (metrics, evaluators) --------------------------------------------------------
 
 
-def _team_for_config(user: Any, slug: str) -> Team:
+def _team_for_config(user: Viewer, slug: str) -> Team:
     team = get_object_or_404(Team, slug=slug)
     if not gov.can_view_team(user, team):
         raise Http404("No such team.")  # other teams' existence is not revealed

@@ -29,6 +29,7 @@ from django.db import models
 from guardian.models import GroupObjectPermission, UserObjectPermission
 from guardian.shortcuts import assign_perm, remove_perm
 
+from apps.core.types import User
 from apps.governance.models import Membership, Role, Team
 
 # Team-level permissions held by the group (all members, whatever their role).
@@ -102,7 +103,7 @@ def team_scope(team: Team) -> list[models.Model]:
     return objs
 
 
-def _current_user_perms(user: Any, obj: models.Model, managed: frozenset[str]) -> set[str]:
+def _current_user_perms(user: User, obj: models.Model, managed: frozenset[str]) -> set[str]:
     ct = ContentType.objects.get_for_model(obj)
     return set(
         UserObjectPermission.objects.filter(
@@ -111,7 +112,7 @@ def _current_user_perms(user: Any, obj: models.Model, managed: frozenset[str]) -
     )
 
 
-def sync_user(user: Any, objects: Iterable[models.Model]) -> list[dict[str, Any]]:
+def sync_user(user: User, objects: Iterable[models.Model]) -> list[dict[str, Any]]:
     """Make the user's managed grants on ``objects`` match their memberships. Returns the changes."""
     wanted: dict[ObjKey, set[str]] = {}
     for membership in Membership.objects.filter(user=user).select_related("team", "team__group"):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from apps.audit import ports
+from apps.core.types import Viewer
 from apps.governance.models import Team
 from apps.governance.selectors import teams_reviewable_by
 from apps.governance.visibility import allows, restrict
@@ -14,14 +13,8 @@ def team_id_for_slug(slug: str) -> int | None:
     return Team.objects.filter(slug=slug).values_list("pk", flat=True).first()
 
 
-def reviews_any_team(user: Any) -> bool:
+def reviews_any_team(user: Viewer) -> bool:
     return teams_reviewable_by(user).exists()
-
-
-def retention_policies() -> list[tuple[int, int]]:
-    """(team id, days) for every team that erases run content after ``retention_days``."""
-    rows = Team.objects.filter(retention_days__isnull=False).order_by("pk")
-    return [(pk, days or 0) for pk, days in rows.values_list("pk", "retention_days")]
 
 
 def install() -> None:
@@ -32,6 +25,5 @@ def install() -> None:
             allows=allows,
             team_id_for_slug=team_id_for_slug,
             reviews_any_team=reviews_any_team,
-            retention_policies=retention_policies,
         )
     )

@@ -17,6 +17,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, User
 from apps.governance import permissions as perms
 from apps.governance.models import Membership, Role, Team
 from apps.governance.selectors import can_manage_team
@@ -25,16 +26,16 @@ from apps.governance.visibility import is_platform_admin
 GROUP_PREFIX = "team:"
 
 
-def _is_system_or_superuser(actor: Any) -> bool:
+def _is_system_or_superuser(actor: Actor) -> bool:
     return actor is None or is_platform_admin(actor)
 
 
-def _require_manage(actor: Any, team: Team) -> None:
+def _require_manage(actor: Actor, team: Team) -> None:
     if actor is not None and not can_manage_team(actor, team):
         raise PermissionDenied("You are not an admin of this team.")
 
 
-def team_create(*, actor: Any, slug: str, name: str, retention_days: int | None = None) -> Team:
+def team_create(*, actor: Actor, slug: str, name: str, retention_days: int | None = None) -> Team:
     """Create a team and its backing group. Only platform superusers (or the system) may."""
     if not _is_system_or_superuser(actor):
         raise PermissionDenied("Only platform administrators can create teams.")
@@ -66,7 +67,7 @@ def team_create(*, actor: Any, slug: str, name: str, retention_days: int | None 
 
 
 def team_update(
-    *, actor: Any, team: Team, name: str | None = None, retention_days: int | object | None = ...
+    *, actor: Actor, team: Team, name: str | None = None, retention_days: int | object | None = ...
 ) -> Team:
     """Rename a team or change its retention. Team admins and superusers."""
     _require_manage(actor, team)
@@ -96,7 +97,7 @@ def _admin_count(team: Team) -> int:
     return team.memberships.filter(role=Role.ADMIN).count()
 
 
-def membership_set(*, actor: Any, team: Team, user: Any, role: str) -> Membership:
+def membership_set(*, actor: Actor, team: Team, user: User, role: str) -> Membership:
     """Add ``user`` to ``team`` with ``role``, or change their role; grants follow."""
     _require_manage(actor, team)
     if role not in Role.values:
@@ -136,7 +137,7 @@ def membership_set(*, actor: Any, team: Team, user: Any, role: str) -> Membershi
     return membership
 
 
-def membership_remove(*, actor: Any, team: Team, user: Any) -> None:
+def membership_remove(*, actor: Actor, team: Team, user: User) -> None:
     """Remove ``user`` from ``team``; the grants the membership gave are revoked."""
     _require_manage(actor, team)
     with transaction.atomic():
@@ -163,7 +164,7 @@ def membership_remove(*, actor: Any, team: Team, user: Any) -> None:
         )
 
 
-def _require_pool_grant_rights(actor: Any, pool: Any, team: Team) -> None:
+def _require_pool_grant_rights(actor: Actor, pool: Any, team: Team) -> None:
     """Superusers grant any pool; a team admin may grant a pool their team owns to another team."""
     if _is_system_or_superuser(actor):
         return
@@ -172,7 +173,7 @@ def _require_pool_grant_rights(actor: Any, pool: Any, team: Team) -> None:
         raise PermissionDenied("Only the pool's owning team admins or platform administrators can share it.")
 
 
-def pool_grant(*, actor: Any, pool: Any, team: Team) -> None:
+def pool_grant(*, actor: Actor, pool: Any, team: Team) -> None:
     """Let ``team`` use ``pool``: its group may see it, its runners may use it."""
     _require_pool_grant_rights(actor, pool, team)
     with transaction.atomic():
@@ -191,7 +192,7 @@ def pool_grant(*, actor: Any, pool: Any, team: Team) -> None:
         )
 
 
-def pool_revoke(*, actor: Any, pool: Any, team: Team) -> None:
+def pool_revoke(*, actor: Actor, pool: Any, team: Team) -> None:
     """Take ``pool`` away from ``team``; if it was the team's default pool, the team has none."""
     _require_pool_grant_rights(actor, pool, team)
     with transaction.atomic():
@@ -218,7 +219,7 @@ def pool_revoke(*, actor: Any, pool: Any, team: Team) -> None:
         )
 
 
-def team_set_default_pool(*, actor: Any, team: Team, pool: Any | None) -> Team:
+def team_set_default_pool(*, actor: Actor, team: Team, pool: Any | None) -> Team:
     """Choose the pool a team's runs use when none is named. It must be granted to the team."""
     _require_manage(actor, team)
     if pool is not None and not perms.group_has(team.group, "workers.view_pool", pool):
@@ -238,7 +239,7 @@ def team_set_default_pool(*, actor: Any, team: Team, pool: Any | None) -> Team:
     return team
 
 
-def grant_object_perms(*, team: Team, obj: Any, actor: Any = None) -> list[dict[str, Any]]:
+def grant_object_perms(*, team: Team, obj: Any, actor: Actor = None) -> list[dict[str, Any]]:
     """Grant a new team-owned object's permissions, audited, in the caller's transaction.
 
     Every member of ``team`` may read ``obj`` (the group's ``view_<model>``); the configuring roles

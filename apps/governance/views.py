@@ -26,7 +26,7 @@ from apps.governance.forms import (
 from apps.governance.models import Membership, Role, Team
 from apps.governance.visibility import is_platform_admin
 from apps.workers.engine_adapter import pool_unavailable_reason
-from apps.workers.visibility import pools_granted_to
+from apps.workers.grants import pools_granted_to
 
 
 def _visible_team(request: HttpRequest, slug: str) -> Team:

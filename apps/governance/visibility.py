@@ -31,33 +31,36 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from django.db import models
 from django.db.models import Q, QuerySet
 from guardian.shortcuts import get_objects_for_user
+from typing_extensions import TypeIs
 
+from apps.core.types import User, Viewer
 from apps.governance.models import Team
 
 M = TypeVar("M", bound=models.Model)
 QS = TypeVar("QS", bound=QuerySet[Any])
 
 
-def is_active_user(user: Any) -> bool:
-    """Signed in and not deactivated: anyone else sees nothing."""
+def is_active_user(user: Viewer) -> TypeIs[User]:
+    """Signed in and not deactivated: anyone else sees nothing. (Only a ``User`` passes; callers
+    refuse on False and never use the user as anything else then.)"""
     return bool(
         user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False)
     )
 
 
-def is_platform_admin(user: Any) -> bool:
+def is_platform_admin(user: Viewer) -> bool:
     """The one superuser check: an active superuser sees and may do everything."""
     return is_active_user(user) and bool(getattr(user, "is_superuser", False))
 
 
-def teams_with(user: Any, *perms: str) -> QuerySet[Team]:
+def teams_with(user: Viewer, *perms: str) -> QuerySet[Team]:
     """Teams on which the user holds any of ``perms`` (team-level object permissions)."""
     if not is_active_user(user) or not perms:
         return Team.objects.none()
     return get_objects_for_user(user, list(perms), klass=Team, any_perm=True, accept_global_perms=False)
 
 
-def has_object_perm(user: Any, perm: str, obj: Any) -> bool:
+def has_object_perm(user: Viewer, perm: str, obj: Any) -> bool:
     """An object permission held on ``obj`` (platform administrators hold all)."""
     if not is_active_user(user) or obj is None:
         return False
@@ -75,10 +78,10 @@ class VisibilityRule(Protocol):
     object_perms: ClassVar[Mapping[str, tuple[str, ...]]]
     extra_actions: ClassVar[frozenset[str]]
 
-    def rule(self, user: Any, action: str, allowed: Q) -> Q: ...
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q: ...
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool: ...
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool: ...
 
 
 def actions_of(rule: Any) -> frozenset[str]:
@@ -92,7 +95,7 @@ def _check_action(rule: Any, action: str) -> None:
         raise ValueError(f"{name} has no visibility action {action!r}")
 
 
-def restrict(qs: QS, user: Any, action: str = "view") -> QS:
+def restrict(qs: QS, user: Viewer, action: str = "view") -> QS:
     """The rows of ``qs`` the user may ``action``, by the rule its queryset class declares."""
     _check_action(qs, action)
     if not is_active_user(user):
@@ -134,7 +137,7 @@ def _team_of(obj: Any, path: str) -> Any:
     return obj
 
 
-def allows(rule: Any, user: Any, action: str, obj: Any) -> bool:
+def allows(rule: Any, user: Viewer, action: str, obj: Any) -> bool:
     """May the user ``action`` this one object? The same rule as :func:`restrict`, without a query
     for the common cases (guardian caches a user's permissions per object)."""
     _check_action(rule, action)
@@ -163,17 +166,17 @@ class TeamScopedQuerySet(QuerySet[M]):
     # Evaluate the user's team ids before the row query (see restrict) instead of a subquery.
     team_ids_first: ClassVar[bool] = False
 
-    def visible_to(self, user: Any, action: str = "view") -> Self:
+    def visible_to(self, user: Viewer, action: str = "view") -> Self:
         return restrict(self, user, action)
 
-    def allows(self, user: Any, action: str, obj: M | None) -> bool:
+    def allows(self, user: Viewer, action: str, obj: M | None) -> bool:
         return allows(self, user, action, obj)
 
-    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q:
         """Hook: widen or narrow the rows the permissions allow (model-specific rules)."""
         return allowed
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool:
         """Hook: the same as :meth:`rule`, for one object."""
         return allowed

@@ -16,12 +16,12 @@ from typing import Any
 
 from django.db.models import Max
 
+from apps.core.compiled import CompiledRead
 from apps.insights import reviews
 from apps.insights.models import RUN_ROW, GuardrailRollup, HistogramRollup, Rollup
 from apps.insights.upsert import Bumps
 from apps.runs.models import Run
 from apps.runs.observers import RunEventView
-from conductor_web.compiled import CompiledRead
 
 # Upper bounds in ms; the last bucket catches everything slower.
 LATENCY_BUCKETS_MS = (
@@ -84,7 +84,7 @@ def on_batch(views: Sequence[RunEventView]) -> None:
 
 
 _RUN_END_COLUMNS = ("review_status", "answer_held", "created_at", "depth")
-# Read once per run end: compiled once per process (conductor_web.compiled, issue #15).
+# Read once per run end: compiled once per process (apps.core.compiled, issue #15).
 _RUN_END_READ = CompiledRead(
     lambda vendor, run_id: (
         Run.objects.filter(pk=run_id)

@@ -14,8 +14,6 @@ from urllib.parse import urlencode
 from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 
-from apps.api.budgets import key_windows
-from apps.api.models import ApiKey
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.insights.models import (
@@ -30,7 +28,7 @@ from apps.insights.models import (
     Rollup,
 )
 from apps.policies.services import effective_policy
-from apps.runs.models import Run, strategy_name
+from apps.runs.models import strategy_name
 from apps.workers.models import Pool, Worker
 
 
@@ -576,40 +574,6 @@ def spend_per_model(scope: Scope) -> list[dict[str, Any]]:
     return out
 
 
-def spend_per_key(scope: Scope) -> list[dict[str, Any]]:
-    """Spend of the range per API key (runs started with a key), with the key's budget now."""
-    key_ids = list(ApiKey.objects.filter(team_id__in=scope.team_ids).values_list("pk", flat=True))
-    if not key_ids:
-        return []  # no key, no read of the runs
-    # By each key's (api_key, created_at) index: only the keyed runs of the range are read.
-    runs = Run.objects.filter(api_key_id__in=key_ids, created_at__gte=scope.start, created_at__lt=scope.end)
-    if scope.pool:
-        runs = runs.filter(pool__slug=scope.pool)
-    if scope.strategy:
-        runs = runs.filter(strategy=scope.strategy)
-    rows = list(
-        runs.values("api_key_id", "api_key__name", "api_key__prefix", "team__slug")
-        .annotate(n=Count("pk"), c=Sum("cost_usd"), ti=Sum("input_tokens"), to=Sum("output_tokens"))
-        .order_by()
-    )
-    keys = {k.pk: k for k in ApiKey.objects.filter(pk__in=[r["api_key_id"] for r in rows])}
-    windows = key_windows(list(keys.values()))
-    out = [
-        {
-            "name": r["api_key__name"],
-            "prefix": r["api_key__prefix"],
-            "team": r["team__slug"],
-            "runs": int(r["n"]),
-            "tokens": int(r["ti"] or 0) + int(r["to"] or 0),
-            "cost": _f(r["c"]),
-            "window": windows.get(r["api_key_id"]),
-            "link": reverse("runs:list") + "?" + urlencode({"key": r["api_key__prefix"]}),
-        }
-        for r in rows
-    ]
-    return sorted(out, key=lambda r: (-r["cost"], r["name"]))
-
-
 def insights(*, user: Any, scope: Scope) -> dict[str, Any]:
     plans, shape = plan_chart(scope)
     reviews, review_summary = review_chart(user, scope)
@@ -628,6 +592,5 @@ def insights(*, user: Any, scope: Scope) -> dict[str, Any]:
         "reviews": review_summary,
         "strategies": strategy_table(user, scope, run_lat),
         "per_model": spend_per_model(scope),
-        "per_key": spend_per_key(scope),
         "totals": {"runs": int(totals["runs"] or 0), "cost": _f(totals["cost"])},
     }

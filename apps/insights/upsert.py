@@ -18,8 +18,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model, UniqueConstraint
 
+from apps.core.compiled import db_value, execute
 from apps.insights.models import DAY, HOUR
-from conductor_web.compiled import db_value, execute
 
 Key = tuple[tuple[str, Any], ...]
 

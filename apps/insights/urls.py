@@ -1,7 +1,6 @@
 from django.urls import path
 
-from apps.insights import views
-from conductor_web import metrics
+from apps.insights import metrics, views
 
 app_name = "insights"
 

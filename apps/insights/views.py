@@ -8,6 +8,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from apps.api import selectors as api_selectors
 from apps.insights import selectors
 from apps.insights.forms import InsightFilterForm
 from apps.tools.selectors import tool_call_counts
@@ -28,6 +29,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     filters = form.cleaned_data if form.is_bound and valid else {}
     scope = selectors.scope_for(user=request.user, start=start, end=end, filters=filters)
     data = selectors.insights(user=request.user, scope=scope)
+    data["per_key"] = api_selectors.spend_per_key(scope)  # keys are the API's (a layer above)
     return render(
         request,
         "insights/dashboard.html",

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from apps.engine.health import CIRCUIT_OPEN, unavailable
+from apps.engine.pool import WorkerPool
 from apps.engine.providers.pricing import price_call
 from apps.engine.strategies import PRESETS
 from apps.engine.types import Usage, WorkerInfo
@@ -49,7 +49,7 @@ def _sum(costs: Sequence[Decimal | None]) -> Decimal | None:
 def candidate_arms(
     *,
     question: str,
-    pool: Any,
+    pool: WorkerPool,
     constraints: Constraints,
     classification: str = "",
     max_steps: int | None = None,

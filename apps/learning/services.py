@@ -13,7 +13,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.apps import apps as django_apps
@@ -24,6 +24,8 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, User
+from apps.engine.pool import WorkerPool
 from apps.engine.strategies import build_strategy
 from apps.governance.models import Team
 from apps.learning.arms import candidate_arms
@@ -75,7 +77,7 @@ def _state(router: Router) -> bytes | None:
 
 
 def _new_version(
-    router: Router, *, reason: str, actor: Any = None, state: bytes | None, parent: Router
+    router: Router, *, reason: str, actor: Actor = None, state: bytes | None, parent: Router
 ) -> Router:
     top = Router.objects.filter(team_id=router.team_id).aggregate(m=Max("version"))["m"] or 0
     return Router.objects.create(
@@ -85,7 +87,7 @@ def _new_version(
         frozen=router.frozen,
         state=state,
         reason=reason,
-        created_by=actor if getattr(actor, "pk", None) else None,
+        created_by=cast(User, actor) if getattr(actor, "pk", None) else None,
     )
 
 
@@ -120,7 +122,7 @@ def route(
     run_id: UUID,
     team_id: int,
     question: str,
-    pool: Any,
+    pool: WorkerPool,
     effective: EffectivePolicy,
     classification: str = "",
 ) -> Decision:
@@ -223,7 +225,7 @@ def learned_strategy(
     run_id: UUID,
     team_id: int,
     question: str,
-    pool: Any,
+    pool: WorkerPool,
     effective: EffectivePolicy,
     classification: str = "",
 ) -> Any:
@@ -369,7 +371,7 @@ def learn_offline(
     examples: Iterable[OfflineExample],
     *,
     team_id: int,
-    actor: Any = None,
+    actor: Actor = None,
     cost_scale_usd: float | None = None,
     latency_scale_ms: float | None = None,
 ) -> int:
@@ -423,14 +425,14 @@ def _tried(team_id: int, tags: Sequence[str]) -> dict[str, int]:
 # --- lifecycle ---------------------------------------------------------------------------------
 
 
-def router_snapshot(*, actor: Any, team: Team) -> Router:
+def router_snapshot(*, actor: Actor, team: Team) -> Router:
     """Seal the live router as a version and continue learning in a new one."""
     with transaction.atomic():
         router = live_router(team.pk, lock=True)
         return _seal(router, actor=actor, team=team, reason="snapshot", updates=router.updates)
 
 
-def _seal(router: Router, *, actor: Any, team: Team, reason: str, **payload: Any) -> Router:
+def _seal(router: Router, *, actor: Actor, team: Team, reason: str, **payload: Any) -> Router:
     """Inside the caller's transaction: the live router becomes a version, audited."""
     new = _new_version(router, reason=reason, actor=actor, state=_state(router), parent=router)
     audit_record(
@@ -444,7 +446,7 @@ def _seal(router: Router, *, actor: Any, team: Team, reason: str, **payload: Any
     return new
 
 
-def router_freeze(*, actor: Any, team: Team, frozen: bool = True) -> Router:
+def router_freeze(*, actor: Actor, team: Team, frozen: bool = True) -> Router:
     """Freeze (no learning, no exploration: decisions are greedy) or unfreeze the live router."""
     with transaction.atomic():
         router = live_router(team.pk, lock=True)
@@ -464,7 +466,7 @@ def router_freeze(*, actor: Any, team: Team, frozen: bool = True) -> Router:
     return router
 
 
-def router_rollback(*, actor: Any, team: Team, version: int) -> Router:
+def router_rollback(*, actor: Actor, team: Team, version: int) -> Router:
     """Make a copy of ``version`` the live router (history is kept: a new version row)."""
     with transaction.atomic():
         router = live_router(team.pk, lock=True)
@@ -483,7 +485,7 @@ def router_rollback(*, actor: Any, team: Team, version: int) -> Router:
     return new
 
 
-def router_reset(*, actor: Any, team: Team) -> Router:
+def router_reset(*, actor: Actor, team: Team) -> Router:
     """Start over: a new live version that knows nothing (earlier versions stay restorable)."""
     with transaction.atomic():
         router = live_router(team.pk, lock=True)

@@ -1,6 +1,6 @@
 """Forms for the policy editor and the test box. The spec itself is validated by
 `apps.policies.spec` (field-path errors); this layer only checks the JSON syntax and the input
-limits (size, nesting depth, NUL/unpaired surrogates: `conductor_web.input_limits`)."""
+limits (size, nesting depth, NUL/unpaired surrogates: `apps.core.input_limits`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from conductor_web.input_limits import InputRefused, safe_json_loads
+from apps.core.input_limits import InputRefused, safe_json_loads
 
 
 class SpecField(forms.CharField):

@@ -29,6 +29,7 @@ from django.db import transaction
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor
 from apps.engine.events import CheckStatus
 from apps.engine.hooks import CheckResult, OutboundField, OutboundVerdict
 from apps.engine.providers.gate import OutboundGate
@@ -186,7 +187,7 @@ def _per_field(findings: list[Finding], pieces: list[Piece]) -> dict[str, list[F
 
 
 # A chat sent to a conductor model is one question whose turns are labelled by role
-# (apps.api.v1.requests.question_from_turns): its turns are read apart like messages.
+# (apps.api.v1.run_request.question_from_turns): its turns are read apart like messages.
 TURN = re.compile(r"\n\n(?:System|User|Assistant|Tool): ")
 
 
@@ -214,7 +215,7 @@ def audit_outbound(
     blocked: bool,
     team: Any = None,
     run_id: Any = None,
-    actor: Any = None,
+    actor: Actor = None,
 ) -> None:
     """Audit what the gate did to a provider call made outside a run (a run's own calls are
     audited by its sink). Names the purpose, the fields and the rules; never the content."""
@@ -227,7 +228,7 @@ def audit_outbound(
 
 
 def _audit_outbound(
-    *, purpose: str, checks: Sequence[CheckResult], blocked: bool, team: Any, run_id: Any, actor: Any
+    *, purpose: str, checks: Sequence[CheckResult], blocked: bool, team: Any, run_id: Any, actor: Actor
 ) -> None:
     audit_record(
         event_type=AuditEventType.OUTBOUND_CHECKED,

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from django.db.models import Q
 
+from apps.core.types import Viewer
 from apps.governance.visibility import TeamScopedQuerySet
 
 
@@ -19,13 +20,13 @@ class PolicyQuerySet(TeamScopedQuerySet[Any]):
 
     # The platform default (team null) is readable by every signed-in user and changed or
     # published by platform administrators only (they never reach these hooks).
-    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q:
         if action == "view":
             return allowed | Q(team__isnull=True)
         return allowed & Q(team__isnull=False)
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool:
         if obj.team_id is None:
             return action == "view"
         return allowed

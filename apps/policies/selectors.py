@@ -7,6 +7,8 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from apps.core.lru import Lru
+from apps.core.types import Viewer
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
@@ -15,7 +17,6 @@ from apps.policies import ports
 from apps.policies.models import Policy, PolicyVersion, PolicyVersionStatus
 from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
-from conductor_web.lru import Lru
 
 
 def platform_policy() -> Policy | None:
@@ -44,7 +45,7 @@ class PolicyRow:
     can_change: bool
 
 
-def policy_rows_for(user: Any) -> list[PolicyRow]:
+def policy_rows_for(user: Viewer) -> list[PolicyRow]:
     """The platform default plus one row per team the user can see (with or without a policy yet)."""
 
     rows = [

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, stored_user
 from apps.governance.selectors import can_change_team_policy
 from apps.governance.services import grant_object_perms
 from apps.governance.visibility import is_platform_admin
@@ -87,19 +88,19 @@ def _require(ok: bool, message: str) -> None:
         raise PermissionDenied(message)
 
 
-def _can_change(actor: Any, policy: Policy) -> bool:
+def _can_change(actor: Actor, policy: Policy) -> bool:
     if actor is None:
         return True
     return Policy.objects.allows(actor, "change", policy)
 
 
-def _can_publish(actor: Any, policy: Policy) -> bool:
+def _can_publish(actor: Actor, policy: Policy) -> bool:
     if actor is None:
         return True
     return Policy.objects.allows(actor, "publish", policy)
 
 
-def policy_get_or_create(*, actor: Any, team: Any | None, name: str = "") -> Policy:
+def policy_get_or_create(*, actor: Actor, team: Any | None, name: str = "") -> Policy:
     """The team's policy row (or the platform default for team=None), created on first use."""
     existing = (
         Policy.objects.filter(team=team).first()
@@ -139,7 +140,7 @@ def _next_number(policy: Policy) -> int:
     return (last or 0) + 1
 
 
-def policy_save_draft(*, actor: Any, policy: Policy, spec: dict[str, Any], note: str = "") -> PolicyVersion:
+def policy_save_draft(*, actor: Actor, policy: Policy, spec: dict[str, Any], note: str = "") -> PolicyVersion:
     """Validate `spec` and store it as the policy's draft (raises `SpecError` listing field errors)."""
     _require(_can_change(actor, policy), "You may not change this policy.")
     parsed = parse_spec(spec)
@@ -147,7 +148,7 @@ def policy_save_draft(*, actor: Any, policy: Policy, spec: dict[str, Any], note:
     with transaction.atomic():
         policy = Policy.objects.select_for_update().get(pk=policy.pk)
         draft = _latest_draft(policy)
-        user = actor if getattr(actor, "is_authenticated", False) else None
+        user = stored_user(actor)
         if draft is None:
             draft = PolicyVersion.objects.create(
                 policy=policy, number=_next_number(policy), spec=clean, note=note[:300], created_by=user
@@ -170,7 +171,7 @@ def policy_save_draft(*, actor: Any, policy: Policy, spec: dict[str, Any], note:
     return draft
 
 
-def policy_publish(*, actor: Any, version: PolicyVersion, note: str = "") -> PolicyVersion:
+def policy_publish(*, actor: Actor, version: PolicyVersion, note: str = "") -> PolicyVersion:
     """Make a draft the policy's current version. Audited with the diff from the previous one."""
     policy = version.policy
     _require(_can_publish(actor, policy), "You may not publish this policy.")
@@ -185,7 +186,7 @@ def policy_publish(*, actor: Any, version: PolicyVersion, note: str = "") -> Pol
             PolicyVersion.objects.filter(pk=previous.pk).update(status=PolicyVersionStatus.SUPERSEDED)
         version.status = PolicyVersionStatus.PUBLISHED
         version.published_at = timezone.now()
-        version.published_by = actor if getattr(actor, "is_authenticated", False) else None
+        version.published_by = stored_user(actor)
         if note:
             version.note = note[:300]
         version.save(update_fields=["status", "published_at", "published_by", "note"])
@@ -208,7 +209,7 @@ def policy_publish(*, actor: Any, version: PolicyVersion, note: str = "") -> Pol
 
 
 def policy_save(
-    *, actor: Any, team: Any | None, spec: dict[str, Any], note: str = "", publish: bool = False
+    *, actor: Actor, team: Any | None, spec: dict[str, Any], note: str = "", publish: bool = False
 ) -> PolicyVersion:
     """The editor's save: the policy (created on first use), its draft and — with ``publish`` —
     the draft put in force, all in ONE transaction (issue #16): a failure anywhere (an invalid
@@ -222,7 +223,7 @@ def policy_save(
 
 
 def policy_rollback(
-    *, actor: Any, policy: Policy, to_version: PolicyVersion, note: str = ""
+    *, actor: Actor, policy: Policy, to_version: PolicyVersion, note: str = ""
 ) -> PolicyVersion:
     """Publish an old version's spec again, as a new version (history stays append-only)."""
     _require(_can_publish(actor, policy), "You may not publish this policy.")
@@ -239,7 +240,7 @@ def policy_rollback(
         )
         number = _next_number(policy)  # before the delete: numbers are never reused
         policy.versions.filter(status=PolicyVersionStatus.DRAFT).delete()
-        user = actor if getattr(actor, "is_authenticated", False) else None
+        user = stored_user(actor)
         new = PolicyVersion.objects.create(
             policy=policy,
             number=number,

@@ -18,6 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from apps.core.types import Viewer
 from apps.engine.types import WorkerInfo
 from apps.governance import selectors as gov
 from apps.governance.models import Team
@@ -55,7 +56,7 @@ from apps.runs.models import Run
 from apps.runs.selectors import run_content_visible  # the one content rule for held answers
 
 
-def _team_or_404(user: Any, slug: str) -> Team:
+def _team_or_404(user: Viewer, slug: str) -> Team:
     team = get_object_or_404(Team, slug=slug)
     if not gov.can_view_team(user, team):
         raise Http404("No such team.")  # do not reveal other teams' existence
@@ -131,13 +132,13 @@ def _draft_inert(draft: PolicyVersion | None) -> list[dict[str, str]]:
         return []
 
 
-def _can_view_policy_of(user: Any, team: Team | None, policy: Policy | None) -> bool:
+def _can_view_policy_of(user: Viewer, team: Team | None, policy: Policy | None) -> bool:
     if policy is not None:
         return Policy.objects.allows(user, "view", policy)
     return True if team is None else gov.can_view_team(user, team)
 
 
-def _can_edit(user: Any, team: Team | None, policy: Policy | None) -> tuple[bool, bool]:
+def _can_edit(user: Viewer, team: Team | None, policy: Policy | None) -> tuple[bool, bool]:
     """(may save drafts, may publish)."""
     if policy is not None:
         return Policy.objects.allows(user, "change", policy), Policy.objects.allows(user, "publish", policy)
@@ -343,7 +344,7 @@ REPLAY_MAX_RUNS = 200
 _TERMINAL = ("succeeded", "failed", "blocked", "cancelled", "timed_out")  # runs.models.TERMINAL_RUN_STATUSES
 
 
-def recorded_runs(*, user: Any, team: Any, limit: int) -> list[Any]:
+def recorded_runs(*, user: Viewer, team: Any, limit: int) -> list[Any]:
     """The team's last ``limit`` finished runs that ``user`` may view, as replay inputs.
 
     Here rather than in selectors: it reads the runs app, which sits above policies (pages may

@@ -14,12 +14,10 @@ class RunsConfig(AppConfig):
         from apps.runs.approvals import install_approval_hooks
         from apps.runs.models import Run
         from apps.runs.policy_ports import install_policy_ports
-        from apps.runs.ports import install_audit_port
         from apps.runs.search import ensure_search_index
         from apps.runs.sink import on_run_saved
         from apps.runs.ws_access import on_logged_out
 
-        install_audit_port()
         install_policy_ports()  # run history and workers for policies (below runs)
         install_approval_hooks()  # held plans: the sink pauses them, the sweep expires them
         # The engine keeps its provider-call threads: one must not keep a connection it opened,

@@ -23,23 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
-from apps.runs import fanout, selectors, ws_access
+from apps.core.executor_db import in_executor
+from apps.core.types import Viewer
+from apps.core.ws_auth import resolve_user
+from apps.runs import fanout, observers, selectors, ws_access
 from apps.runs.models import Run
 from apps.runs.sink import ACCESS_STAMP, group_name, register_server_loop
-from conductor_web.executor_db import in_executor
-from conductor_web.metrics import websocket_viewer
-from conductor_web.ws_auth import resolve_user
 
 T = TypeVar("T")
 
@@ -50,7 +49,7 @@ CLOSE_LAYER_LOST = 1011  # the browser reconnects with ?after=<seq> (or polls th
 async def _db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """The ORM off the event loop AND off daphne's one thread-sensitive worker thread, which every
     sync HTTP view and middleware shares: a burst of handshakes reads in parallel threads instead
-    of queueing there past daphne's websocket connect timeout (conductor_web.executor_db)."""
+    of queueing there past daphne's websocket connect timeout (apps.core.executor_db)."""
     try:
         return await in_executor(fn, *args, **kwargs)
     except Run.DoesNotExist:
@@ -99,7 +98,7 @@ def _shared_checks() -> ws_access.SharedChecks:
     return checks
 
 
-def _access(user: Any, run_id: str) -> selectors.ViewerAccess:
+def _access(user: Viewer, run_id: str) -> selectors.ViewerAccess:
     run = Run.objects.select_related("team").get(pk=run_id)
     return selectors.viewer_access(user=user, run=run)
 
@@ -137,7 +136,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self._leave()  # also when a handler raised or the task was cancelled
             if self.counted:
                 self.counted = False
-                websocket_viewer(-1)
+                observers.viewers_changed(-1)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # AsyncConsumer.dispatch without its ``aclose_old_connections()`` before every message:
@@ -145,16 +144,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         # a run's viewers on one thread (100 viewers: p99 ~170 ms on an idle box). This consumer
         # touches the database only through ``_db`` (executor threads that check their own
         # connection before each call), never on the thread-sensitive one.
-        handler = getattr(self, get_handler_name(message), None)
+        handler = HANDLERS.get(message["type"])
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        await handler(self, message)
 
     async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
         await super().accept(subprotocol, headers)
         if not self.counted:
             self.counted = True
-            websocket_viewer(+1)
+            observers.viewers_changed(+1)
 
     @property
     def run_id(self) -> str:
@@ -364,3 +363,19 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self._leave()
+
+
+# Every message the consumer takes, by type, named rather than found by ``getattr`` on the type
+# (issue 41: a sender's type greps to its handler): the websocket protocol's three and the
+# channel-layer messages of the sink, the fan-out and a logout.
+Handler = Callable[[RunConsumer, dict[str, Any]], Awaitable[None]]
+HANDLERS: dict[str, Handler] = {
+    "websocket.connect": RunConsumer.websocket_connect,
+    "websocket.receive": RunConsumer.websocket_receive,
+    "websocket.disconnect": RunConsumer.websocket_disconnect,
+    "run.event": RunConsumer.run_event,  # apps.runs.sink.publish_batch, one event
+    "run.events": RunConsumer.run_events,  # apps.runs.sink.publish_batch, a batch
+    "run.reviewed": RunConsumer.run_reviewed,  # apps.runs.sink.publish_review
+    ws_access.SESSION_ENDED: RunConsumer.session_ended,
+    fanout.LAYER_LOST: RunConsumer.run_layer_lost,
+}

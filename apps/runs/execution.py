@@ -50,6 +50,8 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.compiled import CompiledDelete, CompiledGet, CompiledUpdate
+from apps.core.request_context import set_request_id
 from apps.engine.events import EventType
 from apps.engine.runner import run_request
 from apps.engine.strategies import build_strategy
@@ -65,8 +67,6 @@ from apps.runs.sink import RunSink, publish
 from apps.runs.sweeper import run_job, start_sweeper
 from apps.tools.loop import RunToolPort
 from apps.workers.engine_adapter import use_preset_conductor
-from conductor_web.compiled import CompiledDelete, CompiledGet, CompiledUpdate
-from conductor_web.request_context import set_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def give_back(run_id: UUID | str, reason: str) -> None:
 
 
 # The claimed run with what execution needs, read once per run by whoever executes it (a Celery
-# worker, a pool thread): compiled once per process (conductor_web.compiled, issue #15).
+# worker, a pool thread): compiled once per process (apps.core.compiled, issue #15).
 _RUN_TO_EXECUTE = CompiledGet(
     lambda vendor, run_id: (
         Run.objects.select_related("team", "pool", "worker")

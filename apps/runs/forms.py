@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django import forms
 
+from apps.core.types import Viewer
 from apps.governance import selectors as gov
 from apps.runs.models import STRATEGY_NAMES, RunStatus, Strategy
 from apps.runs.search import MAX_QUERY_CHARS, run_ref_range
@@ -70,7 +71,7 @@ class PlaygroundForm(forms.Form):
         widget=forms.Select(attrs={"data-testid": "compare-select"}),
     )
 
-    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Viewer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         pools = Pool.objects.visible_to(user, "use").filter(enabled=True).order_by("slug")
         cast("forms.ModelChoiceField[Pool]", self.fields["pool"]).queryset = pools

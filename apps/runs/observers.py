@@ -97,6 +97,25 @@ def notify_after_commit(view: RunEventView) -> None:
             logger.exception("run observer %s failed on %s", name, view.type)
 
 
+# How many run pages watch live (insights' Prometheus gauge): the consumer reports each accepted
+# and ended websocket here, and insights registers the counter at app ready.
+ViewerGauge = Callable[[int], None]
+_viewer_gauges: dict[str, ViewerGauge] = {}
+
+
+def register_viewer_gauge(name: str, gauge: ViewerGauge) -> None:
+    _viewer_gauges[name] = gauge
+
+
+def viewers_changed(delta: int) -> None:
+    """A run page's websocket was accepted (+1) or ended (-1)."""
+    for name, gauge in list(_viewer_gauges.items()):
+        try:
+            gauge(delta)
+        except Exception:  # a gauge must never cost a viewer its socket
+            logger.exception("viewer gauge %s failed", name)
+
+
 class PlanHold(Protocol):
     """Pauses a run whose plan waits for an approver (inside the sink's transaction)."""
 

@@ -23,6 +23,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import BooleanField, Q, QuerySet
 from django.db.models.expressions import Expression, RawSQL
 
+from apps.core.types import Viewer
 from apps.runs.models import Run, RunStatus
 
 MAX_QUERY_CHARS = 200
@@ -120,13 +121,13 @@ def _matching(column: str, terms: list[str]) -> Q:
     return q
 
 
-def answer_visible_q(user: Any) -> Q:
+def answer_visible_q(user: Viewer) -> Q:
     """Runs whose answer ``user`` may see (see the module doc): the strict side of the rule."""
     released = Q(status=RunStatus.SUCCEEDED, answer_held=False)
     return released | Q(pk__in=Run.objects.visible_to(user, "review").values("pk"))
 
 
-def text_search(qs: QuerySet[Any], *, user: Any, text: str) -> QuerySet[Any]:
+def text_search(qs: QuerySet[Any], *, user: Viewer, text: str) -> QuerySet[Any]:
     """``qs`` narrowed to runs whose question, or answer the user may see, holds every word of
     ``text``; a run id (full or short) in ``text`` matches that run too."""
     text = text.strip()

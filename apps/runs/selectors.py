@@ -13,6 +13,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from apps.audit.models import AuditEvent
+from apps.core.types import Viewer
 from apps.policies.guardrails.stream import policy_buffered_reason
 from apps.runs import integration, search
 from apps.runs.models import ApprovalDecision, PlanApproval, Run, RunEvent, RunStatus, Step
@@ -31,7 +32,7 @@ def _start_of(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
 
 
-def run_get_visible(*, user: Any, run_id: UUID | str) -> Run | None:
+def run_get_visible(*, user: Viewer, run_id: UUID | str) -> Run | None:
     """``run_id``: the full id, or a short one (the 8 characters the pages show) that names
     exactly one run the user may view."""
     qs = Run.objects.visible_to(user, "view").select_related("team", "pool", "created_by", "worker")
@@ -62,7 +63,7 @@ def by_model(qs: QuerySet[Run], model: str) -> QuerySet[Run]:
 
 def run_list(
     *,
-    user: Any,
+    user: Viewer,
     team: str | None = None,
     created_by: str | None = None,
     status: str | None = None,
@@ -125,7 +126,7 @@ def run_list(
 
 
 def run_snapshot(
-    *, user: Any, run_id: UUID | str | None = None, run: Run | None = None
+    *, user: Viewer, run_id: UUID | str | None = None, run: Run | None = None
 ) -> tuple[dict[str, Any], ViewerAccess]:
     """What a websocket viewer starts from, and what that viewer may see of it.
 
@@ -201,7 +202,7 @@ def run_decisions(run: Run) -> list[RunEvent]:
     return list(RunEvent.objects.filter(run=run, type__in=DECISION_TYPES[:3]).order_by("seq"))
 
 
-def run_audit_events(*, user: Any, run: Run) -> QuerySet[Any]:
+def run_audit_events(*, user: Viewer, run: Run) -> QuerySet[Any]:
     return AuditEvent.objects.visible_to(user, "view").filter(run_id=run.id).order_by("seq")
 
 
@@ -362,7 +363,7 @@ def _withheld(run: Run, holdable: bool) -> bool:
     return run.answer_held or (run.status != RunStatus.SUCCEEDED and holdable)
 
 
-def viewer_access(*, user: Any, run: Run, started: Any = _NOT_READ) -> ViewerAccess:
+def viewer_access(*, user: Viewer, run: Run, started: Any = _NOT_READ) -> ViewerAccess:
     """``reviewer`` is asked (object permissions: the handshake's costliest queries) only when it
     can matter: content withheld now, or a queued run whose policy decides at ``run.started``.
     ``started``: see ``run_may_be_held``."""
@@ -381,7 +382,7 @@ def viewer_access(*, user: Any, run: Run, started: Any = _NOT_READ) -> ViewerAcc
     )
 
 
-def run_content_visible(*, user: Any, run: Run) -> bool:
+def run_content_visible(*, user: Viewer, run: Run) -> bool:
     """THE rule every surface applies: may ``user`` (who may view ``run``) see its model output
     — step outputs, deltas, worker messages, the answer? No while the answer is held or may
     still be held, unless the user may review the run."""

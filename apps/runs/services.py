@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core import compiled
 from apps.governance import selectors as gov
 from apps.runs import integration
 from apps.runs.endings import terminal_event
@@ -23,7 +24,6 @@ from apps.runs.models import Preset, Run, RunDispatch, RunSource, RunStatus, Str
 from apps.runs.sink import publish
 from apps.tools.models import ToolApproval
 from apps.workers.models import Pool
-from conductor_web import compiled
 
 MAX_QUESTION_CHARS = 32_000
 

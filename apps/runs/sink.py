@@ -28,23 +28,18 @@ from django.db import IntegrityError, connection, transaction
 
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
-from apps.audit.services import (
-    audit_batch,
-    audit_record,
-    maybe_sample_for_review,
-    review_request,
-    review_sample_rate,
-)
+from apps.audit.services import audit_batch, audit_record
+from apps.core.compiled import CompiledInsert, execute, update_where
+from apps.core.executor_db import keep_connection_healthy
 from apps.engine.events import Event, EventType
 from apps.governance.access_version import TABLE as ACCESS_TABLE
 from apps.governance.models import Team
 from apps.runs import live, observers
 from apps.runs.journal import forget as forget_calls
 from apps.runs.models import Run, RunEvent, RunStatus, Step
+from apps.runs.reviews import maybe_sample_for_review, review_request, review_sample_rate
 from apps.runs.selectors import team_may_hold
 from apps.workers.models import Worker
-from conductor_web.compiled import CompiledInsert, execute, update_where
-from conductor_web.executor_db import keep_connection_healthy
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +108,7 @@ def _store_counters(
     ]
     if owner is not None:
         params += [owner, attempt]
-    # Bound on the server, prepared once per connection (conductor_web.compiled.execute): one of
+    # Bound on the server, prepared once per connection (apps.core.compiled.execute): one of
     # these per batch was a tenth of the sink's database time bound in Python (issue #15).
     changed, rows = execute(
         connection, _counters_sql(connection.vendor, owner is not None), params, fetch=True
@@ -208,7 +203,7 @@ def publish_review(run_id: UUID | str) -> None:
 
 
 def on_run_saved(sender: Any, instance: Run, update_fields: Any = None, **kwargs: Any) -> None:
-    """post_save of Run: a review decision (``apps.audit.services.run_review`` saves
+    """post_save of Run: a review decision (``apps.runs.reviews.run_review`` saves
     ``review_status``/``answer_held``) reaches the live viewers after commit."""
     if update_fields and "answer_held" in update_fields:
         run_id = instance.pk

@@ -20,9 +20,10 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from apps.audit.tasks import audit_retention_sweep, audit_verify
+from apps.audit.tasks import audit_verify
 from apps.runs.endings import run_finish_externally
 from apps.runs.models import Run, RunStatus
+from apps.runs.retention import retention_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def start_sweeper() -> None:
 
     jobs: list[tuple[str, float, Any]] = [
         ("run sweep", float(settings.RUN_SWEEP_INTERVAL_S), sweep_stale_runs),
-        ("audit retention", float(settings.AUDIT_RETENTION_INTERVAL_S), audit_retention_sweep),
+        ("audit retention", float(settings.AUDIT_RETENTION_INTERVAL_S), retention_sweep),
         ("audit verify", float(settings.AUDIT_VERIFY_INTERVAL_S), audit_verify),
     ]
 

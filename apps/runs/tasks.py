@@ -12,7 +12,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import worker_ready
 
-from apps.runs import execution, sweeper
+from apps.runs import execution, retention, sweeper
 
 
 # Named by execution, which sends it by that name (it cannot import this module: tasks sits above).
@@ -32,6 +32,12 @@ def run_execute(self: Any, run_id: str) -> str | None:
 @shared_task(name="apps.runs.tasks.sweep_stale_runs", ignore_result=True)
 def sweep_stale_runs() -> int:
     return sweeper.sweep_stale_runs()
+
+
+@shared_task(name="apps.runs.tasks.retention_sweep", ignore_result=True)
+def retention_sweep() -> int:
+    """Idempotent: each run is erased once (``payload_erased_at`` is the claim)."""
+    return retention.retention_sweep()
 
 
 @shared_task(name="apps.runs.tasks.reap_runs", ignore_result=True)

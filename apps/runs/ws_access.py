@@ -49,6 +49,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils.crypto import salted_hmac
 
+from apps.core.types import Viewer
 from apps.governance.access_version import stamp_expression
 from apps.runs import selectors
 from apps.runs.models import Run
@@ -88,7 +89,7 @@ def session_group(key: str) -> str:
     return SESSION_GROUP_PREFIX + digest[:48]
 
 
-def on_logged_out(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+def on_logged_out(sender: Any, request: Any = None, user: Viewer = None, **kwargs: Any) -> None:
     """``user_logged_out`` (sent before the session is flushed): close this session's sockets."""
     key = getattr(getattr(request, "session", None), "session_key", None)
     if isinstance(key, str) and key:
@@ -106,7 +107,7 @@ def read_run(
     return run, run._access_stamp  # type: ignore[attr-defined]
 
 
-def current_user(scope: dict[str, Any], user: Any) -> Any | None:
+def current_user(scope: dict[str, Any], user: Viewer) -> Any | None:
     """``user`` as its session names it now, freshly read; None when that session ended (logged
     out, expired, deleted, its auth hash no longer matching after a password change) or the user
     can no longer sign in (deactivated). Without a session (a test scope), the user row decides."""
@@ -131,7 +132,7 @@ def current_user(scope: dict[str, Any], user: Any) -> Any | None:
 class Verdict:
     close: tuple[int, str] | None = None  # code and reason when the socket must close
     stamp: int | None = None
-    user: Any = None
+    user: Viewer = None
     access: selectors.ViewerAccess | None = None
 
 
@@ -159,7 +160,7 @@ class SharedChecks:
             raise
 
 
-def recheck(scope: dict[str, Any], run_id: UUID | str, user: Any) -> Verdict:
+def recheck(scope: dict[str, Any], run_id: UUID | str, user: Viewer) -> Verdict:
     """Sync (an executor job): may the socket's viewer still follow the run, and see what?"""
     try:
         run, stamp = read_run(run_id, related=("team",))  # what the two rules below read

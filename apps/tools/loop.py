@@ -11,6 +11,7 @@ from uuid import UUID
 
 from django.db import connection
 
+from apps.core.types import Actor
 from apps.engine.tools_loop import ToolRun, ToolSpec
 from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy
@@ -61,7 +62,7 @@ def step_tool_runner(
     granted: Sequence[str],
     run_id: UUID | None = None,
     step_index: int | None = None,
-    actor: Any = None,
+    actor: Actor = None,
     effective: EffectivePolicy | None = None,
     journal: ToolJournal | None = None,
     digest: Callable[[int | None, str, Any], str] | None = None,

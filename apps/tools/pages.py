@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from apps.core.types import Viewer
 from apps.tools import selectors
 from apps.tools.models import VersionStatus
 from apps.tools.services import can_manage_server
 
 
-def tool_rows(team: Any, user: Any) -> list[dict[str, Any]]:
+def tool_rows(team: Any, user: Viewer) -> list[dict[str, Any]]:
     rows = []
     for server in selectors.servers_for_team(team):
         tools = []

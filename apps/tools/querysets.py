@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from django.db.models import Q
 
+from apps.core.types import Viewer
 from apps.governance.visibility import TeamScopedQuerySet
 
 
@@ -15,9 +16,9 @@ class ToolServerQuerySet(TeamScopedQuerySet[Any]):
     team_perms: ClassVar[dict[str, tuple[str, ...]]] = {"view": ("governance.view_team",)}
 
     # Platform servers (no team) are visible to every signed-in user, like the platform policy.
-    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q:
         return allowed | Q(team__isnull=True)
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool:
         return allowed or obj.team_id is None

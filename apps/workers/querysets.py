@@ -1,5 +1,5 @@
 """The pool's visibility rule (``Pool.objects.visible_to(user, action)``), declared for
-:mod:`apps.governance.visibility`. Grant helpers live in :mod:`apps.workers.visibility`."""
+:mod:`apps.governance.visibility`. Grant helpers live in :mod:`apps.workers.grants`."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from django.db.models import Count, Max, Prefetch, Q, QuerySet
 
+from apps.core.lru import Lru
+from apps.core.types import Viewer
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
 from apps.governance.models import Team
@@ -19,12 +21,11 @@ from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers.engine_adapter import worker_unavailable_reason
 from apps.workers.health import Traffic, worker_traffic
 from apps.workers.models import PRESET_CONDUCTOR_FIELDS, HealthStatus, Pool, PoolWorker, Provider, Worker
-from conductor_web.lru import Lru
 
 can_configure_team = gov.can_configure_team
 
 
-def providers_editable_by(user: Any) -> QuerySet[Provider]:
+def providers_editable_by(user: Viewer) -> QuerySet[Provider]:
     if not is_active_user(user):
         return Provider.objects.none()
     if is_platform_admin(user):
@@ -32,7 +33,7 @@ def providers_editable_by(user: Any) -> QuerySet[Provider]:
     return Provider.objects.filter(team__in=gov.teams_configurable_by(user))
 
 
-def providers_visible_to(user: Any) -> QuerySet[Provider]:
+def providers_visible_to(user: Viewer) -> QuerySet[Provider]:
     """Providers of the user's teams, and platform providers behind pools they can see."""
     if not is_active_user(user):
         return Provider.objects.none()
@@ -44,11 +45,11 @@ def providers_visible_to(user: Any) -> QuerySet[Provider]:
     ).distinct()
 
 
-def workers_editable_by(user: Any) -> QuerySet[Worker]:
+def workers_editable_by(user: Viewer) -> QuerySet[Worker]:
     return Worker.objects.filter(provider__in=providers_editable_by(user)).select_related("provider")
 
 
-def workers_visible_to(user: Any) -> QuerySet[Worker]:
+def workers_visible_to(user: Viewer) -> QuerySet[Worker]:
     if not is_active_user(user):
         return Worker.objects.none()
     if is_platform_admin(user):
@@ -62,21 +63,21 @@ def workers_visible_to(user: Any) -> QuerySet[Worker]:
     )
 
 
-def can_edit_provider(user: Any, provider: Provider) -> bool:
+def can_edit_provider(user: Viewer, provider: Provider) -> bool:
     return gov.can_configure_team(user, provider.team)
 
 
-def can_set_key_env(user: Any) -> bool:
+def can_set_key_env(user: Viewer) -> bool:
     """Naming a server environment variable as a provider's key source reads the server's
     environment: a platform decision, so platform administrators only (issue 13)."""
     return is_platform_admin(user)
 
 
-def can_edit_worker(user: Any, worker: Worker) -> bool:
+def can_edit_worker(user: Viewer, worker: Worker) -> bool:
     return gov.can_configure_team(user, worker.provider.team)
 
 
-def can_test_worker(user: Any, worker: Worker) -> bool:
+def can_test_worker(user: Viewer, worker: Worker) -> bool:
     """Test connection sends a real (billed) request: only those who configure the worker or a pool using it."""
     if can_edit_worker(user, worker):
         return True
@@ -98,7 +99,7 @@ def pools_with_workers(qs: QuerySet[Pool]) -> QuerySet[Pool]:
     )
 
 
-def teams_for_new_pool(user: Any) -> QuerySet[Team]:
+def teams_for_new_pool(user: Viewer) -> QuerySet[Team]:
     return gov.teams_configurable_by(user)
 
 

@@ -19,9 +19,9 @@ from apps.tools.pages import tool_rows
 from apps.workers import selectors, services
 from apps.workers.connection import ConnectionTestLimited, provider_connection_test
 from apps.workers.forms import ExistingWorkerForm, PoolForm, ProviderForm, WorkerForm, apply_service_errors
+from apps.workers.grants import teams_granted_pool
 from apps.workers.models import Pool, Provider, ProviderKind, Worker
 from apps.workers.secrets import key_status, masked_hint
-from apps.workers.visibility import teams_granted_pool
 
 
 def _visible_pool(request: HttpRequest, slug: str) -> Pool:

@@ -31,7 +31,7 @@ if (BASE_DIR / ".env").is_file():
     env.read_env(str(BASE_DIR / ".env"))
 # prometheus_client switches to its multiprocess files when this variable merely exists, even
 # empty (as in a copied .env.example): every process then wrote gauge_*.db files into its working
-# directory that nothing read (conductor_web.metrics treats empty as unset). Empty means unset.
+# directory that nothing read (apps.insights.metrics treats empty as unset). Empty means unset.
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == "":
     del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
@@ -74,7 +74,7 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[:
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000").rstrip("/")
 # Browser origins (scheme://host[:port], "*." for subdomains) that may open the run websocket
-# besides the handshake's own origin (conductor_web.ws_origin): scheme, host and port must match.
+# besides the handshake's own origin (apps.core.ws_origin): scheme, host and port must match.
 # Empty or unset: the origin of SITE_URL and CSRF_TRUSTED_ORIGINS.
 WEBSOCKET_ALLOWED_ORIGINS = env.list("WEBSOCKET_ALLOWED_ORIGINS", default=[]) or [
     "{0.scheme}://{0.netloc}".format(urlsplit(SITE_URL)),
@@ -123,19 +123,19 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "conductor_web.middleware.LoginRequiredMiddleware",
-    "conductor_web.middleware.RequestContextMiddleware",
+    "apps.core.middleware.LoginRequiredMiddleware",
+    "apps.core.middleware.RequestContextMiddleware",
 ]
 
 # --- input limits (issue 14) --------------------------------------------------------------------
-# Bad input gets a clear 4xx before any view, parser or database sees it (conductor_web/input_limits.py).
+# Bad input gets a clear 4xx before any view, parser or database sees it (apps/core/input_limits.py).
 # Bodies larger than DATA_UPLOAD_MAX_MEMORY_SIZE (bytes) are refused; on /v1/ and /api/ with a JSON 413.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
 # Largest JSON body (bytes) on /v1/, /api/ and the policy editor; most nesting levels in one.
 JSON_MAX_BYTES = env.int("JSON_MAX_BYTES", default=DATA_UPLOAD_MAX_MEMORY_SIZE)
 JSON_MAX_DEPTH = env.int("JSON_MAX_DEPTH", default=64)
 # Right after SecurityMiddleware: before sessions, CSRF and auth read or store anything.
-MIDDLEWARE.insert(1, "conductor_web.input_limits.InputLimitsMiddleware")
+MIDDLEWARE.insert(1, "apps.core.input_limits.InputLimitsMiddleware")
 # /v1 (issue 22): x-request-id, openai-processing-ms, x-ratelimit-* and CORS on every response,
 # wrapping the input limits so their refusals carry them too.
 MIDDLEWARE.insert(1, "apps.api.v1.middleware.V1Middleware")
@@ -175,7 +175,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     }
     # Django's SQLite backend with this process's writers queued on a lock, not SQLite's sleeps.
-    DATABASES["default"]["ENGINE"] = "conductor_web.backends.sqlite3"
+    DATABASES["default"]["ENGINE"] = "apps.core.backends.sqlite3"
 else:
     # A bounded pool per process: a burst of requests waits for a connection (up to
     # DB_POOL_TIMEOUT s, then a truthful 503) instead of each request thread opening its own and
@@ -184,8 +184,8 @@ else:
     DB_POOL_MAX_SIZE = env.int("DB_POOL_MAX_SIZE", default=20)
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # Django's backend but for how a pooled connection is checked (see below).
-        DATABASES["default"]["ENGINE"] = "conductor_web.backends.postgresql"
-        # The statements conductor_web.compiled sends on every run are prepared once per
+        DATABASES["default"]["ENGINE"] = "apps.core.backends.postgresql"
+        # The statements apps.core.compiled sends on every run are prepared once per
         # connection (parsed and planned once, not on each call: a third of PostgreSQL's CPU at
         # load, issue #15). Django's default (None) turns psycopg's preparing off; Django's own
         # queries bind on the client and are never prepared either way. Behind PgBouncer in
@@ -201,7 +201,7 @@ else:
         }
         # A checked-out connection is tested first, so a restarted PostgreSQL costs a reconnect,
         # not a failed request: by a look at its socket, and by a round trip only when that shows
-        # anything (conductor_web.backends.postgresql). Django's check would be a round trip on
+        # anything (apps.core.backends.postgresql). Django's check would be a round trip on
         # every checkout.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
     else:
@@ -298,7 +298,7 @@ AUDIT_VERIFY_INTERVAL_S = env.int("AUDIT_VERIFY_INTERVAL_S", default=86400)
 CELERY_BEAT_SCHEDULE = {
     "sweep-stale-runs": {"task": "apps.runs.tasks.sweep_stale_runs", "schedule": float(RUN_SWEEP_INTERVAL_S)},
     "audit-retention-sweep": {
-        "task": "apps.audit.tasks.audit_retention_sweep",
+        "task": "apps.runs.tasks.retention_sweep",
         "schedule": float(AUDIT_RETENTION_INTERVAL_S),
     },
     "audit-verify": {"task": "apps.audit.tasks.audit_verify", "schedule": float(AUDIT_VERIFY_INTERVAL_S)},
@@ -422,7 +422,7 @@ STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
     "django.contrib.staticfiles.finders.AppDirectoriesFinder",
     # plotly.js comes from the plotly Python package's bundled copy: no CDN anywhere.
-    "conductor_web.staticfiles.PlotlyFinder",
+    "apps.core.staticfiles.PlotlyFinder",
 ]
 # Serve straight from the finders so the embedded mode needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
@@ -442,7 +442,7 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     # input limits (issue 14): JSON bodies through the size/depth/character-checked loader.
     "DEFAULT_PARSER_CLASSES": [
-        "conductor_web.input_limits.SafeJSONParser",
+        "apps.core.input_limits.SafeJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
@@ -469,8 +469,8 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "redact_secrets": {"()": "conductor_web.logging.RedactSecretsFilter"},
-        "request_id": {"()": "conductor_web.logging.RequestIdFilter"},
+        "redact_secrets": {"()": "apps.core.logging.RedactSecretsFilter"},
+        "request_id": {"()": "apps.core.logging.RequestIdFilter"},
     },
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s%(request_id)s %(message)s"}},
     "handlers": {
@@ -509,7 +509,7 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # Refused attempts during a lockout must not extend it (else anyone can keep a user locked out).
 AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
-AXES_CLIENT_IP_CALLABLE = "conductor_web.middleware.client_ip"  # honours USE_X_FORWARDED_FOR
+AXES_CLIENT_IP_CALLABLE = "apps.core.middleware.client_ip"  # honours USE_X_FORWARDED_FOR
 AXES_LOCKOUT_CALLABLE = "conductor_web.auth.lockout_response"
 AXES_DISABLE_ACCESS_LOG = True  # successes are in the session table; failures in the audit trail
 AXES_VERBOSE = False

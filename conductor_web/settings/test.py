@@ -23,7 +23,7 @@ RUN_SWEEP_INTERVAL_S = 3600  # tests call the sweep directly
 # The test DB is flushed between tests, a published head file is not: tests that need one set it.
 AUDIT_STH_PUBLISH_PATH = ""
 
-if DATABASES["default"]["ENGINE"] == "conductor_web.backends.sqlite3":
+if DATABASES["default"]["ENGINE"] == "apps.core.backends.sqlite3":
     # A file, not :memory:, so the live daphne server and the test process share one database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test{_suffix}.sqlite3")}
 else:

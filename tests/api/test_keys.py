@@ -16,7 +16,7 @@ from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_authenticate, apikey_create, apikey_revoke, parse_prefix
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
-from conductor_web.logging import redact
+from apps.core.logging import redact
 from tests.factories.api import make_api_key
 
 pytestmark = pytest.mark.django_db

@@ -22,10 +22,10 @@ from django.core.asgi import get_asgi_application
 from django.utils.module_loading import import_string
 
 from apps.audit.models import AuditEvent
+from apps.core.middleware import InlineHooks
 from apps.runs.models import Run
 from conductor_web import handlers
 from conductor_web.handlers import ApiASGIHandler, api_middleware, http_application
-from conductor_web.middleware import InlineHooks
 from tests.fakes.base import FakeReply
 from tests.fixtures.workers import solo_pool_of
 
@@ -100,8 +100,8 @@ def test_the_api_chain_is_the_pages_chain_without_the_browser_middleware() -> No
     chain = api_middleware(list(settings.MIDDLEWARE))
     assert not set(chain) & handlers.BROWSER_ONLY
     assert "apps.api.v1.middleware.V1Middleware" in chain
-    assert "conductor_web.input_limits.InputLimitsMiddleware" in chain
-    assert "conductor_web.middleware.RequestContextMiddleware" in chain
+    assert "apps.core.input_limits.InputLimitsMiddleware" in chain
+    assert "apps.core.middleware.RequestContextMiddleware" in chain
     # Every header middleware of the pages chain is there, inline.
     for original, inline in handlers.INLINE.items():
         assert (original in settings.MIDDLEWARE) == (inline in chain), original

@@ -21,8 +21,8 @@ from django.core.asgi import get_asgi_application
 from django.db.backends.signals import connection_created
 from django.test import Client
 
+from apps.core import executor_db
 from apps.runs.models import Run, Step
-from conductor_web import executor_db
 from conductor_web.handlers import ApiASGIHandler, http_application
 from tests.fakes.base import FakeReply
 from tests.fixtures.queries import Queries
@@ -138,7 +138,7 @@ def test_warm_requests_reuse_the_request_threads_and_their_connections(
     solo: Any, api_key: tuple[Any, str], queries: Queries, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Served by an ASGI server, the view's synchronous work runs on the process's kept
-    ``v1-request`` threads (conductor_web.executor_db.off_loop), not on a thread made for each
+    ``v1-request`` threads (apps.core.executor_db.off_loop), not on a thread made for each
     request: a connection is opened once per kept thread, not per request, and every statement
     of the run is sent from one of those threads."""
     body = json.dumps({"model": "solo", "messages": [{"role": "user", "content": "What is 6*7?"}]})

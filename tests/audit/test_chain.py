@@ -28,7 +28,7 @@ from apps.audit.logkeys import log_signer
 from apps.audit.models import AppendOnlyError, AuditChainHead, AuditEvent, SignedTreeHead
 from apps.audit.services import audit_flush, audit_record, audit_record_standalone, event_content, hmac_key
 from apps.audit.verify import verify_chain
-from conductor_web.request_context import RequestMeta, request_meta
+from apps.core.request_context import RequestMeta, request_meta
 from tests.factories.audit import append_events
 
 pytestmark = pytest.mark.runtime

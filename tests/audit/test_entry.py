@@ -14,7 +14,7 @@ from apps.audit.models import AuditEvent
 from apps.audit.sequencer import micros
 from apps.audit.services import event_content, hmac_key
 from apps.audit.verify import verify_chain
-from conductor_web.request_context import RequestMeta, request_meta
+from apps.core.request_context import RequestMeta, request_meta
 from tests.factories.audit import append_events
 
 pytestmark = pytest.mark.runtime

@@ -11,9 +11,10 @@ import pytest
 from apps.audit.duties import SEPARATION_OF_DUTIES, ReleaseRefused
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
-from apps.audit.services import audit_flush, hmac_key, run_review, run_review_bulk
+from apps.audit.services import audit_flush, hmac_key
 from apps.audit.verify import verify_chain
 from apps.runs.models import ReviewStatus, Run
+from apps.runs.reviews import run_review, run_review_bulk
 from tests.factories.audit import make_run
 
 pytestmark = pytest.mark.django_db

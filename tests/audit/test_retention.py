@@ -12,9 +12,10 @@ from django.utils import timezone
 from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
-from apps.audit.services import audit_retention_sweep, hmac_key
+from apps.audit.services import hmac_key
 from apps.audit.verify import verify_chain
 from apps.runs.models import Run, RunEvent, RunStatus, Step
+from apps.runs.retention import retention_sweep as audit_retention_sweep
 from tests.factories.audit import add_steps_and_events, make_run
 from tests.factories.governance import TeamFactory
 
@@ -75,7 +76,7 @@ def test_command_and_task_run_the_sweep() -> None:
     out = StringIO()
     call_command("audit_retention_sweep", "--limit", "2", stdout=out)
     assert "erased the content of 2 run(s)" in out.getvalue()
-    from apps.audit.tasks import audit_retention_sweep as task
+    from apps.runs.tasks import retention_sweep as task
 
     assert task.run() == 1
     assert not Run.objects.filter(payload_erased_at__isnull=True).exists()

@@ -12,9 +12,10 @@ from django.test import RequestFactory
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent, RunReview
-from apps.audit.services import audit_flush, hmac_key, maybe_sample_for_review, review_request, run_review
+from apps.audit.services import audit_flush, hmac_key
 from apps.audit.verify import verify_chain
 from apps.runs.models import ReviewStatus
+from apps.runs.reviews import maybe_sample_for_review, review_request, run_review
 from tests.factories.audit import make_run
 
 

@@ -16,10 +16,11 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead, AuditEvent, RunReview
-from apps.audit.selectors import queue_items
-from apps.audit.services import audit_flush, hmac_key, review_request, run_review
+from apps.audit.services import audit_flush, hmac_key
 from apps.audit.verify import verify_chain
 from apps.runs.models import Run, RunEvent
+from apps.runs.review_queue import queue_items
+from apps.runs.reviews import review_request, run_review
 from apps.runs.selectors import run_content_visible
 from tests.audit.test_export import verify_offline
 from tests.factories.audit import make_run

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from apps.audit.models import AuditChainHead, RunReview
-from apps.audit.services import review_request
 from apps.runs.models import Run, RunEvent
+from apps.runs.reviews import review_request
 from tests.factories.audit import make_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]

@@ -13,8 +13,9 @@ from django.utils import timezone
 from apps.audit.events import AuditEventType
 from apps.audit.filters import AuditEventFilterSet, filter_audit_events
 from apps.audit.models import AuditChainHead, AuditEvent
-from apps.audit.selectors import PAGE_SIZE, audit_events_for_run, page_of_events
+from apps.audit.selectors import PAGE_SIZE, page_of_events
 from apps.audit.services import audit_flush, audit_record_standalone
+from apps.runs.review_queue import audit_events_for_run
 from tests.factories.audit import append_events
 
 

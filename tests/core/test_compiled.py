@@ -1,4 +1,4 @@
-"""Statements compiled once per process (conductor_web.compiled, issue #15): the same values as the
+"""Statements compiled once per process (apps.core.compiled, issue #15): the same values as the
 queryset they stand for, on both backends, and the queryset built only once."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from apps.audit.events import AuditEventType
 from apps.audit.models import AuditChainHead
 from apps.audit.sequencer import _HEAD, _PENDING, _pending_query
 from apps.audit.services import audit_record
+from apps.core import compiled
+from apps.core.compiled import CompiledInsert, CompiledRead, CompiledUpdate, update_where
 from apps.runs.models import Run, RunEvent, Step
-from conductor_web import compiled
-from conductor_web.compiled import CompiledInsert, CompiledRead, CompiledUpdate, update_where
 from tests.factories.audit import make_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conductor_web import csvsafe
+from apps.core import csvsafe
 from tests.audit.offline import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,10 +70,10 @@ def test_no_csv_writer_bypasses_the_neutraliser() -> None:
         for path in sorted((ROOT / top).rglob("*.py"))
         if ".venv" not in path.parts and (lines := _csv_writer_calls(path))
     }
-    assert found == {"conductor_web/csvsafe.py": found.get("conductor_web/csvsafe.py", [])}, (
-        f"write CSV through conductor_web.csvsafe.writer, not csv.writer: {found}"
+    assert found == {"apps/core/csvsafe.py": found.get("apps/core/csvsafe.py", [])}, (
+        f"write CSV through apps.core.csvsafe.writer, not csv.writer: {found}"
     )
-    assert found["conductor_web/csvsafe.py"]  # the one place that does
+    assert found["apps/core/csvsafe.py"]  # the one place that does
 
 
 def test_the_scan_sees_both_spellings(tmp_path: Path) -> None:

@@ -92,9 +92,9 @@ def test_healthz_503_names_unreachable_broker(tmp_path) -> None:  # type: ignore
 
 def test_settings_follow_mode() -> None:
     if MODE == "distributed":
-        assert settings.DATABASES["default"]["ENGINE"] == "conductor_web.backends.postgresql"
+        assert settings.DATABASES["default"]["ENGINE"] == "apps.core.backends.postgresql"
         assert settings.EXECUTION_BACKEND == "celery"
         assert settings.CELERY_TASK_SERIALIZER == "json" and settings.CELERY_ACCEPT_CONTENT == ["json"]
     else:
-        assert settings.DATABASES["default"]["ENGINE"] == "conductor_web.backends.sqlite3"
+        assert settings.DATABASES["default"]["ENGINE"] == "apps.core.backends.sqlite3"
         assert settings.EXECUTION_BACKEND == "thread"

@@ -1,8 +1,8 @@
-"""conductor_web.lru: the bounded map behind the per-process version caches."""
+"""apps.core.lru: the bounded map behind the per-process version caches."""
 
 from __future__ import annotations
 
-from conductor_web.lru import Lru
+from apps.core.lru import Lru
 
 
 def test_a_hit_keeps_an_entry_and_a_put_evicts_the_least_recently_used() -> None:

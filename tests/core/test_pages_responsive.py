@@ -13,8 +13,9 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 
 from apps.audit.models import AuditEvent
-from apps.audit.services import audit_flush, review_request, run_review
+from apps.audit.services import audit_flush
 from apps.runs.models import RunEvent
+from apps.runs.reviews import review_request, run_review
 from tests.factories.api import make_api_key
 from tests.factories.audit import make_run
 

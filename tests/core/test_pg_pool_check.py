@@ -1,5 +1,5 @@
 """How a pooled PostgreSQL connection is checked before it is handed out
-(``conductor_web.backends.postgresql``, issue #15): by a look at its socket, with a round trip only
+(``apps.core.backends.postgresql``, issue #15): by a look at its socket, with a round trip only
 when the socket shows something, and a connection the server has ended is never handed out."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 from psycopg_pool import ConnectionPool
 
-from conductor_web.executor_db import pooled
+from apps.core.executor_db import pooled
 from tests.fixtures.core import test_database_url as database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)

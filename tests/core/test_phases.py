@@ -40,8 +40,8 @@ def test_vendor_modules_are_found_by_reading_the_code() -> None:
     # A vendor branch, an advisory lock, LISTEN/NOTIFY, prepared statements, SKIP LOCKED:
     for module in (
         "apps.audit.sequencer",
-        "apps.runs.ends",
-        "conductor_web.compiled",
+        "apps.runs.end_listener",
+        "apps.core.compiled",
         "apps.insights.upsert",
     ):
         assert module in found

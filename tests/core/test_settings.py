@@ -111,7 +111,7 @@ def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import django; django.setup(); from django.conf import settings as s;"
-            "from conductor_web import metrics; metrics.WEBSOCKET_VIEWERS.inc();"
+            "from apps.insights import metrics; metrics.WEBSOCKET_VIEWERS.inc();"
             "print(s.DATABASES['default']['ENGINE'], s.EXECUTION_BACKEND, s.CHANNEL_LAYERS['default']['BACKEND'])",
         ],
         cwd=workdir,
@@ -127,7 +127,7 @@ def test_env_example_values_start_the_embedded_defaults(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-1500:]
     assert out.stdout.split() == [
-        "conductor_web.backends.sqlite3",
+        "apps.core.backends.sqlite3",
         "thread",
         "channels.layers.InMemoryChannelLayer",
     ]

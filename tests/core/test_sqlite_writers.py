@@ -14,7 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from apps.audit.models import AuditChainHead
-from conductor_web.backends.sqlite3.base import _writer_lock
+from apps.core.backends.sqlite3.base import _writer_lock
 from tests.runtime import MODE
 
 pytestmark = [

@@ -143,3 +143,24 @@ def test_checker_finds_a_synthetic_cycle() -> None:
     }
     graph = report.import_graph(modules)
     assert report.module_cycles(graph, modules) == [["apps.fake.a", "apps.fake.b", "apps.fake.c"]]
+
+
+def test_no_app_module_imports_the_project_package() -> None:
+    """Issue 41: `conductor_web` is wiring (settings, urls, ASGI, Celery); apps read settings
+    through django.conf and share infrastructure through `apps.core`."""
+    modules = _project_modules()
+    assert report.project_package_importers(modules) == []
+
+
+def test_checker_reports_an_import_of_the_project_package() -> None:
+    modules = {
+        "apps.x.a": ast.parse("from conductor_web.compiled import execute\n"),
+        "apps.x.b": ast.parse("from django.conf import settings\n"),
+        "conductor_web.urls": ast.parse("from conductor_web import health\n"),
+    }
+    assert report.project_package_importers(modules) == ["apps.x.a"]
+
+
+def test_checker_counts_parameters_typed_any() -> None:
+    tree = ast.parse("def f(actor: Any, *, run: 'Any', pool: Pool, n: typing.Any, **kw: Any) -> Any: ...\n")
+    assert report.any_params(tree) == ["actor", "run", "n", "kw"]

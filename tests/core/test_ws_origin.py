@@ -1,4 +1,4 @@
-"""The websocket Origin rule (conductor_web.ws_origin), without a server: scheme, host and port of
+"""The websocket Origin rule (apps.core.ws_origin), without a server: scheme, host and port of
 the Origin against the handshake's own origin and WEBSOCKET_ALLOWED_ORIGINS. The live refusals
 are in tests/security/test_ws_session.py."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from conductor_web.ws_origin import Origin, allowed_origins, origin_refusal, own_origin, parse_origin
+from apps.core.ws_origin import Origin, allowed_origins, origin_refusal, own_origin, parse_origin
 
 
 def _scope(origin: str | None, host: str = "127.0.0.1:8000", **extra: str) -> dict[str, Any]:

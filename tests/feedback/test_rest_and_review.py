@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from apps.audit.models import AuditEvent
-from apps.audit.services import run_review
 from apps.feedback.models import Feedback, Metric
+from apps.runs.reviews import run_review
 from tests.factories.api import make_api_key
 from tests.factories.runs import StepFactory
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conductor_web import telemetry
+from apps.insights import telemetry
 from tests.fixtures.core import _stop, start_celery_worker, subprocess_env
 from tests.insights.otlp import OtlpReceiver, otlp_receiver
 from tests.runtime import MODE

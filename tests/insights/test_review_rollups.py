@@ -12,12 +12,12 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.audit.models import RunReview
-from apps.audit.services import run_review
 from apps.insights import reviews
 from apps.insights.models import DAY, HOUR, RUN_ROW, ReviewRollup, Rollup
 from apps.insights.rollup import hour_of
 from apps.insights.upsert import Bumps
 from apps.runs.models import ReviewStatus, Run, RunStatus
+from apps.runs.reviews import run_review
 from apps.runs.services import run_create, run_wait
 from tests.factories.audit import make_run
 from tests.factories.governance import SuperuserFactory

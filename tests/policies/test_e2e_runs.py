@@ -113,7 +113,7 @@ def test_run_over_a_hard_budget_is_refused_before_any_model_call(
 def test_warn_guardrail_queues_the_run_for_review(
     runtime_workers: Any, fake_pool: Any, owner: Any, alpha: Any, reviewer: Any
 ) -> None:
-    from apps.audit.selectors import runs_awaiting_review
+    from apps.runs.review_queue import runs_awaiting_review
 
     scripted_plan(fake_pool.server)
     publish_policy(

@@ -11,11 +11,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from apps.audit.services import run_payload_erase
 from apps.policies.dry_run import RecordedRun, replay_runs
 from apps.policies.services import effective_policy
 from apps.policies.spec import EffectivePolicy, merge_specs, parse_spec
 from apps.policies.views import recorded_runs
+from apps.runs.retention import run_payload_erase
 from tests.factories.policies import publish_policy
 from tests.factories.runs import RunEventFactory, RunFactory, StepFactory
 

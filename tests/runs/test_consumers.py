@@ -197,7 +197,7 @@ async def test_the_viewers_gauge_counts_accepted_sockets_only(
 ) -> None:
     """/metrics' conductor_websocket_viewers: +1 per accepted viewer, nothing for a refused one,
     back down when the viewer leaves."""
-    from conductor_web.metrics import _LOCAL
+    from apps.insights.metrics import _LOCAL
 
     def viewers() -> float:
         return _LOCAL.get_sample_value("conductor_websocket_viewers") or 0.0

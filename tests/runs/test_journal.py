@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from apps.audit.services import run_payload_erase
 from apps.engine.events import Event, EventType
 from apps.engine.types import Usage, WorkerInfo, WorkerResult
 from apps.runs.journal import CallJournal, JournaledWorker, call_digest, forget
 from apps.runs.models import RunCall, RunEvent, RunStatus
+from apps.runs.retention import run_payload_erase
 from apps.runs.sink import RunSink
 from tests.factories.runs import RunFactory
 

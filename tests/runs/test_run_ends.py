@@ -1,4 +1,4 @@
-"""Run ends pushed by PostgreSQL (apps.runs.ends, issue #15): the trigger announces an end only
+"""Run ends pushed by PostgreSQL (apps.runs.end_listener, issue #15): the trigger announces an end only
 when it commits, the server's listener wakes the run's waiters and outlives a lost connection, and
 a plain /v1 waiter then needs no channel-layer group at all."""
 
@@ -15,7 +15,7 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
 from apps.api.v1 import bridge
-from apps.runs import ends
+from apps.runs import end_listener as ends
 from apps.runs.models import Run
 from tests.factories.audit import make_run
 from tests.runtime import MODE

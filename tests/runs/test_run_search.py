@@ -12,8 +12,8 @@ from django.test import Client
 from django.utils import timezone
 
 from apps.api.models import ApiKey
-from apps.audit.services import run_payload_erase
 from apps.runs.models import Run, RunStatus
+from apps.runs.retention import run_payload_erase
 from tests.factories.runs import RunFactory, StepFactory
 
 pytestmark = pytest.mark.django_db
@@ -144,7 +144,7 @@ def test_audit_search_takes_the_short_id(
     client: Any, corpus: dict[str, Run], team_admin: Any, reviewer: Any
 ) -> None:
     run = corpus["open"]
-    from apps.audit.services import run_review
+    from apps.runs.reviews import run_review
 
     run_review(actor=team_admin, run=run, status="approved", reason="", comment="ok")
     from apps.audit.sequencer import sequence_pass

@@ -95,7 +95,10 @@ COMPLETE_CALLERS = {
         "apps/feedback/evaluators.py",
         "judge_score",
     ): "an evaluator's or an experiment's judge: pool built with the team's gate",
-    ("apps/workers/services.py", "_probe"): "a health check: worker built with the provider team's gate",
+    (
+        "apps/workers/services/health_check.py",
+        "_probe",
+    ): "a health check: worker built with the provider team's gate",
     (
         "apps/workers/connection.py",
         "_call",

@@ -24,11 +24,11 @@ import pytest
 from django.test import Client
 
 from apps.audit.models import AuditEvent
-from apps.audit.services import run_review
 from apps.experiments import selectors, services
 from apps.experiments.models import Dataset, Experiment, ExperimentRun
 from apps.feedback.models import Evaluator, Feedback, Metric
 from apps.runs.models import Run
+from apps.runs.reviews import run_review
 from tests.factories.api import make_api_key
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply

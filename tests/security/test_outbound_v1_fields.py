@@ -104,7 +104,7 @@ CHAT_FIELDS: dict[str, Callable[[str], dict[str, Any]]] = {
 }
 
 
-# Fields that are also part of the one question a run is asked (apps.api.v1.requests
+# Fields that are also part of the one question a run is asked (apps.api.v1.run_request
 # .question_from_turns): the input stage reads them too. The others only the outbound gate reads.
 # (A tool call's id is echoed by the tool message that answers it: "[result of <id>]".)
 INPUT_FIELDS = {

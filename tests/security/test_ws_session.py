@@ -28,9 +28,9 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from apps.core.ws_origin import CLOSE_ORIGIN_REFUSED
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.ws_access import CLOSE_ACCESS_LOST, CLOSE_SESSION_ENDED, CLOSE_WITHHELD
-from conductor_web.ws_origin import CLOSE_ORIGIN_REFUSED
 from tests.factories.policies import publish_policy
 from tests.factories.runs import RunFactory
 from tests.fixtures.api import PLAN_TEXT

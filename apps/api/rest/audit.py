@@ -25,6 +25,7 @@ from apps.audit.checkpoints import checkpoint_create, served_note
 from apps.audit.filters import FILTER_PARAMS, AuditEventFilterSet, active_filters, filter_audit_events
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_export_record
+from apps.core.types import Viewer
 from apps.governance.selectors import teams_with_audit_visible_to
 from apps.governance.visibility import is_platform_admin
 
@@ -155,5 +156,5 @@ class LogCheckpoint(ApiView):
         return response
 
 
-def can_read_audit_log(user: Any) -> bool:
+def can_read_audit_log(user: Viewer) -> bool:
     return is_platform_admin(user) or teams_with_audit_visible_to(user).exists()

@@ -18,7 +18,6 @@ from apps.api.models import ApiScope
 from apps.api.rest.base import ApiListView, ApiView
 from apps.api.v1.shaping import run_url
 from apps.audit.filters import as_utc
-from apps.audit.services import run_review
 from apps.runs import approvals, search
 from apps.runs import selectors as run_filters
 from apps.runs.models import (
@@ -31,6 +30,7 @@ from apps.runs.models import (
     Step,
     Strategy,
 )
+from apps.runs.reviews import run_review
 from apps.runs.selectors import run_content_visible, withhold_event_data, withhold_step
 from apps.runs.services import RunRefused, run_cancel, run_create
 

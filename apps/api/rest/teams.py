@@ -24,7 +24,7 @@ from apps.governance.services import (
     team_set_default_pool,
     team_update,
 )
-from apps.workers.visibility import pools_granted_to
+from apps.workers.grants import pools_granted_to
 
 
 class TeamOutput(serializers.ModelSerializer):

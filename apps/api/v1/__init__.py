@@ -1,6 +1,6 @@
 """``/v1``: protocol adapters over one run bridge.
 
-- ``errors``   — the error every adapter raises (``OpenAIError``) and its renderings (OpenAI's
+- ``errors``   — the error every adapter raises (``ApiError``) and its renderings (OpenAI's
   shape, Anthropic's shape), plus the answer for unknown ``/v1`` paths.
 - ``auth``     — per-request state, API-key authentication, rate-limit and run headers.
 - ``targets``  — model resolution (``resolve_model``: preset / pool), the model list, capabilities.

@@ -22,8 +22,9 @@ from apps.api import keyguard, ratelimit
 from apps.api.authentication import presented_key
 from apps.api.models import ApiKey
 from apps.api.services import ApiKeyInvalid, apikey_record_denied
-from apps.api.v1.errors import OpenAIError, no_retry
-from conductor_web.executor_db import off_loop
+from apps.api.v1.errors import ApiError, no_retry
+from apps.core.executor_db import off_loop
+from apps.runs.models import Run
 
 logger = logging.getLogger(__name__)
 
@@ -84,18 +85,18 @@ def rate_limit_headers(state: RequestState) -> dict[str, str]:
     return headers
 
 
-def run_headers(run: Any, url: str) -> dict[str, str]:
+def run_headers(run: Run, url: str) -> dict[str, str]:
     """The headers naming the run a response belongs to (also sent before a stream's body)."""
     return {"X-Conductor-Run": str(run.id), "X-Conductor-Run-Url": url}
 
 
 def authenticate(request: HttpRequest) -> ApiKey:
     """The key the request presents (``Authorization: Bearer`` or ``x-api-key``), counted against
-    its request rate limit. Raises ``OpenAIError`` 401 / 429 (with ``Retry-After``)."""
+    its request rate limit. Raises ``ApiError`` 401 / 429 (with ``Retry-After``)."""
     state = request_state(request)
     raw = presented_key(request)
     if raw is None:
-        raise OpenAIError(
+        raise ApiError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer cw_…'.",
             code="missing_api_key",
@@ -103,7 +104,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
     try:
         key = keyguard.authenticate(request, raw)
     except keyguard.KeyThrottled as exc:
-        raise OpenAIError(
+        raise ApiError(
             429,
             exc.message,
             type_="requests",
@@ -111,7 +112,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
             headers={"Retry-After": str(exc.retry_after_s)},
         ) from None
     except ApiKeyInvalid as exc:
-        raise OpenAIError(401, exc.reason, code=exc.code) from None
+        raise ApiError(401, exc.reason, code=exc.code) from None
     decision = ratelimit.hit_requests(key_prefix=key.prefix, limit=key.requests_per_minute)
     state.requests = decision
     try:
@@ -119,7 +120,7 @@ def authenticate(request: HttpRequest) -> ApiKey:
     except Exception:  # headers are informative; never fail a request over them
         logger.debug("could not read the token window", exc_info=True)
     if not decision.allowed:
-        raise OpenAIError(
+        raise ApiError(
             429,
             f"Rate limit reached: {decision.limit} requests per minute for this key. "
             f"Try again in {decision.retry_after_s}s.",
@@ -130,13 +131,13 @@ def authenticate(request: HttpRequest) -> ApiKey:
     return key
 
 
-def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> OpenAIError:
+def deny(key: ApiKey, status: int, reason: str, message: str, detail: str = "", **kw: Any) -> ApiError:
     """A refusal recorded in the audit trail as ``apikey.denied`` (not retried by SDKs)."""
     apikey_record_denied(api_key=key, reason=reason, detail=detail)
-    return OpenAIError(status, message, code=reason, headers=no_retry(), **kw)
+    return ApiError(status, message, code=reason, headers=no_retry(), **kw)
 
 
-def count_tokens_sync(key: ApiKey, run: Any) -> None:
+def count_tokens_sync(key: ApiKey, run: Run) -> None:
     """Charge the run's tokens to the key's per-minute token window."""
     # Accounting must never turn a finished run into an error for its client.
     try:
@@ -145,5 +146,5 @@ def count_tokens_sync(key: ApiKey, run: Any) -> None:
         logger.warning("could not count the tokens of run %s", run.id, exc_info=True)
 
 
-async def count_tokens(key: ApiKey, run: Any) -> None:
+async def count_tokens(key: ApiKey, run: Run) -> None:
     await off_loop(count_tokens_sync, key, run)

@@ -3,12 +3,12 @@
 An adapter (Chat Completions, Responses, Messages) does three things:
 
 1. ``started = await off_loop(start_run, request, parse)`` — ``parse(body) -> RunRequest``
-   (``apps.api.v1.requests``) turns the protocol's JSON into the neutral ``RunRequest``;
+   (``apps.api.v1.run_request``) turns the protocol's JSON into the neutral ``RunRequest``;
    ``start_run`` authenticates the key (``apps.api.v1.auth``: 401/429 before any parsing), parses,
    checks the key's scope, resolves the model to a pool (``apps.api.v1.targets.resolve_model``),
    refuses what the pool cannot honour (``check_capabilities``), checks the token rate limit and
    creates the run (``run_create``: policy, budget, audit, dispatch). Every refusal is an
-   ``OpenAIError`` (render it with ``errors.error_response(err, shape)``).
+   ``ApiError`` (render it with ``errors.error_response(err, shape)``).
 2. Follow the run: ``await wait_for_run(run)`` (plain) or ``async for update in follow_run(run)``
    (streaming: each persisted event in ``seq`` order, keep-alive ticks, then the final run).
 3. Answer from the final run with ``apps.api.v1.shaping`` (outcome errors, final answer, usage,
@@ -41,20 +41,20 @@ from apps.api import selectors as api_sel
 from apps.api.budgets import KeyBudgetExceeded, key_budget_check
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1.auth import authenticate, current_state, deny, request_state
-from apps.api.v1.errors import OpenAIError, no_retry
-from apps.api.v1.requests import RunRequest
+from apps.api.v1.errors import ApiError, no_retry
+from apps.api.v1.run_request import RunRequest
 from apps.api.v1.shaping import failure_cause
 from apps.api.v1.targets import Target, check_capabilities, resolve_model
+from apps.core.compiled import CompiledGet, CompiledRead
+from apps.core.executor_db import off_loop, release_while_waiting
 from apps.engine.providers.gate import unreadable_field
 from apps.runs import execution
 from apps.runs import selectors as run_selectors
 from apps.runs import services as run_services
-from apps.runs.ends import RunEndListener, run_end_listener
+from apps.runs.end_listener import RunEndListener, run_end_listener
 from apps.runs.models import PlanApproval, Run, RunEvent, RunSource, RunStatus
 from apps.runs.services import RunRefused
 from apps.runs.sink import message_events, register_server_loop
-from conductor_web.compiled import CompiledGet, CompiledRead
-from conductor_web.executor_db import off_loop, release_while_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Started:
     key: ApiKey
     req: RunRequest
     target: Target
-    run: Any
+    run: Run
     # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS);
     # when ended, with its finished data and the provider time recorded (_answer_ended).
     ended: Any = None
@@ -115,11 +115,11 @@ def start_run(
     its answer from a tap (``apps.runs.live``); when it is accepted so, ``Started.live_slot`` is set."""
     try:
         return _start_run(request, parse, prepare, live=live)
-    except OpenAIError:
+    except ApiError:
         raise
     except Exception as exc:
         logger.exception("could not start a run")
-        raise OpenAIError(503, f"No run was started: {failure_cause(exc)}.", type_="server_error") from exc
+        raise ApiError(503, f"No run was started: {failure_cause(exc)}.", type_="server_error") from exc
 
 
 def _start_run(
@@ -129,7 +129,7 @@ def _start_run(
     *,
     live: bool = False,
 ) -> Started:
-    """Authenticate, parse, authorise, resolve, check and create the run. Raises OpenAIError.
+    """Authenticate, parse, authorise, resolve, check and create the run. Raises ApiError.
 
     ``prepare(req, key)`` (optional) completes the parsed request with what only the key may
     read, e.g. the history of a ``previous_response_id``; it runs after the scope check."""
@@ -145,7 +145,7 @@ def _start_run(
     if unreadable is not None:
         # Every provider request passes the outbound gate, which refuses a field it cannot read
         # (issue 39): the client hears which one now, before a run starts.
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"The field {unreadable.path} cannot be checked by the policy ({unreadable.why}); "
             "no run was started.",
@@ -158,7 +158,7 @@ def _start_run(
         key_prefix=key.prefix, limit=key.tokens_per_minute
     )
     if not tokens.allowed:
-        raise OpenAIError(
+        raise ApiError(
             429,
             f"Rate limit reached: {tokens.limit} tokens per minute for this key. Try again in {tokens.retry_after_s}s.",
             type_="tokens",
@@ -236,7 +236,7 @@ def _create(
         raise refusal_error(refused) from None
 
 
-def _execute_here(run: Any) -> Any:
+def _execute_here(run: Run) -> Any:
     """Execute the accepted run on this thread; the run as it ended, or None to follow it as any
     other. Never raises: the run is accepted, so a failure here must not become "no run was
     started"."""
@@ -261,22 +261,22 @@ def execute_live(started: Started) -> Any:
         started.live_slot.release()
 
 
-def refusal_error(refused: Any) -> OpenAIError:
+def refusal_error(refused: Any) -> ApiError:
     """``RunRefused`` (nothing stored, no model called) as the client's error."""
     if refused.code == "budget_exhausted":
         headers = no_retry()
         if refused.retry_after_s:
             headers["Retry-After"] = str(int(refused.retry_after_s))
-        return OpenAIError(
+        return ApiError(
             429, refused.message, type_="insufficient_quota", code="budget_exhausted", headers=headers
         )
     if refused.code == "pool_not_allowed":
-        return OpenAIError(403, refused.message, param="model", code="pool_not_allowed", headers=no_retry())
+        return ApiError(403, refused.message, param="model", code="pool_not_allowed", headers=no_retry())
     if refused.code == "pool_unavailable":
-        return OpenAIError(
+        return ApiError(
             503, refused.message, type_="server_error", code="pool_unavailable", headers=no_retry()
         )
-    return OpenAIError(400, refused.message, param="messages", code="invalid_value")
+    return ApiError(400, refused.message, param="messages", code="invalid_value")
 
 
 def answer_buffered(started: Started) -> str | None:
@@ -328,7 +328,7 @@ class RunFollower:
         self.layer: Any = None
         self.channel: str | None = None
         # ends_only: the caller reads the run when it may have ended, never its events. Where
-        # PostgreSQL announces run ends (apps.runs.ends) that is all it waits for: no group
+        # PostgreSQL announces run ends (apps.runs.end_listener) that is all it waits for: no group
         # join, no event batches received.
         self.ends_only = ends_only
         # Set together when the run-end listener wakes this follower instead of the layer.
@@ -431,7 +431,7 @@ def events_after(run_id: Any, seq: int) -> list[dict[str, Any]]:
 
 
 # A waiter's reads of its run, once or twice per run each: compiled once per process
-# (conductor_web.compiled, issue #15).
+# (apps.core.compiled, issue #15).
 _RUN_WITH_POOL = CompiledGet(
     lambda vendor, run_id: Run.objects.select_related("pool").filter(pk=run_id), placeholders=[Run._meta.pk]
 )
@@ -459,7 +459,7 @@ def load_run(run_id: Any) -> Any:
     return run
 
 
-def run_deadline(run: Any) -> float:
+def run_deadline(run: Run) -> float:
     """The ``time.monotonic()`` instant a /v1 client stops waiting for ``run``: the run's own
     deadline (``RUN_TIMEOUT_S`` after it was created) plus ``FOLLOW_GRACE_S`` for its verdict."""
     from django.utils import timezone
@@ -497,7 +497,7 @@ def _load_ended(run_id: Any) -> tuple[Any, float | None]:
     return _with_finished_data(load_run(run_id))
 
 
-def _with_finished_data(run: Any) -> tuple[Any, float | None]:
+def _with_finished_data(run: Run) -> tuple[Any, float | None]:
     if not run.is_terminal:
         return run, None
     # Read once: the final answer's extras (finish reason, tool calls) come from the same row.
@@ -532,7 +532,7 @@ def approval_wait_left(run_id: Any) -> float:
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
-async def wait_for_run(run: Any, ended: Any = None) -> Any:
+async def wait_for_run(run: Run, ended: Any = None) -> Any:
     """The run once it is terminal (or paused for an approver past the policy's wait), or as it
     is at the client's deadline. ``ended``: the run row as it came back from executing on the
     request's thread (``Started.ended``); when terminal it is answered at once."""
@@ -575,10 +575,10 @@ class RunUpdate:
 
     kind: str
     event: dict[str, Any] | None = None
-    run: Any = None
+    run: Run | None = None
 
 
-async def follow_run(run: Any) -> AsyncIterator[RunUpdate]:
+async def follow_run(run: Run) -> AsyncIterator[RunUpdate]:
     """Every persisted event of ``run`` in ``seq`` order until ``run.finished`` (or the client's
     deadline), keep-alive ticks when quiet, then the final run row."""
     last_seq = 0

@@ -22,18 +22,19 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import auth, bridge, requests, shaping, targets
+from apps.api.v1 import auth, bridge, run_request, shaping, targets
 from apps.api.v1.errors import (
+    ApiError,
     BodyRules,
-    OpenAIError,
     bad_param,
     error_response,
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop, on_server_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
 from apps.runs import live
-from conductor_web.executor_db import off_loop, on_server_loop
+from apps.runs.models import Run
 
 MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
@@ -313,8 +314,8 @@ def _metadata(body: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def parse_chat_request(raw: bytes) -> requests.RunRequest:
-    """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises OpenAIError."""
+def parse_chat_request(raw: bytes) -> run_request.RunRequest:
+    """Validate a Chat Completions body into the bridge's ``RunRequest``. Raises ApiError."""
     body = json_body(raw, BODY_RULES)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
@@ -352,9 +353,9 @@ def parse_chat_request(raw: bytes) -> requests.RunRequest:
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_param("'stream_options' must be an object.", "stream_options", "invalid_type")
     messages = parse_messages(body.get("messages"))
-    return requests.RunRequest(
+    return run_request.RunRequest(
         model=body.get("model"),
-        question=requests.question_from_turns(messages),
+        question=run_request.question_from_turns(messages),
         messages=messages,
         options=options,
         stream=bool(stream),
@@ -374,7 +375,7 @@ class Envelope:
     conductor: dict[str, Any]
 
 
-def _usage(run: Any) -> dict[str, Any]:
+def _usage(run: Run) -> dict[str, Any]:
     """The run's totals in the standard fields (the bill); the tokens spent beyond the answer
     (planning and intermediate steps) as ``completion_tokens_details.reasoning_tokens``, as
     OpenAI reports a reasoning model's hidden work, so ``completion_tokens - reasoning_tokens``
@@ -390,7 +391,7 @@ def _usage(run: Any) -> dict[str, Any]:
     }
 
 
-def completion_body(env: Envelope, run: Any, answer: shaping.FinalAnswer) -> dict[str, Any]:
+def completion_body(env: Envelope, run: Run, answer: shaping.FinalAnswer) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
     if answer.tool_calls:
         message["tool_calls"] = answer.tool_calls
@@ -602,7 +603,7 @@ async def models_view(request: HttpRequest) -> HttpResponse:
     try:
         key = await off_loop(auth.authenticate, request)
         payload = await off_loop(targets.models_payload, key)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     return JsonResponse(payload)
 
@@ -614,7 +615,7 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
     try:
         key = await off_loop(auth.authenticate, request)
         payload = await off_loop(targets.models_payload, key)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     for entry in payload["data"]:
         if entry["id"] == model:
@@ -624,7 +625,7 @@ async def model_detail_view(request: HttpRequest, model: str) -> HttpResponse:
 
 def _outcome(
     key: Any, final: Any, conductor: dict[str, Any]
-) -> tuple[OpenAIError | None, shaping.FinalAnswer | None]:
+) -> tuple[ApiError | None, shaping.FinalAnswer | None]:
     """Everything a plain answer reads once its run ended, in one trip to a sync thread."""
     auth.count_tokens_sync(key, final)
     error = shaping.run_outcome_error(final, conductor)
@@ -643,7 +644,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         # live: a streamed pass-through may execute here, its answer taken as it is released
         # (on a server's loop, which outlives this view: the stream is written after it returns).
         started = await off_loop(bridge.start_run, request, parse_chat_request, live=on_server_loop())
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     run, target = started.run, started.target
     tap: live.LiveTap | None = None

@@ -36,8 +36,8 @@ from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1 import auth, targets
 from apps.api.v1.errors import (
+    ApiError,
     BodyRules,
-    OpenAIError,
     bad_param,
     error_response,
     json_body,
@@ -46,6 +46,7 @@ from apps.api.v1.errors import (
 from apps.api.v1.shaping import failure_cause
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.executor_db import off_loop
 from apps.engine.checks import CheckResult
 from apps.engine.events import CheckStatus
 from apps.engine.providers import ProviderError, ProviderRequestRefused
@@ -54,7 +55,6 @@ from apps.policies.outbound import outbound_gate
 from apps.runs import integration
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker
 from apps.workers.models import EmbeddingSpend, Worker
-from conductor_web.executor_db import off_loop
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ def _audit(
 def _worker_for(target: targets.Target, req: EmbeddingRequest) -> Worker:
     pool = target.pool
     if not pool.enabled:
-        raise OpenAIError(
+        raise ApiError(
             503, f"The pool '{pool.slug}' is disabled.", type_="server_error", code="pool_unavailable"
         )
     worker = (
@@ -279,23 +279,23 @@ def _worker_for(target: targets.Target, req: EmbeddingRequest) -> Worker:
     return worker
 
 
-def _provider_error(err: ProviderError) -> OpenAIError:
+def _provider_error(err: ProviderError) -> ApiError:
     """A provider failure in OpenAI's shape (the message is the typed error's own safe words)."""
     code = getattr(err, "code", "provider_error")
     if code in ("context_too_long", "bad_request"):
-        return OpenAIError(400, str(err), param="input", code=code)
+        return ApiError(400, str(err), param="input", code=code)
     if code == "timeout":
-        return OpenAIError(504, str(err), type_="server_error", code="provider_timeout")
+        return ApiError(504, str(err), type_="server_error", code="provider_timeout")
     if code == "egress_denied":
-        return OpenAIError(
+        return ApiError(
             503, str(err), type_="server_error", code="egress_denied", headers={"x-should-retry": "false"}
         )
-    return OpenAIError(502, str(err), type_="server_error", code=f"provider_{code}")
+    return ApiError(502, str(err), type_="server_error", code=f"provider_{code}")
 
 
 def create_embeddings(request: HttpRequest) -> dict[str, Any]:
     """Authenticate, parse, authorise, check the limits and the policy, embed, audit. Raises
-    OpenAIError (every refusal names the field, scope, limit or rule)."""
+    ApiError (every refusal names the field, scope, limit or rule)."""
     key = auth.authenticate(request)
     state = auth.request_state(request)
     req = parse_embedding_request(request.body)
@@ -315,7 +315,7 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
     worker = _worker_for(target, req)
     tokens = state.tokens or ratelimit.check_tokens(key_prefix=key.prefix, limit=key.tokens_per_minute)
     if not tokens.allowed:
-        raise OpenAIError(
+        raise ApiError(
             429,
             f"Rate limit reached: {tokens.limit} tokens per minute for this key. Try again in {tokens.retry_after_s}s.",
             type_="tokens",
@@ -329,7 +329,7 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
         headers = {"x-should-retry": "false"}
         if exc.retry_after_s:
             headers["Retry-After"] = str(int(exc.retry_after_s))
-        raise OpenAIError(
+        raise ApiError(
             429, exc.message, type_="insufficient_quota", code="budget_exhausted", param=None, headers=headers
         ) from None
     audit_kw: dict[str, Any] = {
@@ -354,7 +354,7 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
             refusal={"field": refused.field, "rule": refused.rule},
             **audit_kw,
         )
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"The request was refused by the team's input policy: {refused} (policy rule: {refused.rule}).",
             param=refused.field or "input",
@@ -362,7 +362,7 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
             headers={"x-should-retry": "false"},
         ) from None
     except PoolUnavailable as err:
-        raise OpenAIError(503, err.reason, type_="server_error", code="pool_unavailable") from None
+        raise ApiError(503, err.reason, type_="server_error", code="pool_unavailable") from None
     except ProviderError as err:
         _audit(
             event=AuditEventType.EMBEDDING_REFUSED,
@@ -397,11 +397,11 @@ def _create(request: HttpRequest) -> dict[str, Any]:
     a 503 naming the part, never an HTML 500."""
     try:
         return create_embeddings(request)
-    except OpenAIError:
+    except ApiError:
         raise
     except Exception as exc:
         logger.exception("an embeddings request failed")
-        raise OpenAIError(503, f"No embedding was made: {failure_cause(exc)}.", type_="server_error") from exc
+        raise ApiError(503, f"No embedding was made: {failure_cause(exc)}.", type_="server_error") from exc
 
 
 @csrf_exempt
@@ -410,6 +410,6 @@ async def embeddings_view(request: HttpRequest) -> HttpResponse:
         return method_not_allowed("POST")
     try:
         body = await off_loop(_create, request)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     return JsonResponse(body)

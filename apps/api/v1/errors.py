@@ -1,6 +1,6 @@
 """The error every ``/v1`` adapter raises, and its renderings.
 
-Adapters raise ``OpenAIError`` (status, message, type, param, code, headers); the adapter that
+Adapters raise ``ApiError`` (status, message, type, param, code, headers); the adapter that
 answers picks the shape: ``error_response(err)`` is OpenAI's ``{"error": {"message", "type",
 "param", "code"}}``, ``error_response(err, shape="anthropic")`` is Anthropic's ``{"type":
 "error", "error": {"type", "message"}}``. Another adapter registers its own shape with
@@ -15,11 +15,12 @@ from typing import Any
 
 from django.http import JsonResponse
 
-from conductor_web.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
+from apps.core.input_limits import safe_json_loads  # size/depth/NUL limits (issue 14)
 
 
-class OpenAIError(Exception):
-    """An error answered to a ``/v1`` client (in OpenAI's shape unless the adapter says otherwise)."""
+class ApiError(Exception):
+    """An error answered to a ``/v1`` client, in the shape of the protocol the adapter speaks
+    (OpenAI's unless it says otherwise: Anthropic's for /v1/messages)."""
 
     def __init__(
         self,
@@ -46,7 +47,7 @@ class OpenAIError(Exception):
         return openai_error_body(self)
 
 
-def openai_error_body(err: OpenAIError) -> dict[str, Any]:
+def openai_error_body(err: ApiError) -> dict[str, Any]:
     out: dict[str, Any] = {
         "error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}
     }
@@ -72,7 +73,7 @@ ANTHROPIC_TYPES = {
 }
 
 
-def anthropic_error_body(err: OpenAIError) -> dict[str, Any]:
+def anthropic_error_body(err: ApiError) -> dict[str, Any]:
     type_ = ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
     out: dict[str, Any] = {"type": "error", "error": {"type": type_, "message": err.message}}
     if err.code:
@@ -84,20 +85,20 @@ def anthropic_error_body(err: OpenAIError) -> dict[str, Any]:
     return out
 
 
-ErrorShape = Callable[[OpenAIError], dict[str, Any]]
+ErrorShape = Callable[[ApiError], dict[str, Any]]
 _SHAPES: dict[str, ErrorShape] = {"openai": openai_error_body, "anthropic": anthropic_error_body}
 
 
 def register_error_shape(name: str, render: ErrorShape) -> None:
-    """Let another adapter render ``OpenAIError`` in its own protocol's shape."""
+    """Let another adapter render ``ApiError`` in its own protocol's shape."""
     _SHAPES[name] = render
 
 
-def error_body(err: OpenAIError, shape: str = "openai") -> dict[str, Any]:
+def error_body(err: ApiError, shape: str = "openai") -> dict[str, Any]:
     return _SHAPES[shape](err)
 
 
-def error_response(err: OpenAIError, shape: str = "openai") -> JsonResponse:
+def error_response(err: ApiError, shape: str = "openai") -> JsonResponse:
     """The JSON response for ``err`` in ``shape`` with its headers (Retry-After, x-should-retry)."""
     response = JsonResponse(error_body(err, shape), status=err.status)
     for name, value in err.headers.items():
@@ -113,7 +114,7 @@ def no_retry() -> dict[str, str]:
 
 def method_not_allowed(allowed: str, shape: str = "openai") -> JsonResponse:
     response = error_response(
-        OpenAIError(405, f"Use {allowed} on this endpoint.", code="method_not_allowed"), shape
+        ApiError(405, f"Use {allowed} on this endpoint.", code="method_not_allowed"), shape
     )
     response["Allow"] = allowed
     return response
@@ -125,17 +126,17 @@ def endpoints_text(endpoints: list[str]) -> str:
     return ", ".join(endpoints)
 
 
-def unknown_url_error(method: str, path: str, endpoints: list[str]) -> OpenAIError:
-    return OpenAIError(
+def unknown_url_error(method: str, path: str, endpoints: list[str]) -> ApiError:
+    return ApiError(
         404,
         f"Unknown request URL: {method} {path}. This server implements {endpoints_text(endpoints)}.",
         code="unknown_url",
     )
 
 
-def bad_param(message: str, param: str, code: str = "invalid_value") -> OpenAIError:
+def bad_param(message: str, param: str, code: str = "invalid_value") -> ApiError:
     """A 400 naming the request parameter that caused it."""
-    return OpenAIError(400, message, param=param, code=code)
+    return ApiError(400, message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -158,9 +159,9 @@ def json_body(raw: bytes, rules: BodyRules) -> dict[str, Any]:
     try:
         body = safe_json_loads(raw or b"null")
     except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from None
+        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     for name in rules.required:
         if name not in body:
             raise bad_param(rules.missing.format(name=name), name, "missing_required_parameter")

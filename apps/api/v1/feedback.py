@@ -16,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
 from apps.api.v1 import auth
-from apps.api.v1.errors import BodyRules, OpenAIError, error_response, json_body, method_not_allowed
+from apps.api.v1.errors import ApiError, BodyRules, error_response, json_body, method_not_allowed
 from apps.feedback.models import FeedbackSource
 from apps.feedback.services import FeedbackInvalid, feedback_record
 
@@ -42,7 +42,7 @@ def feedback_object(item: Any) -> dict[str, Any]:
 
 
 def _run_for(key: ApiKey, run_id: Any) -> Any:
-    not_found = OpenAIError(
+    not_found = ApiError(
         404, f"No run with id '{str(run_id)[:64]}' for this API key.", param="run_id", code="run_not_found"
     )
     try:
@@ -76,7 +76,7 @@ def record(request: HttpRequest) -> dict[str, Any]:
             step_index=body.get("step_index"),
         )
     except FeedbackInvalid as err:
-        raise OpenAIError(400, err.message, param=err.param, code=err.code) from None
+        raise ApiError(400, err.message, param=err.param, code=err.code) from None
     return feedback_object(item)
 
 
@@ -86,5 +86,5 @@ def feedback_view(request: HttpRequest) -> HttpResponse:
         return method_not_allowed("POST")
     try:
         return JsonResponse(record(request), status=201)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)

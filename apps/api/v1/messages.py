@@ -19,19 +19,20 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import auth, bridge, requests, shaping
+from apps.api.v1 import auth, bridge, run_request, shaping
 from apps.api.v1.chat import parse_response_format
 from apps.api.v1.errors import (
+    ApiError,
     BodyRules,
-    OpenAIError,
     bad_param,
     error_body,
     error_response,
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
-from conductor_web.executor_db import off_loop
+from apps.runs.models import Run
 
 SHAPE = "anthropic"
 KNOWN_PARAMS = {
@@ -156,8 +157,8 @@ def _output_format(value: Any) -> ResponseFormat | None:
     )
 
 
-def parse_messages_request(raw: bytes) -> requests.RunRequest:
-    """Validate a Messages body into the bridge's ``RunRequest``. Raises OpenAIError."""
+def parse_messages_request(raw: bytes) -> run_request.RunRequest:
+    """Validate a Messages body into the bridge's ``RunRequest``. Raises ApiError."""
     body = json_body(raw, BODY_RULES)
     max_tokens = body["max_tokens"]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -196,9 +197,9 @@ def parse_messages_request(raw: bytes) -> requests.RunRequest:
         top_p=_number(body, "top_p", 0, 1),
         response_format=_output_format(body.get("output_config")),
     )
-    return requests.RunRequest(
+    return run_request.RunRequest(
         model=body["model"],
-        question=requests.question_from_turns(messages),
+        question=run_request.question_from_turns(messages),
         messages=messages,
         options=options,
         stream=bool(body.get("stream")),
@@ -211,7 +212,7 @@ def parse_messages_request(raw: bytes) -> requests.RunRequest:
 # --- answers -----------------------------------------------------------------------------------------
 
 
-def _msg_id(run: Any) -> str:
+def _msg_id(run: Run) -> str:
     return f"msg_{run.id.hex}"
 
 
@@ -229,7 +230,7 @@ def shape_answer(answer: shaping.FinalAnswer, stops: tuple[str, ...]) -> tuple[s
 
 
 def message_body(
-    run: Any,
+    run: Run,
     model: str,
     text: str,
     stop_reason: str | None,
@@ -256,7 +257,7 @@ def message_body(
 
 async def outcome(
     request: HttpRequest, started: bridge.Started, final: Any
-) -> tuple[dict[str, Any], str, str | None, str | None, OpenAIError | None]:
+) -> tuple[dict[str, Any], str, str | None, str | None, ApiError | None]:
     """(conductor, text, stop_reason, stop_sequence, error) for the run as it ended."""
     await auth.count_tokens(started.key, final)
     conductor = shaping.conductor_info(request, final, started.target)
@@ -356,7 +357,7 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
         return method_not_allowed("POST", shape=SHAPE)
     try:
         started = await off_loop(bridge.start_run, request, parse_messages_request)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err, shape=SHAPE)
     run, target = started.run, started.target
     headers = auth.run_headers(run, shaping.run_url(request, run.id))

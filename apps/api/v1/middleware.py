@@ -2,7 +2,7 @@
 
 - ``x-request-id``: made per request (``req_<hex>``), put into the audit request context (so
   every audit row written by the request carries it), onto the run (``Run.request_id``, and from
-  there into its execution's audit rows and log lines) and into log lines (``conductor_web.logging``).
+  there into its execution's audit rows and log lines) and into log lines (``apps.core.logging``).
 - ``openai-processing-ms``: time spent before the response (a stream's headers) left.
 - ``x-conductor-overhead-ms``: that time less what the run waited on model providers (union of
   its provider calls' wall time, ``provider_ms`` on ``run.finished``): this gateway's own cost,
@@ -26,9 +26,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils.deprecation import MiddlewareMixin
 
 from apps.api.v1.auth import RequestState, bind_state, new_request_id, rate_limit_headers
-from apps.api.v1.errors import OpenAIError, error_response
-from conductor_web.middleware import InlineHooks
-from conductor_web.request_context import current_request_meta, set_request_meta
+from apps.api.v1.errors import ApiError, error_response
+from apps.core.middleware import InlineHooks
+from apps.core.request_context import current_request_meta, set_request_meta
 
 PREFIX = "/v1/"
 EXPOSED_HEADERS = (
@@ -71,7 +71,7 @@ class V1Middleware(InlineHooks, MiddlewareMixin):
         if request.method == "OPTIONS" and request.headers.get("Access-Control-Request-Method"):
             if not allowed_origin(origin):
                 return error_response(
-                    OpenAIError(
+                    ApiError(
                         403,
                         f"The origin {origin or '(none)'} may not call this API from a browser; "
                         "an operator allows origins in V1_CORS_ALLOWED_ORIGINS.",

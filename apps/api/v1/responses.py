@@ -23,19 +23,19 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey, ApiScope
-from apps.api.v1 import auth, bridge, requests, shaping, targets
+from apps.api.v1 import auth, bridge, run_request, shaping, targets
 from apps.api.v1.chat import _metadata, _number, _positive_int, parse_response_format
 from apps.api.v1.errors import (
+    ApiError,
     BodyRules,
-    OpenAIError,
     bad_param,
     error_body,
     error_response,
     json_body,
     method_not_allowed,
 )
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions
-from conductor_web.executor_db import off_loop
 
 KNOWN_PARAMS = {
     "model",
@@ -247,7 +247,7 @@ def parse_text(value: Any) -> Any:
     return parse_response_format(fmt, "text.format")
 
 
-def parse_responses_request(raw: bytes) -> requests.RunRequest:
+def parse_responses_request(raw: bytes) -> run_request.RunRequest:
     """Validate a Responses body into the bridge's ``RunRequest`` (the history of a
     ``previous_response_id`` is added by ``with_history`` once the key is known)."""
     body = json_body(raw, BODY_RULES)
@@ -277,7 +277,7 @@ def parse_responses_request(raw: bytes) -> requests.RunRequest:
     turns = parse_input(body["input"])
     store = body.get("store") is not False
     return _assemble(
-        requests.RunRequest(
+        run_request.RunRequest(
             model=body.get("model"),
             question="",
             options=options,
@@ -295,7 +295,7 @@ def parse_responses_request(raw: bytes) -> requests.RunRequest:
     )
 
 
-def _assemble(req: requests.RunRequest, history: list[dict[str, Any]]) -> requests.RunRequest:
+def _assemble(req: run_request.RunRequest, history: list[dict[str, Any]]) -> run_request.RunRequest:
     """The run's chat: instructions (this request's only, as OpenAI does), history, new input."""
     turns = history + list(req.extra["turns"])
     instructions = req.extra.get("instructions")
@@ -304,12 +304,12 @@ def _assemble(req: requests.RunRequest, history: list[dict[str, Any]]) -> reques
         raise bad_param("'input' needs at least one user message with text.", "input")
     keep = {**req.keep, "messages": turns, "instructions": instructions or ""}
     return dataclasses.replace(
-        req, question=requests.question_from_turns(messages), messages=messages, keep=keep
+        req, question=run_request.question_from_turns(messages), messages=messages, keep=keep
     )
 
 
-def _not_found(resp_id: str, param: str | None) -> OpenAIError:
-    return OpenAIError(404, f"Response with id '{resp_id}' not found.", param=param, code="not_found")
+def _not_found(resp_id: str, param: str | None) -> ApiError:
+    return ApiError(404, f"Response with id '{resp_id}' not found.", param=param, code="not_found")
 
 
 def stored_run(key: ApiKey, resp_id: str, param: str | None = None) -> Any:
@@ -330,7 +330,7 @@ def stored_run(key: ApiKey, resp_id: str, param: str | None = None) -> Any:
     return run
 
 
-def with_history(req: requests.RunRequest, key: ApiKey) -> requests.RunRequest:
+def with_history(req: run_request.RunRequest, key: ApiKey) -> run_request.RunRequest:
     """``previous_response_id``: the earlier response's input and output become the history."""
     previous = req.extra.get("previous_response_id")
     if not previous:
@@ -469,13 +469,13 @@ def response_body(
     }
 
 
-def _failed_error(err: OpenAIError) -> dict[str, Any]:
+def _failed_error(err: ApiError) -> dict[str, Any]:
     return {"code": err.code or "server_error", "message": err.message}
 
 
 async def finished_response(
     request: HttpRequest, run: Any, target: targets.Target
-) -> tuple[dict[str, Any], OpenAIError | None]:
+) -> tuple[dict[str, Any], ApiError | None]:
     """The response object of a run that ended (or stopped being waited for), and the error that
     a plain request answers instead (None: the body is the answer)."""
     conductor = shaping.conductor_info(request, run, target)
@@ -634,7 +634,7 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
         return method_not_allowed("POST")
     try:
         started = await off_loop(bridge.start_run, request, parse_responses_request, with_history)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     run, target = started.run, started.target
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
@@ -689,7 +689,7 @@ async def response_detail_view(request: HttpRequest, response_id: str) -> HttpRe
         return method_not_allowed("GET")
     try:
         run, target = await off_loop(_retrieve, request, response_id)
-    except OpenAIError as err:
+    except ApiError as err:
         return error_response(err)
     if run.is_terminal:
         body, _ = await finished_response(request, run, target)

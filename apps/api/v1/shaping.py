@@ -21,9 +21,9 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, get_script_prefix, get_urlconf, reverse
 
-from apps.api.v1.errors import OpenAIError, no_retry
+from apps.api.v1.errors import ApiError, no_retry
 from apps.api.v1.targets import Target
-from apps.runs.models import PlanApproval, RunEvent
+from apps.runs.models import PlanApproval, Run, RunEvent
 from apps.runs.selectors import held_reason, run_hold_rules, withhold_event_data
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def failure_cause(exc: BaseException) -> str:
     return f"{part} failed ({type(exc).__name__})"
 
 
-def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: BaseException) -> OpenAIError:
+def follow_failure_error(request: HttpRequest, run: Run, target: Target, exc: BaseException) -> ApiError:
     """The answer for a client whose wait broke after its run was created: it names the cause and
     the run (header, ``conductor`` field and message), so the client can look it up later."""
     from django.core.exceptions import ObjectDoesNotExist
@@ -70,7 +70,7 @@ def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: Ba
     conductor["status"] = "unknown"
     if isinstance(exc, ObjectDoesNotExist):
         logger.warning("run %s was deleted while a /v1 client waited for it", run.id)
-        return OpenAIError(
+        return ApiError(
             410,
             f"Run {run.id} was deleted while this request waited for it.",
             type_="server_error",
@@ -81,7 +81,7 @@ def follow_failure_error(request: HttpRequest, run: Any, target: Target, exc: Ba
     logger.error(
         "lost track of run %s while a /v1 client waited: %s", run.id, type(exc).__name__, exc_info=exc
     )
-    return OpenAIError(
+    return ApiError(
         503,
         f"Waiting for run {run.id} failed: {failure_cause(exc)}. The run itself goes on; "
         f"follow it at {conductor['url']}.",
@@ -123,7 +123,7 @@ def sse(payload: dict[str, Any] | str, *, event: str | None = None) -> bytes:
 SSE_KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients ignore it, proxies see a live stream
 
 
-def conductor_info(request: HttpRequest, run: Any, target: Target) -> dict[str, Any]:
+def conductor_info(request: HttpRequest, run: Run, target: Target) -> dict[str, Any]:
     """The ``conductor`` field every /v1 answer carries: the run, its graph URL and totals."""
     return {
         "run_id": str(run.id),
@@ -156,12 +156,12 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
-def usage(run: Any) -> Usage:
+def usage(run: Run) -> Usage:
     """The run's whole token usage (conductor calls and every step)."""
     return Usage(run.input_tokens, run.output_tokens)
 
 
-def answer_usage(run: Any) -> Usage:
+def answer_usage(run: Run) -> Usage:
     """The tokens of the call that wrote the answer (what ``max_tokens`` bounds), from the
     run's ``run.finished`` data as the waiter read it (``bridge._load_ended``); zero when the
     run recorded none (it ended before an answer)."""
@@ -176,7 +176,7 @@ def answer_usage(run: Any) -> Usage:
     )
 
 
-def usage_breakdown(run: Any) -> dict[str, Any]:
+def usage_breakdown(run: Run) -> dict[str, Any]:
     """The documented ``conductor`` extension of every protocol's ``usage`` (docs/api.md):
     the standard fields count the run (the bill: planning calls and every step); ``answer`` is
     the call that wrote the answer, ``orchestration`` the rest."""
@@ -206,7 +206,7 @@ class FinalAnswer:
     incomplete: dict[str, Any] | None = None
 
 
-def final_answer(run: Any) -> FinalAnswer:
+def final_answer(run: Run) -> FinalAnswer:
     """The answer of a succeeded run; the extras (finish reason, tool calls) come from its
     ``run.finished`` event. A held answer gives nothing away (see ``run_content_visible``)."""
 
@@ -267,7 +267,7 @@ def blocked_rules(run_id: Any) -> list[str]:
     return names
 
 
-def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+def run_outcome_error(run: Run, conductor: dict[str, Any]) -> ApiError | None:
     """The error for a run that ended without a releasable answer, else None."""
     status = run.status
     if status == "succeeded":
@@ -276,7 +276,7 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
         rules = blocked_rules(run.id)
         rule_text = f" (policy rule: {', '.join(rules)})" if rules else ""
         reason = run.error or run.status_reason or "blocked by policy"
-        return OpenAIError(
+        return ApiError(
             400,
             f"{reason}{rule_text}",
             code="content_policy_violation",
@@ -284,12 +284,12 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             conductor=conductor,
         )
     if status == "cancelled":
-        return OpenAIError(
+        return ApiError(
             409, "The run was cancelled.", code="run_cancelled", headers=no_retry(), conductor=conductor
         )
     if status == "awaiting_approval":
         fields = ", ".join(awaiting_fields(run.id)) or "constraints.forecast.action"
-        return OpenAIError(
+        return ApiError(
             409,
             f"{run.error or 'The plan waits for an approver.'} (policy field: {fields}). Run {run.id} "
             # A held plan or (issue 43) a held tool call: the same pause, the same code.
@@ -305,11 +305,11 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             if status == "timed_out"
             else "The run did not finish in time; follow it at its URL."
         )
-        return OpenAIError(
+        return ApiError(
             504, message, type_="server_error", code="run_timed_out", headers=no_retry(), conductor=conductor
         )
     if run.status_reason == "response_format_invalid":
-        return OpenAIError(
+        return ApiError(
             422,
             run.error or "The answer did not match the requested response_format.",
             param="response_format",
@@ -317,7 +317,7 @@ def run_outcome_error(run: Any, conductor: dict[str, Any]) -> OpenAIError | None
             headers=no_retry(),
             conductor=conductor,
         )
-    return OpenAIError(
+    return ApiError(
         502,
         run.error or "The run failed.",
         type_="server_error",
@@ -363,7 +363,7 @@ class Streamed:
     def text(self) -> str:
         return "".join(self.parts)
 
-    def superseded(self, answer: str | None, run: Any, conductor: dict[str, Any]) -> OpenAIError | None:
+    def superseded(self, answer: str | None, run: Any, conductor: dict[str, Any]) -> ApiError | None:
         """Issue 44: the error that ends a stream whose sent text is not the start of the run's
         answer (the step writing it failed after part of it was released, and the run ended with
         a partial answer from an earlier round). A success ending would make the client take the
@@ -375,7 +375,7 @@ class Streamed:
             return None
         incomplete = conductor.get("incomplete") or {}
         why = str(incomplete.get("detail") or run.error or "the step writing it did not finish")
-        return OpenAIError(
+        return ApiError(
             502,
             f"The text streamed so far is not the answer: {why.rstrip('.')}. Run {run.id} ended with a "
             "partial answer from an earlier round instead, which this stream cannot replace; read it "

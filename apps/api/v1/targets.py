@@ -17,8 +17,8 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from apps.api import selectors as api_sel
 from apps.api.models import ApiKey
 from apps.api.v1.auth import deny
-from apps.api.v1.errors import OpenAIError, no_retry
-from apps.api.v1.requests import RunRequest
+from apps.api.v1.errors import ApiError, no_retry
+from apps.api.v1.run_request import RunRequest
 from apps.governance import selectors as gov
 from apps.governance.access_version import AccessCache
 from apps.workers.models import Pool, PoolWorker
@@ -73,7 +73,7 @@ def resolve_model(key: ApiKey, model: Any) -> Target:
 def _resolve_model(key: ApiKey, model: Any) -> Target:
     user = key.created_by
     if not isinstance(model, str) or not model.strip():
-        raise OpenAIError(
+        raise ApiError(
             400, "'model' is required: e.g. 'conductor-mini'.", param="model", code="invalid_value"
         )
     model = model.strip()
@@ -84,7 +84,7 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
         preset = PRESETS.get(base, "mini")
         pool_slug: str | None = slug if sep else None
         if sep and not slug:
-            raise OpenAIError(
+            raise ApiError(
                 400, f"Name a pool after the colon: '{base}:<pool>'.", param="model", code="invalid_value"
             )
     elif not sep:
@@ -94,7 +94,7 @@ def _resolve_model(key: ApiKey, model: Any) -> Target:
 
     if pool_slug is None:
         if key.team.default_pool_id is None:
-            raise OpenAIError(
+            raise ApiError(
                 400,
                 f"The team '{key.team.slug}' has no default pool; use '{base}:<pool>' with a pool from /v1/models.",
                 param="model",
@@ -144,13 +144,13 @@ def usable_model_names(key: ApiKey) -> list[str]:
     return [*bases, *slugs, *(f"{base}:{slug}" for base in bases for slug in slugs)]
 
 
-def unknown_model(key: ApiKey, model: Any) -> OpenAIError:
+def unknown_model(key: ApiKey, model: Any) -> ApiError:
     """404 ``model_not_found`` for ``model``, suggesting the closest names this key may use (only
     those: a pool the key cannot use is never named, so a 404 cannot probe other teams' pools)."""
     text = str(model)[:200]
     close = difflib.get_close_matches(text, usable_model_names(key), n=SUGGESTIONS, cutoff=SUGGESTION_CUTOFF)
     hint = f" Did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
-    return OpenAIError(
+    return ApiError(
         404,
         f"The model '{text}' does not exist.{hint} GET /v1/models lists the models this key may use.",
         param="model",
@@ -187,7 +187,7 @@ def check_capabilities(target: Target, req: RunRequest) -> None:
     unsupported = sorted({kind for kind in kinds.values() if kind not in TOOL_PROVIDER_KINDS})
     if unsupported:
         workers = ", ".join(sorted(slug for slug, kind in kinds.items() if kind not in TOOL_PROVIDER_KINDS))
-        raise OpenAIError(
+        raise ApiError(
             400,
             f"Tool calling is not supported by the pool '{target.pool.slug}': its worker(s) {workers} "
             f"use the provider kind(s) {', '.join(unsupported)}; tools need an OpenAI or "

@@ -6,8 +6,9 @@ from typing import Any
 
 from django import template
 
-from apps.audit.selectors import awaiting_review_count, reviews_any_team
+from apps.audit.selectors import reviews_any_team
 from apps.runs.approvals import approvals_to_decide
+from apps.runs.review_queue import awaiting_review_count
 
 register = template.Library()
 

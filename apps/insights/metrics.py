@@ -37,12 +37,12 @@ from prometheus_client.registry import Collector
 from apps.audit.models import AuditEvent
 from apps.governance.models import Team
 from apps.insights.models import HOUR, RUN_ROW, GuardrailRollup, Rollup
+from apps.insights.telemetry import PROVIDER_NAMES
 from apps.policies.budgets import budget_status
 from apps.policies.services import effective_policy
 from apps.tools.models import ToolApproval, ToolCall
 from apps.workers.health import worker_traffic
 from apps.workers.models import Worker
-from conductor_web.telemetry import PROVIDER_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 
-from conductor_web.request_context import current_request_meta
+from apps.core.request_context import current_request_meta
 
 # Common key shapes: OpenAI/Anthropic style keys, our own API keys, bearer tokens, key=value pairs.
 _SECRET_PATTERNS = [

@@ -30,8 +30,8 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework.exceptions import APIException, ParseError
 from rest_framework.parsers import JSONParser
 
+from apps.core.middleware import InlineHooks
 from apps.engine.text import BAD_CHARS, has_bad_chars
-from conductor_web.middleware import InlineHooks
 
 DEFAULT_MAX_DEPTH = 64
 DEFAULT_MAX_BYTES = 2_621_440  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE default (2.5 MiB)

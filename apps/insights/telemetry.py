@@ -94,7 +94,7 @@ def _tracer() -> Tracer | None:
             )
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
             _provider = (os.getpid(), provider)
-        return _provider[1].get_tracer("conductor_web.telemetry")
+        return _provider[1].get_tracer("apps.insights.telemetry")
 
 
 def flush(timeout_ms: int = 10_000) -> bool:

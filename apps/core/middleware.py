@@ -23,7 +23,7 @@ from django.middleware.common import CommonMiddleware as _CommonMiddleware
 from django.middleware.security import SecurityMiddleware as _SecurityMiddleware
 from django.utils.deprecation import MiddlewareMixin
 
-from conductor_web.request_context import RequestMeta, set_request_meta
+from apps.core.request_context import RequestMeta, set_request_meta
 
 
 class InlineHooks:

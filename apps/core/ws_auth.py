@@ -7,7 +7,7 @@ is queued before the first consumer read, so all handshakes finish together at t
 daphne's 5 s connect timeout. Here the middleware only puts Channels' lazy user into the scope and
 the consumer resolves it (`resolve_user`, Channels' own `get_user`, so the session hash check and
 the backend rules are unchanged) in the same executor job as its permission check and snapshot:
-one job per handshake, finished in arrival order (conductor_web.executor_db).
+one job per handshake, finished in arrival order (apps.core.executor_db).
 
 A consumer behind this stack must call `resolve_user` (from sync code, off the event loop) before
 it looks at `scope["user"]`; reading it earlier raises Channels' "Accessing scope user before it

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from apps.audit.services import audit_retention_sweep
+from apps.runs.retention import retention_sweep
 
 
 class Command(BaseCommand):
@@ -16,5 +16,5 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=None, help="erase at most this many runs")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        erased = audit_retention_sweep(limit=options.get("limit"))
+        erased = retention_sweep(limit=options.get("limit"))
         self.stdout.write(f"erased the content of {erased} run(s)")

@@ -4,7 +4,7 @@ The ASGI ``websocket.close`` message carries a ``reason``; daphne 4.2 drops it (
 sends the code only), so a socket closed because its session ended or its viewer lost access would
 reach the browser with a bare number. Autobahn's ``sendClose`` takes the reason (UTF-8, cut to the
 123 bytes a close frame holds); daphne's factory looks its protocol class up on itself, so a
-subclass that passes the reason on is installed there (as ``conductor_web.daphne_requests`` does
+subclass that passes the reason on is installed there (as ``apps.core.daphne_requests`` does
 for HTTP).
 """
 
