@@ -770,10 +770,12 @@ class RunSink:
             },
         )
 
-    def _on_step_slot(self, event: dict[str, Any], data: dict[str, Any]) -> None:
-        # Issue 44: waiting for the worker's slot (no call yet), then running once the call starts.
-        status = "waiting" if event["type"] == EventType.STEP_WAITING else "running"
-        update_where(Step, (self.run_id, data["index"]), {"status": status}, where=("run", "index"))
+    # Issue 44: a step waits for its worker's slot (no call yet), then runs once the call starts.
+    def _on_step_waiting(self, event: dict[str, Any], data: dict[str, Any]) -> None:
+        update_where(Step, (self.run_id, data["index"]), {"status": "waiting"}, where=("run", "index"))
+
+    def _on_step_running(self, event: dict[str, Any], data: dict[str, Any]) -> None:
+        update_where(Step, (self.run_id, data["index"]), {"status": "running"}, where=("run", "index"))
 
     def _on_step_finished(self, event: dict[str, Any], data: dict[str, Any]) -> None:
         usage = data.get("usage") or {}
@@ -900,8 +902,8 @@ class RunSink:
         EventType.PLAN_PROPOSED: _on_plan_proposed,
         EventType.PLAN_VALIDATED: _on_plan_validated,
         EventType.STEP_STARTED: _on_step_started,
-        EventType.STEP_WAITING: _on_step_slot,
-        EventType.STEP_RUNNING: _on_step_slot,
+        EventType.STEP_WAITING: _on_step_waiting,
+        EventType.STEP_RUNNING: _on_step_running,
         EventType.STEP_FINISHED: _on_step_finished,
         EventType.RUN_FINISHED: _on_run_finished,
         EventType.RUN_AWAITING_APPROVAL: _on_run_awaiting_approval,
