@@ -9,7 +9,7 @@ from django import forms
 
 from apps.governance.forms import apply_service_errors  # noqa: F401  (re-exported for the views)
 from apps.workers.models import ProviderKind
-from apps.workers.services import KIND_FIELDS
+from apps.workers.services import KEY_ENV_RULE, KIND_FIELDS
 
 if TYPE_CHECKING:
     from apps.governance.models import Team
@@ -117,6 +117,7 @@ class ProviderForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.current_kind = current_kind
         self.key_tail = KEY_HELP_TAIL if editing else KEY_HELP_NEW  # a new provider has no key to keep
+        self.key_env_refused = not can_set_key_env
         if not can_set_key_env:
             # Only platform administrators may name a server variable (issue 13): not offered.
             del self.fields["api_key_env"]
@@ -194,6 +195,9 @@ class ProviderForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if self.key_env_refused and str(self.data.get("api_key_env") or "").strip():
+            # Not offered, yet posted (a crafted request): refused by its rule, not silently dropped.
+            self.add_error(None, KEY_ENV_RULE)
         kind = data.get("kind") or self.current_kind or ProviderKind.OPENAI
         used = KIND_FIELDS.get(kind, ())
         for name in ("base_url", "model_path", "api_key_env", "api_key"):

@@ -9,6 +9,7 @@ before/after values (a key is represented only by ``api_key_set``/``api_key_last
 from __future__ import annotations
 
 from apps.workers.services.common import (
+    KEY_ENV_RULE,
     KIND_FIELDS,
     POOL_FIELDS,
     PROVIDER_FIELDS,
@@ -32,6 +33,7 @@ from apps.workers.services.workers import worker_create, worker_disable, worker_
 
 __all__ = [
     "HEALTH_PROMPT",
+    "KEY_ENV_RULE",
     "KIND_FIELDS",
     "POOL_FIELDS",
     "PROVIDER_FIELDS",

@@ -210,16 +210,19 @@ def _validate_provider(errors: dict[str, list[str]], data: dict[str, Any], api_k
         errors.setdefault(name, []).extend(messages)
 
 
+KEY_ENV_RULE = (
+    "Only platform administrators (superusers) may name a server environment variable as "
+    "the key source (api_key_env); store the key instead."
+)
+
+
 def _check_key_env(errors: dict[str, list[str]], actor: Actor, env_name: str) -> None:
     """Naming a server environment variable as a key source is a platform decision (issue 13):
     platform administrators only, and only names the operator allowed."""
     if not env_name or "api_key_env" in errors:
         return
     if actor is not None and not selectors.can_set_key_env(actor):
-        errors.setdefault("api_key_env", []).append(
-            "Only platform administrators (superusers) may name a server environment variable as "
-            "the key source (api_key_env); store the key instead."
-        )
+        errors.setdefault("api_key_env", []).append(KEY_ENV_RULE)
         return
     refusal = key_env_refusal(env_name)
     if refusal:
