@@ -22,11 +22,10 @@ import pytest
 
 from apps.runs.live import LiveTap
 from apps.runs.models import Run, RunEvent
-from tests.factories.api import make_api_key
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
 from tests.fixtures.core import _stop, start_daphne, subprocess_env
-from tests.fixtures.workers import solo_pool_of
+from tests.fixtures.streams import SoloClient, content, paused, solo_client
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -54,33 +53,8 @@ def fast_server(
 
 
 @pytest.fixture
-def solo(fast_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> Any:
-    solo_pool_of(fake_pool, alpha)
-    key = make_api_key(
-        alpha, name="fast", principal=team_admin, requests_per_minute=1000, tokens_per_minute=1_000_000
-    ).plaintext
-
-    class Solo:
-        server = fake_pool.server
-        base_url = f"{fast_server.url}/v1"
-        api_key = key
-
-        def client(self) -> openai.OpenAI:
-            return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=90)
-
-        def async_client(self) -> openai.AsyncOpenAI:
-            return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=90)
-
-    return Solo()
-
-
-def paused(chunks: list[str], after: int) -> tuple[FakeReply, threading.Event]:
-    resume = threading.Event()
-    return FakeReply(chunks=chunks, pause_after=after, resume=resume), resume
-
-
-def content(chunk: Any) -> str:
-    return "".join((c.delta.content or "") for c in chunk.choices)
+def solo(fast_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> SoloClient:
+    return solo_client(fast_server.url, fake_pool, alpha, team_admin, name="fast")
 
 
 def released_sha(run_id: Any) -> str:

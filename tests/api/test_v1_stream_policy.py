@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import threading
 import time
 from typing import Any
 
@@ -18,10 +17,9 @@ import pytest
 
 from apps.audit.models import AuditEvent
 from apps.runs.models import Run, RunEvent
-from tests.factories.api import make_api_key
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
-from tests.fixtures.workers import solo_pool_of
+from tests.fixtures.streams import SoloClient, content, paused, solo_client
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
@@ -35,33 +33,8 @@ CARD_POLICY = {"guardrails": {"output": {"pii": {"enabled": True, "action": "red
 
 
 @pytest.fixture
-def solo(daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> Any:
-    solo_pool_of(fake_pool, alpha)
-    key = make_api_key(
-        alpha, name="stream", principal=team_admin, requests_per_minute=1000, tokens_per_minute=1_000_000
-    ).plaintext
-
-    class Solo:
-        server = fake_pool.server
-        base_url = f"{daphne_server.url}/v1"
-        api_key = key
-
-        def client(self) -> openai.OpenAI:
-            return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=90)
-
-        def async_client(self) -> openai.AsyncOpenAI:
-            return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=90)
-
-    return Solo()
-
-
-def paused(chunks: list[str], after: int) -> tuple[FakeReply, threading.Event]:
-    resume = threading.Event()
-    return FakeReply(chunks=chunks, pause_after=after, resume=resume), resume
-
-
-def content(chunk: Any) -> str:
-    return "".join((c.delta.content or "") for c in chunk.choices)
+def solo(daphne_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any) -> SoloClient:
+    return solo_client(daphne_server.url, fake_pool, alpha, team_admin, name="stream")
 
 
 def finished_data(run_id: str) -> dict[str, Any]:
