@@ -13,7 +13,10 @@ import ctypes
 import fcntl
 import os
 import signal
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
@@ -108,3 +111,26 @@ def recreate_database(database_url: str) -> None:
     with psycopg.connect(url._replace(path="/postgres").geturl(), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{db}"')
+
+
+def wait_port(
+    port: int, proc: subprocess.Popen[bytes], what: str, *, work: Path | None = None, timeout: float = 120
+) -> None:
+    """Until something listens on 127.0.0.1:``port``; exits naming ``what`` (and where its log
+    is) if ``proc`` ends first or the port stays closed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited early" + (f" (see {work})" if work else ""))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"{what} did not start")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]

@@ -34,7 +34,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _live_setup import prepare  # noqa: E402
+from _live_setup import pct, prepare, wait_port  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -152,19 +151,6 @@ def setup_data(server: FakeOpenAIServer) -> tuple[Any, str]:
     return (solo if ARGS.model == "pool" else pool), key.plaintext
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            sys.exit("daphne exited early")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    sys.exit("daphne did not start")
-
-
 def start_processes(log_dir: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
     port = free_port()
     procs = [
@@ -184,7 +170,7 @@ def start_processes(log_dir: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
             stderr=subprocess.STDOUT,
         )
     ]
-    wait_port(port, procs[0])
+    wait_port(port, procs[0], "daphne", timeout=60)
     if ARGS.mode == "distributed":
         log = log_dir / "celery.log"
         procs.append(
@@ -216,11 +202,6 @@ def start_processes(log_dir: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
         )
         time.sleep(4)  # the worker logs nothing at -l warning; give it time to connect
     return f"http://127.0.0.1:{port}", procs
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def api_level(base: str, key: str, concurrency: int, total: int) -> list[float]:

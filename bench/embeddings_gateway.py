@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _live_setup import cpu_seconds, die_with_parent, prepare  # noqa: E402
+from _live_setup import cpu_seconds, die_with_parent, pct, prepare, wait_port  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--mode", choices=["embedded", "distributed"], default="embedded")
@@ -103,19 +102,6 @@ def setup_data(server: FakeOpenAIServer) -> str:
     return key.plaintext
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited early (see {WORK})")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.2)
-    sys.exit(f"{what} did not start")
-
-
 def start_daphne() -> tuple[str, subprocess.Popen[bytes]]:
     port = free_port()
     cmd = [
@@ -130,7 +116,7 @@ def start_daphne() -> tuple[str, subprocess.Popen[bytes]]:
     ]
     log = (WORK / "daphne.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-    wait_port(port, proc, "daphne")
+    wait_port(port, proc, "daphne", work=WORK)
     return f"http://127.0.0.1:{port}", proc
 
 
@@ -160,13 +146,8 @@ def start_litellm(upstream: str) -> tuple[str, subprocess.Popen[bytes]] | None:
     ]
     log = (WORK / "litellm.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
-    wait_port(port, proc, "litellm")
+    wait_port(port, proc, "litellm", work=WORK)
     return f"http://127.0.0.1:{port}", proc
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 Result = tuple[list[float], float, int, float]
