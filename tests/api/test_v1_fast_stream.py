@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,14 @@ from apps.runs.models import Run, RunEvent
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
 from tests.fixtures.core import _stop, start_daphne, subprocess_env
-from tests.fixtures.streams import SoloClient, content, paused, solo_client
+from tests.fixtures.streams import (
+    SoloClient,
+    content,
+    leave_at_first_content,
+    paused,
+    settled_run,
+    solo_client,
+)
 from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -187,23 +193,13 @@ def test_whole_answer_checks_do_not_take_the_fast_path(solo: Any, alpha: Any, gu
 def test_a_client_that_disconnects_leaves_a_finished_run(solo: Any) -> None:
     reply, resume = paused(["first ", "second ", "third"], after=1)
     solo.server.script(reply)
-    run_id = None
     try:
         raw = solo.client().chat.completions.with_raw_response.create(model="solo", messages=ASK, stream=True)
         assert raw.headers[STREAM] == "direct"
-        stream = raw.parse()
-        for chunk in stream:
-            run_id = run_id or (chunk.model_extra or {}).get("conductor", {}).get("run_id")
-            if content(chunk):
-                break
-        stream.close()  # the client goes away mid-answer
+        run_id = leave_at_first_content(raw.parse())  # the client goes away mid-answer
     finally:
         resume.set()
-    deadline = time.monotonic() + 60
-    run = Run.objects.get(pk=run_id)
-    while run.status in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        run.refresh_from_db()
+    run = settled_run(run_id)
     assert run.status == "succeeded" and run.answer == "first second third"
     assert released_sha(run_id) == sha(run.answer)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from typing import Any
 
 import openai
@@ -19,7 +18,14 @@ from apps.audit.models import AuditEvent
 from apps.runs.models import Run, RunEvent
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
-from tests.fixtures.streams import SoloClient, content, paused, solo_client
+from tests.fixtures.streams import (
+    SoloClient,
+    content,
+    leave_at_first_content,
+    paused,
+    settled_run,
+    solo_client,
+)
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
@@ -161,19 +167,10 @@ def test_a_client_that_disconnects_mid_stream_leaves_a_truthful_run(solo: Any) -
     solo.server.script(reply)
     try:
         stream = solo.client().chat.completions.create(model="solo", messages=ASK, stream=True)
-        run_id = None
-        for chunk in stream:
-            run_id = run_id or (chunk.model_extra or {}).get("conductor", {}).get("run_id")
-            if content(chunk):
-                break
-        stream.close()  # the client goes away mid-answer
+        run_id = leave_at_first_content(stream)  # the client goes away mid-answer
     finally:
         resume.set()
-    deadline = time.monotonic() + 60
-    run = Run.objects.get(pk=run_id)
-    while run.status in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        run.refresh_from_db()
+    run = settled_run(run_id)
     assert run.status in ("succeeded", "cancelled")
 
 
