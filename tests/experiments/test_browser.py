@@ -13,7 +13,7 @@ import pytest
 from apps.experiments.models import Experiment, ExperimentRun
 from apps.runs.models import Run
 from tests.experiments.helpers import Responder, jsonl, wait_runs_settled
-from tests.runs.test_builder_journey import serious_violations
+from tests.fixtures.a11y import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 

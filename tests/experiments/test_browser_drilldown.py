@@ -15,8 +15,9 @@ from apps.experiments.models import Dataset, DatasetItem, Experiment, Experiment
 from apps.feedback.evaluators import JUDGE_SYSTEM
 from tests.experiments.helpers import wait_runs_settled
 from tests.fakes.base import FakeReply
+from tests.fixtures.a11y import serious_violations
 from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN
-from tests.runs.test_builder_journey import save_screen, serious_violations
+from tests.runs.test_builder_journey import save_screen
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 

@@ -9,25 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 
 from apps.policies.services import effective_policy
 from tests.factories.policies import publish_policy
 from tests.factories.runs import RunEventFactory, RunFactory, StepFactory
+from tests.fixtures.a11y import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 
 WIDTHS = (1280, 390)
 SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 EMAIL = "fox.mulder@example.org"
-
-
-def _serious(page: Any) -> list[str]:
-    return [
-        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
-        for v in Axe().run(page).response["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def _screen(page: Any, out: Path, name: str) -> None:
@@ -76,7 +68,7 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     height = page.evaluate("() => document.documentElement.scrollHeight")
     assert height < 4000, f"the editor is {height} px tall at {width} px"
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     _screen(page, out, f"policy-editor-{width}")
 
     # Edit in the form: hold answers with personal data for review, one step fewer.
@@ -95,7 +87,7 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     assert page.inner_text("[data-testid=newly-held]") == "1"
     examples = page.inner_text("[data-testid=replay-examples]")
     assert "input:pii" in examples and EMAIL not in page.content()
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     _screen(page, out, f"policy-replay-{width}")
     assert page.is_checked("#pe-guardrails-input-pii-enabled")  # the edit survived the replay
 
@@ -106,7 +98,7 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     diff = page.inner_text("[data-testid=draft-diff]")
     assert "guardrails.input.pii.enabled" in diff and "constraints.max_steps.value" in diff
     assert effective_policy(alpha).spec.guardrails.input.pii.enabled is False  # not yet
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     _screen(page, out, f"policy-diff-{width}")
     page.click("[data-testid=confirm-publish]")
     page.wait_for_selector("text=is published")
@@ -120,7 +112,7 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     page.wait_for_selector("[data-testid=rollback-diff]")
     assert "guardrails.input.pii" in page.inner_text("[data-testid=rollback-diff]")
     assert effective_policy(alpha).spec.constraints.max_steps.value == 3  # not yet
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     page.click("[data-testid=confirm-rollback]")
     page.wait_for_selector("text=Rolled back")
     spec = effective_policy(alpha).spec
@@ -143,7 +135,7 @@ def test_pool_pages_tell_the_truth_and_pass_axe(
     page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{daphne_server.url}/pools/")
     assert page.get_attribute("[data-testid=pool-state-fake]", "data-state") == "unchecked"
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     _screen(page, out, f"pool-list-{width}")
 
     page.goto(f"{daphne_server.url}/pools/fake/")
@@ -158,5 +150,5 @@ def test_pool_pages_tell_the_truth_and_pass_axe(
     assert page.locator("[data-testid=pool-health-failing]").count() == 0
     assert "Not used yet" in page.inner_text("[data-testid=pool-health-unchecked]")
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     _screen(page, out, f"pool-detail-{width}")

@@ -9,22 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 
 from tests.factories.policies import draft_policy, publish_policy
+from tests.fixtures.a11y import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 WIDTHS = (1280, 390)
 SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
-
-
-def _serious(page: Any) -> list[str]:
-    return [
-        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
-        for v in Axe().run(page).response["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -46,6 +38,6 @@ def test_the_draft_review_and_summary_name_the_shadowed_fields(
     summary = page.inner_text("[data-testid=summary-shadowed]")
     assert "constraints.max_steps.value" in summary
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     flag.screenshot(path=str(out / f"policy-shadowed-{width}.png"))
     assert draft.number  # the draft is still a draft: nothing was published by looking

@@ -14,8 +14,9 @@ import pytest
 from django.urls import reverse
 
 from apps.runs.models import Run
+from tests.fixtures.a11y import serious_violations
 from tests.fixtures.runs import CONDUCTOR_MODEL, scripted_plan
-from tests.runs.test_builder_journey import save_screen, serious_violations
+from tests.runs.test_builder_journey import save_screen
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 

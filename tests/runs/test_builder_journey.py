@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 
 from apps.audit.models import AuditEvent
 from apps.runs.models import Run, RunEvent
 from tests.fakes.base import FakeReply
+from tests.fixtures.a11y import serious_violations
 from tests.fixtures.runs import CONDUCTOR_MODEL, THREE_STEP_PLAN, worker_answer
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
@@ -71,15 +71,6 @@ def gates(fake_pool: Any) -> Iterator[Gates]:
 def journey_policy(alpha: Any, publish: Any) -> Any:
     """A published policy without input guardrails (an edited subtask may then be replayed)."""
     return publish(alpha, {"constraints": {"max_steps": {"value": 4, "action": "repair"}}})
-
-
-def serious_violations(page: Any) -> list[str]:
-    results = Axe().run(page)
-    return [
-        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
-        for v in results.response["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def save_screen(page: Any, name: str) -> None:

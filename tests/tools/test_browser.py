@@ -16,8 +16,8 @@ from django.urls import reverse
 from apps.runs.models import PlanApproval, Run
 from apps.tools.models import ToolApproval
 from tests.fakes.base import FakeReply
+from tests.fixtures.a11y import serious_violations
 from tests.fixtures.runs import CONDUCTOR_MODEL
-from tests.runs.test_builder_journey import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 

@@ -12,19 +12,12 @@ from typing import Any
 
 import openai
 import pytest
-from axe_playwright_python.sync_playwright import Axe
+
+from tests.fixtures.a11y import serious_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
-
-
-def _serious(page: Any) -> list[str]:
-    return [
-        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
-        for v in Axe().run(page).response["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def test_after_serving_a_run_the_pool_reads_ready(
@@ -59,5 +52,5 @@ def test_after_serving_a_run_the_pool_reads_ready(
         workers = page.inner_text("[data-testid=pool-workers]")
         assert "answering calls" in workers and "not used yet" in workers  # the planner was not called
         assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-        assert _serious(page) == []
+        assert serious_violations(page) == []
         page.screenshot(path=str(out / f"pool-detail-served-{width}.png"), full_page=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from axe_playwright_python.sync_playwright import Axe
 
 from apps.workers.models import Provider
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.fixtures.a11y import serious_violations
 from tests.fixtures.workers import FAKE_PROVIDER_KEY
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
@@ -22,14 +22,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(tr
 WIDTHS = (1280, 390)
 SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 WRONG_KEY = "sk-wrong-PLANTED-key-4242"
-
-
-def _serious(page: Any) -> list[str]:
-    return [
-        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
-        for v in Axe().run(page).response["violations"]
-        if v.get("impact") in ("serious", "critical")
-    ]
 
 
 def _visible(page: Any, name: str) -> bool:
@@ -79,7 +71,7 @@ def test_policy_admin_picks_a_kind_tests_the_connection_and_saves(
     assert fake_pool_server.chat_requests()[-1].json["model"] == "llama3.1:8b"
     assert not Provider.objects.filter(slug="ollama-box").exists()  # a test saves nothing
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
-    assert _serious(page) == []
+    assert serious_violations(page) == []
     page.screenshot(path=str(out / f"provider-form-{width}.png"), full_page=True)
 
     # A failing provider: the reason in plain words, never the key.
