@@ -84,7 +84,7 @@ PLUMBING = {"shared_sdk_client", "shared_http_client", "build_client", "Llama", 
 
 # Every call of ``.complete(`` under apps/ (module, enclosing function) and why it is gated.
 COMPLETE_CALLERS = {
-    ("apps/engine/executor.py", "target"): "a worker step: pool worker built with the run's gate",
+    ("apps/engine/executor/attempt.py", "run_call"): "a worker step: pool worker built with the run's gate",
     (
         "apps/engine/tools_loop.py",
         "run_tool_loop",
