@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from apps.engine.events import EventType, ListSink, RunStatus
 from apps.engine.plan import PlanError, parse_plan, plan_json_schema
 from apps.engine.pool import WorkerPool
 from apps.engine.providers import build_worker
+from apps.engine.providers import local as local_provider
 from apps.engine.providers.base import ProviderContextTooLong, ProviderTimeout
 from apps.engine.providers.gate import gate_without_policy
 from apps.engine.providers.local import LocalWorker, default_model_path
@@ -93,17 +94,51 @@ def test_concurrent_calls_are_serialised() -> None:
     assert results == [expected] * 3  # interleaved generations on one context would corrupt output
 
 
-def test_timeout_stops_generation() -> None:
+def test_timeout_stops_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     w = local()
     w.complete(MSGS, max_tokens=2)  # warm up
-    t0 = time.monotonic()
+    # Proved by counting, not by a clock: the moment the provider's stop check first says
+    # "deadline", no further chunk is drawn from llama's stream and the stream is closed
+    # mid-generation (closing it is what stops llama sampling).
+    stops: list[str] = []
+    real_why = local_provider._StopWhen.why
+
+    def why(self: local_provider._StopWhen) -> str | None:
+        reason = real_why(self)
+        if reason is not None and not stops:
+            stops.append(reason)
+        return reason
+
+    monkeypatch.setattr(local_provider._StopWhen, "why", why)
+    llm = w.load().llm
+    real_stream = llm.create_chat_completion
+    drawn = {"before_stop": 0, "after_stop": 0}
+    ended: list[str] = []
+
+    def counted(**kwargs: object) -> Iterator[dict]:
+        stream = real_stream(**kwargs)
+        try:
+            for chunk in stream:
+                drawn["after_stop" if stops else "before_stop"] += 1
+                yield chunk
+            ended.append("finished")
+        except GeneratorExit:
+            ended.append("closed")
+            stream.close()
+            raise
+
+    monkeypatch.setattr(llm, "create_chat_completion", counted)
     with pytest.raises(ProviderTimeout):
         w.complete(
             [{"role": "user", "content": "Write a very long story about dragons."}],
             max_tokens=400,
             timeout=0.3,
         )
-    assert time.monotonic() - t0 < 2.0
+    assert stops == ["deadline"]
+    assert ended == ["closed"]  # closed mid-generation, not run to its end
+    assert drawn["after_stop"] == 0  # not one token after the deadline was seen
+    assert drawn["before_stop"] < 400 + 2  # well short of max_tokens (+ the role and end chunks)
+    monkeypatch.undo()
     assert w.complete(MSGS, max_tokens=4).text  # the instance is still usable
 
 
