@@ -267,7 +267,8 @@ def extract_tool_access(text: str) -> list[tuple[str, ...]] | None:
                 continue
             if not isinstance(obj, dict):
                 continue
-            inner = obj.get("plan") if isinstance(obj.get("plan"), dict) else obj
+            nested = obj.get("plan")
+            inner: dict[str, Any] = nested if isinstance(nested, dict) else obj
             has, value = _lookup(inner, _TOOL_ACCESS_KEYS[:3])
             if has:
                 found = value
