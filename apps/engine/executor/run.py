@@ -10,6 +10,7 @@ import logging
 import queue
 import time
 from decimal import Decimal
+from typing import Any
 
 from apps.engine import health, outbound, slots, threads
 from apps.engine.answer import AnswerBlocked, AnswerStream
@@ -277,14 +278,7 @@ class PlanExecution:
             assert slot is not None
             self._emit_waiting(step, worker, slot)
         self.running[att.id] = att
-        max_tokens = self.limits.max_tokens_per_step or worker.info.max_output_tokens
-        if self.limits.max_tokens_per_step is not None:
-            max_tokens = min(max_tokens, worker.info.max_output_tokens)
-        extra = step_call_kwargs(
-            self.session.ctx.generation, is_final=step.index == self.answer_index, max_tokens=max_tokens
-        )
-        if extra:
-            max_tokens = extra["options"].max_tokens or max_tokens
+        max_tokens, extra = self._call_options(step, worker)
         # The answer's text leaves only through the output gate (issue 45).
         answer = self.session.open_answer(step.index) if step.index == self.answer_index else None
         on_delta = self._delta_sink(att, answer)
@@ -301,6 +295,18 @@ class PlanExecution:
             self.inbox,
         )
         threads.spawn(lambda: run_call(job), name=f"engine-step-{step.index}")
+
+    def _call_options(self, step: PlanStep, worker: Worker) -> tuple[int, dict[str, Any]]:
+        """The call's token budget, and the API client's generation options for the answer step."""
+        max_tokens = self.limits.max_tokens_per_step or worker.info.max_output_tokens
+        if self.limits.max_tokens_per_step is not None:
+            max_tokens = min(max_tokens, worker.info.max_output_tokens)
+        extra = step_call_kwargs(
+            self.session.ctx.generation, is_final=step.index == self.answer_index, max_tokens=max_tokens
+        )
+        if extra:
+            max_tokens = extra["options"].max_tokens or max_tokens
+        return max_tokens, extra
 
     def _delta_sink(self, att: Attempt, answer: AnswerStream | None) -> DeltaCallback:
         emitter = self.session.emitter
