@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.api.models import ApiKey
-from apps.api.v1 import auth, bridge, live_stream, shaping, targets
+from apps.api.v1 import auth, bridge, follow, live_stream, shaping, targets
 from apps.api.v1.chat_request import parse_chat_request
 from apps.api.v1.errors import ApiError, error_response, method_not_allowed
 from apps.core.executor_db import off_loop, on_server_loop
@@ -121,7 +121,7 @@ async def stream_run(
     yield shaping.sse(_chunk(env, {"role": "assistant", "content": ""}, conductor=first))
     final: Any = None
     streamed = shaping.Streamed()
-    async for update in bridge.follow_run(started.run):
+    async for update in follow.follow_run(started.run):
         if update.kind == "event":
             assert update.event is not None
             piece = streamed.piece(update.event, buffered)
@@ -289,7 +289,7 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
         # A plain response cannot send its headers early: its status depends on the outcome.
         # Whatever breaks while waiting, the answer still names the run (header and body).
         try:
-            final = await bridge.wait_for_run(run, started.ended)
+            final = await follow.wait_for_run(run, started.ended)
             conductor = shaping.conductor_info(request, final, target)
             error, answer = await off_loop(_outcome, started.key, final, conductor)
             if error is not None:

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from django.http import StreamingHttpResponse
 
-from apps.api.v1 import bridge, shaping
+from apps.api.v1 import bridge, follow, shaping
 from apps.core.executor_db import off_loop
 from apps.runs import live
 from apps.runs.models import Run
@@ -138,7 +138,7 @@ async def stream_live(
         yield head
     streamed = shaping.Streamed()
     while True:
-        taken = await running.tap.take(bridge.KEEPALIVE_S)
+        taken = await running.tap.take(follow.KEEPALIVE_S)
         if taken is None:
             yield proto.keepalive
             continue
@@ -155,7 +155,7 @@ async def stream_live(
     if final is None or not final.is_terminal:
         # Given back to the queue or paused: follow it to its end as any other stream does (the
         # text it released here is already sent; its events are read only for the ending).
-        async for update in bridge.follow_run(started.run):
+        async for update in follow.follow_run(started.run):
             if update.kind == "keepalive":
                 yield proto.keepalive
             elif update.kind == "final":

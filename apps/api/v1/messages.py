@@ -19,7 +19,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import auth, bridge, live_stream, run_request, shaping
+from apps.api.v1 import auth, bridge, follow, live_stream, run_request, shaping
 from apps.api.v1.chat_request import parse_response_format
 from apps.api.v1.errors import (
     ApiError,
@@ -311,7 +311,7 @@ async def stream_message(
         yield head
     final: Any = None
     streamed = shaping.Streamed()
-    async for update in bridge.follow_run(started.run):
+    async for update in follow.follow_run(started.run):
         if update.kind == "keepalive":
             yield PING
         elif update.kind == "event":
@@ -422,7 +422,7 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
         response = live_stream.event_stream(stream, is_end=_ends, on_failure=on_failure)
     else:
         try:
-            final = await bridge.wait_for_run(run, started.ended)
+            final = await follow.wait_for_run(run, started.ended)
             conductor, text, reason, seq, error = await outcome(request, started, final)
             if error is not None:
                 response = error_response(error, shape=SHAPE)

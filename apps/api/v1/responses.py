@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from apps.api import selectors as api_sel
 from apps.api.models import ApiScope
-from apps.api.v1 import auth, bridge, live_stream, shaping, targets
+from apps.api.v1 import auth, bridge, follow, live_stream, shaping, targets
 from apps.api.v1.errors import ApiError, error_body, error_response, method_not_allowed
 from apps.api.v1.responses_output import finished_response, message_item, response_body, text_part
 from apps.api.v1.responses_request import (
@@ -113,7 +113,7 @@ async def stream_response(
     final: Any = None
     streamed = shaping.Streamed()
     item_id = msg_id(run.id)
-    async for update in bridge.follow_run(run):
+    async for update in follow.follow_run(run):
         if update.kind == "keepalive":
             yield shaping.SSE_KEEPALIVE
         elif update.kind == "event":
@@ -271,7 +271,7 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
         )
     else:
         try:
-            final = await bridge.wait_for_run(run, started.ended)
+            final = await follow.wait_for_run(run, started.ended)
             await auth.count_tokens(started.key, final)
             body, error = await finished_response(request, final, target)
             response = error_response(error) if error is not None else JsonResponse(body)
