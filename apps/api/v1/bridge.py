@@ -26,6 +26,7 @@ The views are async: waiting for a run costs no thread. Following a run lives in
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,10 +80,10 @@ class Started:
     run: Run
     # The run as it ended (or paused), when it executed on the request's thread (V1_INLINE_RUNS);
     # when ended, with its finished data and the provider time recorded (answer_ended).
-    ended: Any = None
+    ended: Run | None = None
     # A stream's run accepted for execution in this process (start_run(live=True)): the inline
     # slot it holds. The caller must hand it to ``execute_live`` (which releases the slot).
-    live_slot: Any = None
+    live_slot: threading.BoundedSemaphore | None = None
 
 
 def api_request_record(req: RunRequest, target: Target) -> dict[str, Any]:
@@ -258,10 +259,11 @@ def execute_live(started: Started) -> Any:
             ended, _ = with_finished_data(ended)
         return ended
     finally:
-        started.live_slot.release()
+        if started.live_slot is not None:
+            started.live_slot.release()
 
 
-def refusal_error(refused: Any) -> ApiError:
+def refusal_error(refused: RunRefused) -> ApiError:
     """``RunRefused`` (nothing stored, no model called) as the client's error."""
     if refused.code == "budget_exhausted":
         headers = no_retry()

@@ -260,7 +260,7 @@ def with_finished_data(run: Run) -> tuple[Any, float | None]:
     return run, provider_wait_ms(data)
 
 
-def answer_ended(ended: Any) -> Any:
+def answer_ended(ended: Run) -> Run:
     """An inline run's ending as the waiter would have read it (its provider time recorded)."""
     run, waited_ms = with_finished_data(ended)
     state = current_state()
@@ -283,7 +283,7 @@ def approval_wait_left(run_id: Any) -> float:
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
-async def wait_for_run(run: Run, ended: Any = None) -> Any:
+async def wait_for_run(run: Run, ended: Run | None = None) -> Run:
     """The run once it is terminal (or paused for an approver past the policy's wait), or as it
     is at the client's deadline. ``ended``: the run row as it came back from executing on the
     request's thread (``Started.ended``); when terminal it is answered at once."""
@@ -295,13 +295,13 @@ async def wait_for_run(run: Run, ended: Any = None) -> Any:
             await _wake_or_poll(follower, deadline)
         while True:
             current, waited_ms = await off_loop(_load_ended, run.id)
-            ended, may_wait = current.is_terminal, float("inf")
+            over, may_wait = current.is_terminal, float("inf")
             if current.status == "awaiting_approval":  # answered once the policy's wait is over
                 may_wait = await off_loop(approval_wait_left, run.id)
-                ended = may_wait <= 0
+                over = may_wait <= 0
             # An approved run is given a fresh time limit: so is its caller.
             deadline = max(deadline, run_deadline(current))
-            if ended or time.monotonic() >= deadline:
+            if over or time.monotonic() >= deadline:
                 state = current_state()
                 if state is not None and waited_ms is not None:
                     state.provider_ms = waited_ms

@@ -363,7 +363,7 @@ class Streamed:
     def text(self) -> str:
         return "".join(self.parts)
 
-    def superseded(self, answer: str | None, run: Any, conductor: dict[str, Any]) -> ApiError | None:
+    def superseded(self, answer: str | None, run: Run, conductor: dict[str, Any]) -> ApiError | None:
         """Issue 44: the error that ends a stream whose sent text is not the start of the run's
         answer (the step writing it failed after part of it was released, and the run ended with
         a partial answer from an earlier round). A success ending would make the client take the
