@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -23,7 +22,6 @@ from apps.runs.live import LiveTap
 from apps.runs.models import Run, RunEvent
 from tests.factories.policies import publish_policy
 from tests.fakes.base import FakeReply
-from tests.fixtures.core import _stop, start_daphne, subprocess_env
 from tests.fixtures.streams import (
     SoloClient,
     content,
@@ -32,30 +30,11 @@ from tests.fixtures.streams import (
     settled_run,
     solo_client,
 )
-from tests.runtime import MODE
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 ASK = [{"role": "user", "content": "Tell me something."}]
 STREAM = "x-conductor-stream"
-
-
-@pytest.fixture(scope="module")
-def fast_server(
-    request: pytest.FixtureRequest, django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
-    """The live server. Distributed runs execute on Celery workers unless ``V1_INLINE_RUNS``
-    lets pass-throughs run in the web process (it defaults to off there): this module's own
-    daphne opts in, so the fast path is tested on PostgreSQL and Redis too."""
-    if MODE != "distributed":
-        yield request.getfixturevalue("daphne_server")
-        return
-    env = subprocess_env(V1_INLINE_RUNS="passthrough")
-    server = start_daphne(tmp_path_factory.mktemp("fast") / "daphne.log", env)
-    try:
-        yield server
-    finally:
-        _stop(server.proc)
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ boundaries a run's provider calls do:
   (400 ``param=input``): the policy cannot read them;
 - egress (the worker's HTTP client checks the address at connect time, as for every worker);
 - one audit row (``embedding.created`` / ``embedding.refused``) with SHA-256 digests of the inputs,
-  never their text or the vectors; the tokens charged to the key's per-minute window.
+  never their text or the vectors; the tokens charged to the key's per-minute window;
+- the worker's circuit breaker (``apps.workers.health``), as a run's calls: each call's end feeds
+  it, and while it is open the worker is not called (503 ``circuit_open`` naming the worker).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -47,6 +50,7 @@ from apps.api.v1.shaping import failure_cause
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
 from apps.core.executor_db import off_loop
+from apps.engine import health as engine_health
 from apps.engine.checks import CheckResult
 from apps.engine.events import CheckStatus
 from apps.engine.providers import ProviderError, ProviderRequestRefused
@@ -54,6 +58,7 @@ from apps.engine.types import EmbeddingResult
 from apps.policies.outbound import outbound_gate
 from apps.runs import integration
 from apps.workers.engine_adapter import PoolUnavailable, build_engine_worker
+from apps.workers.health import DbWorkerHealth
 from apps.workers.models import EmbeddingSpend, Worker
 
 logger = logging.getLogger(__name__)
@@ -293,6 +298,19 @@ def _provider_error(err: ProviderError) -> ApiError:
     return ApiError(502, str(err), type_="server_error", code=f"provider_{code}")
 
 
+def _circuit_open(worker: Worker) -> ApiError:
+    """The worker's breaker is open: nothing was sent (the words a run's skipped step uses)."""
+    cooldown = max(1, int(float(settings.CIRCUIT_COOLDOWN_S)))
+    return ApiError(
+        503,
+        f"{engine_health.CIRCUIT_OPEN}: not called, the worker '{worker.slug}' failed repeatedly in "
+        "recent calls and waits for its probe (its circuit breaker is open).",
+        type_="server_error",
+        code=engine_health.CIRCUIT_OPEN,
+        headers={"Retry-After": str(cooldown)},
+    )
+
+
 def create_embeddings(request: HttpRequest) -> dict[str, Any]:
     """Authenticate, parse, authorise, check the limits and the policy, embed, audit. Raises
     ApiError (every refusal names the field, scope, limit or rule)."""
@@ -340,6 +358,16 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
         "worker": worker,
     }
     checks: list[CheckResult] = []
+    # The breaker a run's calls feed (issue 44): an open one refuses before anything is sent.
+    health = DbWorkerHealth()
+    if not engine_health.admit(health, worker.slug):
+        _audit(
+            event=AuditEventType.EMBEDDING_REFUSED,
+            checks=checks,
+            refusal={"provider_error": engine_health.CIRCUIT_OPEN},
+            **audit_kw,
+        )
+        raise _circuit_open(worker)
     try:
         inputs, checks = _length_checks(policy.effective, req.inputs)
         engine_worker = build_engine_worker(worker, gate=outbound_gate(policy.effective))
@@ -364,6 +392,8 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
     except PoolUnavailable as err:
         raise ApiError(503, err.reason, type_="server_error", code="pool_unavailable") from None
     except ProviderError as err:
+        # Only failures that say the provider is down count (engine_health.says_down).
+        engine_health.record(health, worker.slug, error=err, latency_ms=None)
         _audit(
             event=AuditEventType.EMBEDDING_REFUSED,
             checks=checks,
@@ -372,6 +402,7 @@ def create_embeddings(request: HttpRequest) -> dict[str, Any]:
         )
         raise _provider_error(err) from None
     state.provider_ms = result.latency_ms  # x-conductor-overhead-ms is the rest
+    engine_health.record(health, worker.slug, error=None, latency_ms=result.latency_ms)
     _audit(
         event=AuditEventType.EMBEDDING_CREATED, checks=[*checks, *result.outbound], result=result, **audit_kw
     )

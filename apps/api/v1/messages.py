@@ -13,14 +13,14 @@ naming them: use ``/v1/chat/completions`` or ``/v1/responses`` for tool calling.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
 
-from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from apps.api.v1 import auth, bridge, run_request, shaping
-from apps.api.v1.chat import parse_response_format
+from apps.api.v1 import auth, bridge, follow, live_stream, run_request, shaping
+from apps.api.v1.chat_request import parse_response_format
 from apps.api.v1.errors import (
     ApiError,
     BodyRules,
@@ -30,7 +30,7 @@ from apps.api.v1.errors import (
     json_body,
     method_not_allowed,
 )
-from apps.core.executor_db import off_loop
+from apps.core.executor_db import off_loop, on_server_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
 from apps.runs.models import Run
 
@@ -256,7 +256,7 @@ def message_body(
 
 
 async def outcome(
-    request: HttpRequest, started: bridge.Started, final: Any
+    request: HttpRequest, started: bridge.Started, final: Run
 ) -> tuple[dict[str, Any], str, str | None, str | None, ApiError | None]:
     """(conductor, text, stop_reason, stop_sequence, error) for the run as it ended."""
     await auth.count_tokens(started.key, final)
@@ -290,33 +290,52 @@ def stream_buffered(started: bridge.Started) -> str | None:
     return bridge.answer_buffered(started)
 
 
+def _opening(request: HttpRequest, started: bridge.Started, buffered: str | None) -> list[bytes]:
+    """``message_start`` (whether the answer streams or is held for checks, said at once: issue
+    45) and a first ``ping``."""
+    run, model = started.run, started.target.model
+    conductor = shaping.conductor_info(request, run, started.target)
+    start = message_body(run, model, "", None, None, {**conductor, "answer": shaping.answer_mode(buffered)})
+    start["usage"] = {"input_tokens": 0, "output_tokens": 0}
+    return [_event("message_start", message=start), PING]
+
+
+BLOCK_START = _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+
+
 async def stream_message(
     request: HttpRequest, started: bridge.Started, buffered: str | None = None
 ) -> AsyncGenerator[bytes, None]:
-    run, model = started.run, started.target.model
-    conductor = shaping.conductor_info(request, run, started.target)
-    # Whether the answer streams or is held for checks, said at once (issue 45).
-    start = message_body(run, model, "", None, None, {**conductor, "answer": shaping.answer_mode(buffered)})
-    start["usage"] = {"input_tokens": 0, "output_tokens": 0}
-    yield _event("message_start", message=start)
-    yield PING
+    """A streamed message from the run's stored events."""
+    for head in _opening(request, started, buffered):
+        yield head
     final: Any = None
     streamed = shaping.Streamed()
-    opened = False
-    async for update in bridge.follow_run(run):
+    async for update in follow.follow_run(started.run):
         if update.kind == "keepalive":
             yield PING
         elif update.kind == "event":
             assert update.event is not None
+            opened = bool(streamed.parts)  # the text block was started (its first text came)
             piece = streamed.piece(update.event, buffered)
             if not piece:
                 continue
             if not opened:
-                opened = True
-                yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                yield BLOCK_START
             yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": piece})
         elif update.kind == "final":
             final = update.run
+    async for tail in _ending(request, started, final, streamed):
+        yield tail
+
+
+async def _ending(
+    request: HttpRequest, started: bridge.Started, final: Run, streamed: shaping.Streamed
+) -> AsyncGenerator[bytes, None]:
+    """A stream's last events once its run ended, on either path: an ``error`` event (blocked,
+    failed, superseded …), or the rest of the text, ``message_delta`` (stop reason, usage) and
+    ``message_stop``."""
+    opened = bool(streamed.parts)
     conductor, text, reason, seq, error = await outcome(request, started, final)
     if error is not None:
         yield _event("error", **{k: v for k, v in error_body(error, SHAPE).items() if k != "type"})
@@ -328,7 +347,7 @@ async def stream_message(
     rest = streamed.rest(text)
     if rest and not opened:
         opened = True
-        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield BLOCK_START
     if rest:
         yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": rest})
     if opened:
@@ -347,6 +366,28 @@ async def stream_message(
     yield MESSAGE_STOP
 
 
+class MessagesLive:
+    """Anthropic Messages on the fast pass-through (``live_stream``): ``stream_message``'s
+    opening and ending; each ``text_delta`` one event from a frame rendered once."""
+
+    keepalive = PING
+
+    def __init__(self, request: HttpRequest, started: bridge.Started) -> None:
+        self.request, self.started = request, started
+        self.piece = live_stream.Frame(
+            lambda text: _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+        )
+
+    def opening(self) -> Iterable[bytes]:
+        return _opening(self.request, self.started, None)
+
+    def open_content(self) -> Iterable[bytes]:
+        return (BLOCK_START,)
+
+    def ending(self, final: Run, streamed: shaping.Streamed) -> AsyncIterator[bytes]:
+        return _ending(self.request, self.started, final, streamed)
+
+
 def _ends(piece: bytes) -> bool:
     return piece == MESSAGE_STOP or piece.startswith(b"event: error\n")
 
@@ -356,31 +397,32 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST", shape=SHAPE)
     try:
-        started = await off_loop(bridge.start_run, request, parse_messages_request)
+        # live: a streamed pass-through may execute here (see chat_completions_view).
+        started = await off_loop(bridge.start_run, request, parse_messages_request, live=on_server_loop())
     except ApiError as err:
         return error_response(err, shape=SHAPE)
     run, target = started.run, started.target
+    running = live_stream.begin(started)
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
         buffered = await off_loop(stream_buffered, started)
-        headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"
+        path = live_stream.path_for(running, buffered)
+        live_stream.stream_headers(headers, path=path, buffered=buffered)
+        stream: AsyncGenerator[bytes, None]
+        if running is not None and path == live_stream.DIRECT:
+            stream = live_stream.stream_live(started, running, MessagesLive(request, started))
+        else:
+            stream = stream_message(request, started, buffered)
 
         def on_failure(exc: BaseException) -> list[bytes]:
             body = error_body(shaping.follow_failure_error(request, run, target, exc), SHAPE)
             return [_event("error", **{k: v for k, v in body.items() if k != "type"})]
 
-        response = StreamingHttpResponse(
-            shaping.guarded_stream(
-                stream_message(request, started, buffered), is_end=_ends, on_failure=on_failure
-            ),
-            content_type="text/event-stream",
-        )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+        response = live_stream.event_stream(stream, is_end=_ends, on_failure=on_failure)
     else:
         try:
-            final = await bridge.wait_for_run(run, started.ended)
+            final = await follow.wait_for_run(run, started.ended)
             conductor, text, reason, seq, error = await outcome(request, started, final)
             if error is not None:
                 response = error_response(error, shape=SHAPE)

@@ -163,7 +163,7 @@ def usage(run: Run) -> Usage:
 
 def answer_usage(run: Run) -> Usage:
     """The tokens of the call that wrote the answer (what ``max_tokens`` bounds), from the
-    run's ``run.finished`` data as the waiter read it (``bridge._load_ended``); zero when the
+    run's ``run.finished`` data as the waiter read it (``follow._load_ended``); zero when the
     run recorded none (it ended before an answer)."""
     data = getattr(run, "finished_data", None)
     got = data.get("answer_usage") if isinstance(data, dict) else None
@@ -212,7 +212,7 @@ def final_answer(run: Run) -> FinalAnswer:
 
     if run.answer_held:
         return FinalAnswer(None, [], "content_filter", True)
-    # A waiter that read the run's end already holds its run.finished data (bridge._load_ended).
+    # A waiter that read the run's end already holds its run.finished data (follow._load_ended).
     data = getattr(run, "finished_data", None)
     if data is None:
         data = (
@@ -363,7 +363,7 @@ class Streamed:
     def text(self) -> str:
         return "".join(self.parts)
 
-    def superseded(self, answer: str | None, run: Any, conductor: dict[str, Any]) -> ApiError | None:
+    def superseded(self, answer: str | None, run: Run, conductor: dict[str, Any]) -> ApiError | None:
         """Issue 44: the error that ends a stream whose sent text is not the start of the run's
         answer (the step writing it failed after part of it was released, and the run ended with
         a partial answer from an earlier round). A success ending would make the client take the
