@@ -30,6 +30,7 @@ thread). Import from here; patch a name in the module that looks it up.
 
 from __future__ import annotations
 
+from apps.runs.execution.claim import Lease
 from apps.runs.execution.inline import execute_here, give_back, inline_slot, inline_wanted, take_inline_slot
 from apps.runs.execution.leases import DbCancelToken, executor_id, heartbeat, start_heartbeat
 from apps.runs.execution.outbox import (
@@ -49,6 +50,7 @@ __all__ = [
     "REQUEST_ID_HEADER",
     "RUN_EXECUTE_TASK",
     "DbCancelToken",
+    "Lease",
     "build_run_strategy",
     "dispatch_pending",
     "dispatch_run",

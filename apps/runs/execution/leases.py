@@ -161,9 +161,7 @@ class DbCancelToken:
             self._checked = now
         try:
             row = (
-                Run.objects.filter(pk=self.run_id)
-                .values_list("cancel_requested", "status", "lease_owner")
-                .first()
+                Run.objects.filter(pk=self.run_id).values("cancel_requested", "status", "lease_owner").first()
             )
         finally:
             # Only an engine helper thread (short-lived) gives its connection back; the run's own
@@ -173,10 +171,14 @@ class DbCancelToken:
                 and threading.current_thread() is not threading.main_thread()
             ):
                 connection.close()
-        if row is None or row[0] or row[1] not in (RunStatus.QUEUED, RunStatus.RUNNING):
+        if (
+            row is None
+            or row["cancel_requested"]
+            or row["status"] not in (RunStatus.QUEUED, RunStatus.RUNNING)
+        ):
             # Deleted, cancel requested, or already ended by the sweep: stop working on it.
             self._cancelled = True
-        elif row[2] != self.owner:
+        elif row["lease_owner"] != self.owner:
             # Our lease was taken over (this process stalled past its expiry): stop, silently.
             self.lease_lost = True
             self._cancelled = True

@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.runs.execution.claim import _DISPATCH_TAKE, _as_uuid
+from apps.runs.execution.claim import _DISPATCH_TAKE, Handoff, _as_uuid
 from apps.runs.execution.leases import _owner_is_dead, executor_id, start_heartbeat
 from apps.runs.execution.runner import execute_run
 from apps.runs.models import RunDispatch, RunStatus
@@ -100,7 +100,9 @@ def dispatch_pending(run_id: UUID | str, request_id: str = "") -> bool:
     run_id = _as_uuid(run_id)
     now = timezone.now()
     # Claim the outbox row first, so two drains never publish the same run at once.
-    taken = _DISPATCH_TAKE.execute(run_id, (now, executor_id()), increments=(1,))
+    taken = _DISPATCH_TAKE.execute(
+        run_id, Handoff(dispatched_at=now, dispatched_by=executor_id()), increments=(1,)
+    )
     if not taken:
         return False  # another process is handing it off, or it was claimed already
     try:

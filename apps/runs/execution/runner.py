@@ -13,6 +13,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.core.compiled import CompiledGet
@@ -78,7 +79,7 @@ def run_to_execute(run_id: UUID | str) -> Run:
     return run
 
 
-def _execute_claimed(run_id: UUID | str, final: Any, run: Run | None = None) -> Run | None:
+def _execute_claimed(run_id: UUID | str, final: QuerySet[Run], run: Run | None = None) -> Run | None:
     """Drive the engine for a run this process has claimed; the run row as it ended (read with
     the queryset ``final``: the lease and the verdict in one read), None if the lease was lost."""
     owner = executor_id()

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
+from apps.engine.pool import WorkerPool
 from apps.engine.strategies import build_strategy
 from apps.learning.services import learned_strategy
 from apps.runs import integration
@@ -27,7 +28,7 @@ def _replay_question(run: Run) -> str:
     return users[-1] if users else "(replay)"
 
 
-def build_run_strategy(run: Run, engine_pool: Any) -> Any:
+def build_run_strategy(run: Run, engine_pool: WorkerPool) -> Any:
     if run.replay_messages:
         return _replay_strategy(run, engine_pool)
     if (passthrough := passthrough_strategy(run, engine_pool)) is not None:
@@ -61,7 +62,7 @@ class _ReplayWorker:
         return self.inner.complete(exact, **kwargs)
 
 
-def _replay_strategy(run: Run, engine_pool: Any) -> Any:
+def _replay_strategy(run: Run, engine_pool: WorkerPool) -> Any:
     key = run.worker.slug if run.worker else engine_pool.workers[engine_pool.default_index].info.key
     index = engine_pool.index_of(key)
     if index is None:

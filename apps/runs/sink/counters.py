@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
 
@@ -52,7 +53,7 @@ def _counters_sql(vendor: str, fenced: bool) -> str:
 
 
 def _store_counters(
-    run_id: Any, last_seq: int, usage: BatchUsage, *, owner: str | None = None, attempt: int = 0
+    run_id: UUID | str, last_seq: int, usage: BatchUsage, *, owner: str | None = None, attempt: int = 0
 ) -> tuple[int, int | None]:
     """Move the run's last_seq to ``last_seq`` (never back) and add ``usage`` to its counters, in
     one UPDATE. With ``owner``, the batch's lease fence: the row changes only if this executor

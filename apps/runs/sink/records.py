@@ -250,7 +250,8 @@ class EventRecords:
         totals = data.get("totals") or {}
         status = data.get("status") or RunStatus.FAILED
         held = self._is_held(data)
-        incomplete = data.get("incomplete") if isinstance(data.get("incomplete"), dict) else {}
+        reported = data.get("incomplete")
+        incomplete: dict[str, Any] = reported if isinstance(reported, dict) else {}
         updates: dict[str, Any] = {
             "status": status,
             "status_reason": data.get("reason") or "",
