@@ -65,7 +65,7 @@ from django.utils import timezone  # noqa: E402
 from apps.governance.services import team_create  # noqa: E402
 from apps.insights import upsert  # noqa: E402
 from apps.insights.models import Rollup  # noqa: E402
-from apps.runs.execution import _CLAIM, _DISPATCH_DELETE, _DISPATCH_TAKE  # noqa: E402
+from apps.runs.execution.claim import _CLAIM, _DISPATCH_DELETE, _DISPATCH_TAKE  # noqa: E402
 from apps.runs.models import Run, RunDispatch, RunStatus  # noqa: E402
 from apps.workers.models import Pool  # noqa: E402
 

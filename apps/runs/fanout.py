@@ -36,7 +36,7 @@ Inbox = asyncio.Queue[dict[str, Any]]
 
 
 def message_group(message: dict[str, Any]) -> str | None:
-    """The run group a message was sent to: the sink names it (``apps.runs.sink._group_send``)."""
+    """The run group a message was sent to: the sink names it (``apps.runs.sink.publishing._group_send``)."""
     group = message.get("group")
     return group if isinstance(group, str) else None
 

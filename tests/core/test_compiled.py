@@ -335,7 +335,7 @@ def test_execute_is_seen_by_djangos_tools_and_poisons_a_failed_block(alpha: Any)
 def test_the_claim_and_the_outbox_statements_do_what_the_orms_updates_did(alpha: Any) -> None:
     """The Celery path's claim and the outbox hand-off (apps.runs.execution): conditional, with
     the counter added in the database, and the outbox row deleted only as the ORM would."""
-    from apps.runs.execution import _CLAIM, _DISPATCH_DELETE, _DISPATCH_TAKE
+    from apps.runs.execution.claim import _CLAIM, _DISPATCH_DELETE, _DISPATCH_TAKE
     from apps.runs.models import RunDispatch
 
     run, other = make_run(alpha, status="queued"), make_run(alpha, status="queued")

@@ -496,7 +496,7 @@ def test_run_fails_truthfully_after_max_attempts(run_pool: Any, owner: Any, alph
 def test_executor_identity_is_one_per_process_even_when_threads_race(monkeypatch: Any) -> None:
     """A run's thread and the lease keeper asked for the identity at once and got two nonces; the
     reaper then re-queued the process's own run as an 'earlier incarnation'."""
-    from apps.runs import execution
+    from apps.runs.execution import leases as execution
 
     real = uuid.uuid4
 

@@ -16,7 +16,8 @@ from apps.audit.models import AuditEvent
 from apps.audit.services import audit_flush
 from apps.core.logging import RequestIdFilter
 from apps.core.request_context import RequestMeta, request_meta
-from apps.runs.execution import _execute_in_thread, execute_run
+from apps.runs.execution import execute_run
+from apps.runs.execution.outbox import _execute_in_thread
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.services import run_cancel, run_create, run_wait
 from apps.runs.sweeper import sweep_stale_runs

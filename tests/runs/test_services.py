@@ -15,7 +15,9 @@ pytestmark = pytest.mark.django_db
 
 def _no_dispatch(monkeypatch: Any) -> list[Any]:
     sent: list[Any] = []
-    monkeypatch.setattr("apps.runs.execution.dispatch_run", lambda run_id, request_id="": sent.append(run_id))
+    monkeypatch.setattr(
+        "apps.runs.execution.outbox.dispatch_run", lambda run_id, request_id="": sent.append(run_id)
+    )
     return sent
 
 

@@ -18,9 +18,9 @@ from apps.audit.services import audit_flush
 from apps.engine.events import Event, EventType
 from apps.governance.access_version import read_stamp
 from apps.runs import observers
-from apps.runs import sink as sink_module
 from apps.runs.models import Run, RunEvent, RunStatus
 from apps.runs.sink import RunSink
+from apps.runs.sink import run_sink as sink_module
 from tests.factories.runs import RunFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

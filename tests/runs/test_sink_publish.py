@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 
-from apps.runs import sink as sink_module
 from apps.runs.sink import group_name, message_events, publish_batch, register_server_loop
+from apps.runs.sink import publishing as sink_module
 
 pytestmark = pytest.mark.skipif(
     not isinstance(get_channel_layer(), InMemoryChannelLayer), reason="the embedded in-memory channel layer"

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _no_dispatch(monkeypatch: Any) -> None:
-    monkeypatch.setattr("apps.runs.execution.dispatch_run", lambda run_id, request_id="": None)
+    monkeypatch.setattr("apps.runs.execution.outbox.dispatch_run", lambda run_id, request_id="": None)
 
 
 def test_playground_offers_only_usable_pools(client: Any, fake_pool: Any, owner: Any, outsider: Any) -> None:

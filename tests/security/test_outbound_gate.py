@@ -103,7 +103,10 @@ COMPLETE_CALLERS = {
         "apps/workers/connection.py",
         "_call",
     ): "Test connection on unsaved provider settings (issue 42): worker built with the team's gate",
-    ("apps/runs/execution.py", "complete"): "a replay: wraps a pool worker built with the run's gate",
+    (
+        "apps/runs/execution/strategies.py",
+        "complete",
+    ): "a replay: wraps a pool worker built with the run's gate",
     ("apps/runs/journal.py", "complete"): "the call journal: wraps a pool worker (replays send nothing)",
 }
 
