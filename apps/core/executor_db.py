@@ -12,7 +12,9 @@ pin a pool slot per thread for the process's life.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -170,4 +172,15 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     transaction the work must see."""
     if _on_callers_thread():
         return await sync_to_async(fn)(*args, **kwargs)
-    return await _on_kept_thread(fn, request_threads())(*args, **kwargs)  # type: ignore[no-any-return]
+    # Straight to the kept threads, in a copy of the caller's context: asgiref's sync_to_async
+    # adds a context round trip and its bookkeeping to every call, a measurable share of a
+    # streamed pass-through's CPU (bench/GATEWAY.md). Nothing here needs it: the work runs no
+    # async_to_sync and sets no context variable its caller reads back.
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, _kept_call, fn, args, kwargs)
+    return await loop.run_in_executor(request_threads(), call)
+
+
+def _kept_call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+    with kept_connection():
+        return fn(*args, **kwargs)
