@@ -24,7 +24,7 @@ from apps.api.models import ApiKey
 from apps.api.v1 import auth, bridge, follow, live_stream, shaping, targets
 from apps.api.v1.chat_request import parse_chat_request
 from apps.api.v1.errors import ApiError, error_response, method_not_allowed
-from apps.core.executor_db import off_loop, on_server_loop
+from apps.core.executor_db import off_loop
 from apps.runs.models import Run
 
 # --- answers -----------------------------------------------------------------------------------------
@@ -253,14 +253,11 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        # live: a streamed pass-through may execute here, its answer taken as it is released
-        # (on a server's loop, which outlives this view: the stream is written after it returns).
-        started = await off_loop(bridge.start_run, request, parse_chat_request, live=on_server_loop())
+        # A streamed pass-through may execute in this process, its answer taken as it is released.
+        started, running, buffered = await live_stream.accept(request, parse_chat_request)
     except ApiError as err:
         return error_response(err)
     run, target = started.run, started.target
-    # Accepted for this process: it executes now, whatever follows.
-    running = live_stream.begin(started)
     env = Envelope(
         id=f"chatcmpl-{run.id.hex}",
         created=int(run.created_at.timestamp()),
@@ -270,7 +267,6 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     headers = auth.run_headers(run, env.conductor["url"])
     response: HttpResponseBase
     if started.req.stream:
-        buffered = await off_loop(bridge.answer_buffered, started)
         path = live_stream.path_for(running, buffered)
         live_stream.stream_headers(headers, path=path, buffered=buffered)
         body: AsyncGenerator[bytes, None]

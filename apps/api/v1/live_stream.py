@@ -4,7 +4,7 @@ A streamed run on a one-worker pass-through pool, with nothing that needs the wh
 executes in the process serving its client (``bridge.start_run(live=True)`` hands back an inline
 slot) and its released answer text goes to the stream from a tap on the run's sink
 (``apps.runs.live``): no database write, publish or read stands between a token and its client.
-What is protocol-neutral lives here: starting the execution and its tap (``begin``), keep-alives,
+What is protocol-neutral lives here: accepting the request and executing it on the same thread (``accept``), keep-alives,
 following a run that was given back or paused, and handing the ending to the protocol. A protocol
 says how its stream opens, how one content piece is framed (``Frame``: the bytes around the text,
 rendered once per stream) and how it ends (the same ending code its events path uses).
@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
-from django.http import StreamingHttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
 
+from apps.api.models import ApiKey
 from apps.api.v1 import bridge, follow, shaping
-from apps.core.executor_db import off_loop
+from apps.api.v1.run_request import RunRequest
+from apps.core.executor_db import off_loop, on_server_loop
 from apps.runs import live
 from apps.runs.models import Run
+
+logger = logging.getLogger(__name__)
 
 # How a stream's answer reached it: "direct" (the fast pass-through: executed in this process, the
 # released text handed over as it comes) or "events" (read from the run's stored events).
@@ -37,44 +42,81 @@ EVENTS = "events"
 # whether or not its client stays.
 _live_runs: set[asyncio.Future[Run | None]] = set()
 
-
-def execute_live(started: bridge.Started, tap: live.LiveTap | None) -> asyncio.Future[Run | None]:
-    """Start executing a run ``start_run(live=True)`` accepted for this process, on a request
-    thread; its released answer goes to ``tap`` as it comes. The future is the run as it ended
-    (None: it is followed as any other run). A client that goes away does not stop it: the run
-    ends as it would have (and its record says so)."""
-    run_id = started.run.id
-
-    async def execute() -> Run | None:
-        try:
-            ended: Run | None = await off_loop(bridge.execute_live, started)
-            return ended
-        finally:
-            if tap is not None:
-                tap.end()
-                live.close_tap(run_id)
-
-    task = asyncio.ensure_future(execute())
-    _live_runs.add(task)
-    task.add_done_callback(_live_runs.discard)
-    return task
+Buffered = Callable[[bridge.Started], "str | None"]
 
 
 class Live:
-    """A run accepted for execution here: its tap and its execution (see ``begin``)."""
+    """A run accepted for execution here: its tap and its execution (see ``accept``)."""
 
     def __init__(self, tap: live.LiveTap, execution: asyncio.Future[Run | None]) -> None:
         self.tap = tap
         self.execution = execution
 
 
-def begin(started: bridge.Started) -> Live | None:
-    """When ``start_run`` accepted the run for this process, start executing it now, whatever
-    the stream does next (the tap is registered first: the run's sink looks for it once)."""
-    if started.live_slot is None:
-        return None
-    tap = live.open_tap(started.run.id, asyncio.get_running_loop())
-    return Live(tap, execute_live(started, tap))
+async def accept(
+    request: HttpRequest,
+    parse: Callable[[bytes], RunRequest],
+    prepare: Callable[[RunRequest, ApiKey], RunRequest] | None = None,
+    *,
+    buffered: Buffered = bridge.answer_buffered,
+) -> tuple[bridge.Started, Live | None, str | None]:
+    """Accept the request (``bridge.start_run``): the run, its live execution when this process
+    executes it (None: follow its events), and for a stream why its answer is buffered (None: it
+    streams). Raises what ``start_run`` raises (an ApiError for a refusal).
+
+    On a server's loop (which outlives the view: the stream is written after it returns) the
+    thread that accepts a streamed pass-through goes straight on to execute it: the run is handed
+    to the loop and the provider is called without waiting for the view. Three thread crossings
+    before the provider call (accept, back to the loop, execute) become one."""
+    if not on_server_loop():  # Django's test client: its loop ends with the call
+        started = await off_loop(bridge.start_run, request, parse, prepare)
+        reason = await off_loop(buffered, started) if started.req.stream else None
+        return started, None, reason
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Future[tuple[bridge.Started, Live | None, str | None]] = loop.create_future()
+
+    def hand_over(value: Any, exc: BaseException | None = None) -> None:
+        def settle() -> None:
+            if accepted.done():
+                return
+            if exc is not None:
+                accepted.set_exception(exc)
+            else:
+                accepted.set_result(value)
+
+        loop.call_soon_threadsafe(settle)
+
+    def accept_and_execute() -> Run | None:
+        try:
+            started = bridge.start_run(request, parse, prepare, live=True)
+        except BaseException as exc:  # the refusal is the view's to render
+            hand_over(None, exc)
+            return None
+        reason: str | None = None
+        if started.req.stream:
+            try:
+                reason = buffered(started)
+            except Exception:
+                # Accepted already, so it runs; its events (which hold what the policy holds)
+                # serve the stream.
+                logger.exception("run %s: could not tell whether its answer streams", started.run.id)
+                reason = "the policy in force could not be read"
+        if started.live_slot is None:
+            hand_over((started, None, reason))
+            return None
+        # Registered before execution starts: the run's sink looks for its tap once.
+        tap = live.open_tap(started.run.id, loop)
+        hand_over((started, Live(tap, execution), reason))
+        try:
+            return bridge.execute_live(started)
+        finally:
+            tap.end()
+            live.close_tap(started.run.id)
+
+    execution: asyncio.Future[Run | None] = asyncio.ensure_future(off_loop(accept_and_execute))
+    _live_runs.add(execution)
+    execution.add_done_callback(_live_runs.discard)
+    return await accepted
 
 
 def path_for(running: Live | None, buffered: str | None) -> str:

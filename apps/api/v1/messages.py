@@ -30,7 +30,7 @@ from apps.api.v1.errors import (
     json_body,
     method_not_allowed,
 )
-from apps.core.executor_db import off_loop, on_server_loop
+from apps.core.executor_db import off_loop
 from apps.engine.generation import GenerationOptions, ResponseFormat
 from apps.runs.models import Run
 
@@ -397,16 +397,16 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST", shape=SHAPE)
     try:
-        # live: a streamed pass-through may execute here (see chat_completions_view).
-        started = await off_loop(bridge.start_run, request, parse_messages_request, live=on_server_loop())
+        # A streamed pass-through may execute in this process (see live_stream.accept).
+        started, running, buffered = await live_stream.accept(
+            request, parse_messages_request, buffered=stream_buffered
+        )
     except ApiError as err:
         return error_response(err, shape=SHAPE)
     run, target = started.run, started.target
-    running = live_stream.begin(started)
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
-        buffered = await off_loop(stream_buffered, started)
         path = live_stream.path_for(running, buffered)
         live_stream.stream_headers(headers, path=path, buffered=buffered)
         stream: AsyncGenerator[bytes, None]

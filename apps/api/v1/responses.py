@@ -32,7 +32,7 @@ from apps.api.v1.responses_request import (
     stored_run,
     with_history,
 )
-from apps.core.executor_db import off_loop, on_server_loop
+from apps.core.executor_db import off_loop
 from apps.runs.models import Run
 
 # Names other modules (and tests) read from here since before the split.
@@ -241,19 +241,15 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     if request.method != "POST":
         return method_not_allowed("POST")
     try:
-        # live: a streamed pass-through may execute here (see chat_completions_view).
-        started = await off_loop(
-            bridge.start_run, request, parse_responses_request, with_history, live=on_server_loop()
-        )
+        # A streamed pass-through may execute in this process (see live_stream.accept).
+        started, running, buffered = await live_stream.accept(request, parse_responses_request, with_history)
     except ApiError as err:
         return error_response(err)
     run, target = started.run, started.target
-    running = live_stream.begin(started)
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
         events = _Events()
-        buffered = await off_loop(bridge.answer_buffered, started)
         path = live_stream.path_for(running, buffered)
         live_stream.stream_headers(headers, path=path, buffered=buffered)
         stream: AsyncGenerator[bytes, None]
