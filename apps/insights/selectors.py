@@ -71,8 +71,7 @@ class Scope:
 
 def notices_for(user: Viewer, *, limit: int = 10) -> list[BudgetNotice]:
     """The viewer's own budget notices (only team admins get them), newest first."""
-    owner = stored_user(user)  # anonymous: nobody's notices
-    if owner is None:
+    if (owner := stored_user(user)) is None:  # anonymous: nobody's notices
         return []
     return list(BudgetNotice.objects.filter(user=owner).select_related("alert__team")[:limit])
 
