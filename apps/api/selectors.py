@@ -28,10 +28,11 @@ from apps.api.budgets import key_windows
 from apps.api.models import ApiKey, ApiScope
 from apps.audit.models import AuditEvent
 from apps.core.compiled import CompiledRead
+from apps.core.types import Viewer
 from apps.governance import selectors as gov
 from apps.governance.access_version import stamp_expression
 from apps.governance.models import Membership, Role, Team
-from apps.governance.visibility import is_platform_admin
+from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.insights.selectors import Scope
 from apps.policies.models import Policy
 from apps.runs.models import Run
@@ -70,15 +71,15 @@ PLATFORM_REFUSAL = (
 # --- scopes -------------------------------------------------------------------------------------
 
 
-def creator_role(user: Any, team: Any) -> str | None:
+def creator_role(user: Viewer, team: Team | int) -> str | None:
     """The role that caps a key acting for ``user`` in ``team``.
 
     A platform administrator who is not a member counts as the team's admin: within the team they
     may do what its admins do, and never more (platform objects stay out of a key's reach).
     """
-    if user is None or not getattr(user, "is_active", False):
+    if not is_active_user(user):  # AnonymousUser is never active
         return None
-    team_id = getattr(team, "pk", team)
+    team_id = team.pk if isinstance(team, Team) else team
     known: tuple[Any, str | None] | None = getattr(user, "_key_team_role", None)
     if known is not None and known[0] == team_id:
         role = known[1]  # read with the key (key_for_prefix), this request
@@ -126,22 +127,22 @@ def key_has_scope(key: ApiKey | None, scope: str) -> bool:
 # --- querysets ----------------------------------------------------------------------------------
 
 
-def teams_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def teams_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = gov.teams_visible_to(user)
     return qs.filter(pk=key.team_id) if key is not None else qs
 
 
-def teams_managed_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def teams_managed_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = gov.teams_managed_by(user)
     return qs.filter(pk=key.team_id) if key is not None else qs
 
 
-def runs_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def runs_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = Run.objects.visible_to(user, "view")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
-def runs_reviewable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def runs_reviewable_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = Run.objects.visible_to(user, "review")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
@@ -164,13 +165,13 @@ def _key_pool_ids(key: ApiKey) -> QuerySet[Any]:
     return granted.values("pk")
 
 
-def pools_usable_for(user: Any, key: ApiKey | None) -> PoolQuerySet:
+def pools_usable_for(user: Viewer, key: ApiKey | None) -> PoolQuerySet:
     """Pools the caller may run on: for a key, granted to its team and in its allow-list."""
     qs = Pool.objects.visible_to(user, "use")
     return qs.filter(pk__in=_key_pool_ids(key)) if key is not None else qs
 
 
-def pools_visible_for(user: Any, key: ApiKey | None) -> PoolQuerySet:
+def pools_visible_for(user: Viewer, key: ApiKey | None) -> PoolQuerySet:
     """For a key: the team's own pools and the pools granted to it (platform ones read-only)."""
     qs = Pool.objects.visible_to(user, "view")
     if key is None:
@@ -178,12 +179,12 @@ def pools_visible_for(user: Any, key: ApiKey | None) -> PoolQuerySet:
     return qs.filter(Q(pk__in=_granted_to_key_team(key).values("pk")) | Q(team_id=key.team_id))
 
 
-def pools_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def pools_editable_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = Pool.objects.visible_to(user, "change")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
-def workers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def workers_visible_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = workers_visible_to(user)
     if key is None:
         return qs
@@ -191,26 +192,26 @@ def workers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     return qs.filter(Q(pools__in=pools) | Q(provider__team_id=key.team_id)).distinct()
 
 
-def workers_editable_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def workers_editable_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     """For a key: only workers on the team's own providers (a granted platform pool's workers are
     used, never changed). Session users: the visible ones; the services decide."""
     qs = workers_visible_for(user, key)
     return qs.filter(provider__team_id=key.team_id) if key is not None else qs
 
 
-def providers_visible_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def providers_visible_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = providers_visible_to(user)
     # Platform providers (team=NULL) are out of a key's reach, even to read.
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
-def policies_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def policies_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     """For a key: its team's policy only (the platform default is a platform object)."""
     qs = Policy.objects.visible_to(user, "view")
     return qs.filter(team_id=key.team_id) if key is not None else qs
 
 
-def audit_events_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
+def audit_events_for(user: Viewer, key: ApiKey | None) -> QuerySet[Any]:
     qs = AuditEvent.objects.visible_to(user, "view")
     if key is None:
         return qs
@@ -219,7 +220,7 @@ def audit_events_for(user: Any, key: ApiKey | None) -> QuerySet[Any]:
     return qs.filter(team_id=key.team_id)
 
 
-def api_keys_for(user: Any, key: ApiKey | None) -> QuerySet[ApiKey]:
+def api_keys_for(user: Viewer, key: ApiKey | None) -> QuerySet[ApiKey]:
     """Keys of the teams the caller manages (only admins see keys, even by prefix)."""
     return ApiKey.objects.filter(team__in=teams_managed_for(user, key)).select_related("team", "created_by")
 

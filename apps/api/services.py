@@ -25,7 +25,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from apps.api.models import DEFAULT_SCOPES, ApiKey, ApiScope
@@ -33,10 +33,12 @@ from apps.api.ratelimit import limiter
 from apps.api.selectors import creator_role, effective_scopes, grantable_scopes, key_for_prefix
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, User, stored_user
 from apps.governance import selectors
-from apps.governance.models import Membership, Role
+from apps.governance.models import Membership, Role, Team
 from apps.governance.visibility import is_platform_admin
 from apps.workers.grants import pools_granted_to
+from apps.workers.models import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +85,11 @@ def parse_prefix(plaintext: str) -> str | None:
     return parts[1]
 
 
-def _pools_team_may_use(team: Any) -> Any:
+def _pools_team_may_use(team: Team) -> QuerySet[Pool]:
     return pools_granted_to(team)
 
 
-def _assert_manages(actor: Any, team: Any) -> None:
+def _assert_manages(actor: Actor, team: Team) -> None:
     if actor is None:  # management command / system
         return
 
@@ -95,7 +97,7 @@ def _assert_manages(actor: Any, team: Any) -> None:
         raise PermissionDenied("Only the team's admins manage its API keys.")
 
 
-def _default_principal(team: Any) -> Any:
+def _default_principal(team: Team) -> User | None:
     membership = (
         Membership.objects.filter(team=team, role=Role.ADMIN)
         .select_related("user")
@@ -145,7 +147,7 @@ def budget_errors(period: str, soft: Decimal | None, hard: Decimal | None) -> di
 
 
 def apikey_set_budget(
-    *, actor: Any, api_key: ApiKey, period: str, soft_usd: Decimal | None, hard_usd: Decimal | None
+    *, actor: Actor, api_key: ApiKey, period: str, soft_usd: Decimal | None, hard_usd: Decimal | None
 ) -> ApiKey:
     """Set (or clear, with None) the key's dollar budgets; audited with the values before and after."""
     _assert_manages(actor, api_key.team)
@@ -171,7 +173,7 @@ def apikey_set_budget(
 
 
 def _check_scope_caps(
-    *, team: Any, acts_as: Any, scopes: list[str], pools: list[Any], issuing_key: ApiKey | None
+    *, team: Team, acts_as: User, scopes: list[str], pools: list[Pool], issuing_key: ApiKey | None
 ) -> None:
     """A key never carries more than its creator's role in the team grants (nor, when minted by a
     key, more than that key's own scopes and pools). Refusals name the scope and the role."""
@@ -200,15 +202,15 @@ def _check_scope_caps(
 
 def apikey_create(
     *,
-    actor: Any,
-    team: Any,
+    actor: Actor,
+    team: Team,
     name: str,
     scopes: Iterable[str] | None = None,
     expires_at: datetime | None = None,
-    allowed_pools: Iterable[Any] = (),
+    allowed_pools: Iterable[Pool] = (),
     requests_per_minute: int | None = None,
     tokens_per_minute: int | None = None,
-    principal: Any = None,
+    principal: User | None = None,
     issuing_key: ApiKey | None = None,
     budget_period: str = "monthly",
     budget_soft_usd: Decimal | None = None,
@@ -253,7 +255,8 @@ def apikey_create(
         if value is not None and not (1 <= int(value) <= upper):
             errors.setdefault(field, []).append(f"Must be between 1 and {upper}.")
     errors.update(budget_errors(budget_period, budget_soft_usd, budget_hard_usd))
-    acts_as = principal or actor or _default_principal(team)
+    # _assert_manages let through only the system (None) or a signed-in admin of the team
+    acts_as = principal or stored_user(actor) or _default_principal(team)
     if acts_as is None:
         errors.setdefault("principal", []).append(
             "The team has no admin the key could act for; name a user explicitly."
@@ -263,6 +266,7 @@ def apikey_create(
             errors.setdefault("principal", []).append("The key must act for a member of its team.")
     if errors:
         raise ValidationError(errors)
+    assert acts_as is not None  # no principal is an error above
     _check_scope_caps(team=team, acts_as=acts_as, scopes=wanted, pools=pools, issuing_key=issuing_key)
 
     with transaction.atomic():
@@ -300,7 +304,7 @@ def apikey_create(
     return CreatedApiKey(api_key=key, plaintext=plaintext)
 
 
-def apikey_revoke(*, actor: Any, api_key: ApiKey) -> ApiKey:
+def apikey_revoke(*, actor: Actor, api_key: ApiKey) -> ApiKey:
     """Revoke ``api_key`` (idempotent: revoking a revoked key changes and records nothing)."""
     _assert_manages(actor, api_key.team)
     with transaction.atomic():

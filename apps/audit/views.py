@@ -204,7 +204,9 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     approvals = list(approvals_to_decide(request.user))
     for a in approvals:
         # A held tool call shows its tool and (to who may see the run's content) its arguments.
-        a.tool_view = tool_hold_view(a, content_visible=run_content_visible(user=request.user, run=a.run))
+        a.tool_view = tool_hold_view(  # type: ignore[attr-defined]  # for the template only
+            a, content_visible=run_content_visible(user=request.user, run=a.run)
+        )
     answers_waiting = desk.awaiting_review_count(request.user)
     params = {k: v for k, v in request.GET.items() if k in form.fields and v and k != "tab"}
     return render(

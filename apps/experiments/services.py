@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, stored_user
 from apps.experiments.datasets import ParsedItem
 from apps.experiments.export import KINDS, ExportSummary, dumps, export_rows
 from apps.experiments.models import (
@@ -63,7 +64,7 @@ class ExperimentError(ValueError):
         super().__init__(message)
 
 
-def _require_run_on_team(actor: Any, team: Team) -> None:
+def _require_run_on_team(actor: Actor, team: Team) -> None:
     if not gov.can_run_on_team(actor, team):
         raise PermissionError(
             f"You may not run experiments for team '{team.slug}': it needs {RUN_PERMISSION}."
@@ -73,7 +74,7 @@ def _require_run_on_team(actor: Any, team: Team) -> None:
 # --- datasets ------------------------------------------------------------------------------------
 
 
-def dataset_upload(*, actor: Any, team: Team, name: str, items: list[ParsedItem]) -> Dataset:
+def dataset_upload(*, actor: Actor, team: Team, name: str, items: list[ParsedItem]) -> Dataset:
     """Store a parsed (already validated, see ``datasets.parse_jsonl``) evaluation set."""
     _require_run_on_team(actor, team)
     name = (name or "").strip()
@@ -82,7 +83,9 @@ def dataset_upload(*, actor: Any, team: Team, name: str, items: list[ParsedItem]
     if not items:
         raise ExperimentError("The dataset has no items.", field="file")
     with transaction.atomic():
-        dataset = Dataset.objects.create(team=team, name=name[:120], created_by=actor, row_count=len(items))
+        dataset = Dataset.objects.create(
+            team=team, name=name[:120], created_by=stored_user(actor), row_count=len(items)
+        )
         DatasetItem.objects.bulk_create(
             DatasetItem(
                 dataset=dataset, index=it.index, messages=it.messages, reference=it.reference, tags=it.tags
@@ -109,13 +112,13 @@ def dataset_upload(*, actor: Any, team: Team, name: str, items: list[ParsedItem]
 # --- experiments ---------------------------------------------------------------------------------
 
 
-def arm_choices(pool: Any) -> list[str]:
+def arm_choices(pool: Pool) -> list[str]:
     """The strategies an experiment on ``pool`` may compare: each single worker, then the rest."""
     singles = [f"single:{pw.worker.slug}" for pw in pool.pool_workers.select_related("worker")]
     return singles + list(COMPOSITE_ARMS)
 
 
-def _run_kwargs(arm: str, pool: Any) -> dict[str, Any]:
+def _run_kwargs(arm: str, pool: Pool) -> dict[str, Any]:
     if arm.startswith("single:"):
         slug = arm.removeprefix("single:")
         pw = pool.pool_workers.select_related("worker").filter(worker__slug=slug).first()
@@ -129,7 +132,7 @@ def _run_kwargs(arm: str, pool: Any) -> dict[str, Any]:
     raise ExperimentError(f"Unknown arm '{arm}'.", field="arms")
 
 
-def _models_of(pool: Any) -> dict[str, Any]:
+def _models_of(pool: Pool) -> dict[str, Any]:
     workers = {pw.worker.slug: pw.worker.model_name for pw in pool.pool_workers.select_related("worker")}
     conductor = pool.conductor_worker
     # Each preset's planner as it was (its own conductor, else the pool's), for a faithful re-run.
@@ -148,13 +151,13 @@ def _models_of(pool: Any) -> dict[str, Any]:
 
 def experiment_start(
     *,
-    actor: Any,
+    actor: Actor,
     dataset: Dataset,
-    pool: Any,
+    pool: Pool,
     arms: list[str],
     evaluator: str = EvaluatorKind.EXACT,
     seed: int = 0,
-    judge_pool: Any = None,
+    judge_pool: Pool | None = None,
     judge_worker: str = "",
     rubric: str = "",
 ) -> Experiment:
@@ -209,7 +212,7 @@ def experiment_start(
             policy_version_id_at_start=policy_in_force(team).version_id,
             models_at_start=_models_of(pool),
             status=ExperimentStatus.RUNNING,
-            created_by=actor,
+            created_by=stored_user(actor),
             started_at=now,
         )
         rows: list[ExperimentRun] = []
@@ -264,7 +267,7 @@ def experiment_start(
     return experiment
 
 
-def _check_judge(*, actor: Any, team: Team, pool: Any, worker: str, rubric: str) -> None:
+def _check_judge(*, actor: Actor, team: Team, pool: Pool | None, worker: str, rubric: str) -> None:
     if pool is None or not worker:
         raise ExperimentError("The LLM judge needs a judge worker.", field="judge")
     usable = Pool.objects.visible_to(actor, "use").filter(pk=pool.pk, enabled=True).exists()
@@ -285,7 +288,7 @@ def score_answer(evaluator: str, answer: str, reference: str | None) -> float | 
     return evaluate_exact(answer, reference, {"normalize": True}).value
 
 
-def _judge(er: ExperimentRun, run: Any) -> Outcome:
+def _judge(er: ExperimentRun, run: Run) -> Outcome:
     experiment = er.experiment
     if experiment.judge_pool is None:
         return Outcome(None, "no judge worker was chosen")
@@ -307,7 +310,7 @@ def _judge(er: ExperimentRun, run: Any) -> Outcome:
     return outcome if outcome.value is None else Outcome(outcome.value, f"judge score {outcome.value:g}")
 
 
-def _score(er: ExperimentRun, run: Any) -> bool:
+def _score(er: ExperimentRun, run: Run) -> bool:
     """Record a finished run's outcome on its row; False when someone else already did.
 
     A held answer is not scored (issue 39): a score compares the answer with a reference the
@@ -437,7 +440,7 @@ def experiment_refresh(experiment: Experiment) -> None:
         _maybe_finish(experiment.pk)
 
 
-def experiment_cancel(*, actor: Any, experiment: Experiment) -> Experiment:
+def experiment_cancel(*, actor: Actor, experiment: Experiment) -> Experiment:
     """Cancel every unfinished run and mark the experiment cancelled (finished runs keep their scores)."""
 
     _require_run_on_team(actor, experiment.team)
@@ -486,7 +489,7 @@ class TeachResult:
     skipped: int
 
 
-def experiment_teach(*, actor: Any, experiment: Experiment) -> TeachResult:
+def experiment_teach(*, actor: Actor, experiment: Experiment) -> TeachResult:
     """Teach the team's learned router from the scored rows (learning audits the new version).
 
     Only rows with a score and an arm the router knows (not ``learned`` itself) count."""
@@ -521,7 +524,7 @@ def experiment_teach(*, actor: Any, experiment: Experiment) -> TeachResult:
 
 
 def training_export(
-    *, actor: Any, team: Any, kind: str, limit: int = 50_000
+    *, actor: Actor, team: Team, kind: str, limit: int = 50_000
 ) -> tuple[list[str], dict[str, Any]]:
     """The team's training export as JSONL lines (apps.experiments.export), audited with its
     counts (never its content). Team admins only: it carries questions and answers."""

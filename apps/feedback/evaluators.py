@@ -25,12 +25,14 @@ from apps.engine.providers import ProviderRequestRefused
 from apps.feedback.models import Evaluator, EvaluatorKind, FeedbackSource, MetricKind
 from apps.feedback.services import feedback_record
 from apps.governance.access_version import AccessCache
+from apps.governance.models import Team
 from apps.policies.guardrails.json_schema import scan
 from apps.policies.guardrails.regex import UnsafePattern, compile_pattern
 from apps.policies.outbound import audit_outbound, outbound_gate
 from apps.runs.integration import policy_in_force
 from apps.runs.models import Run, RunStatus
 from apps.workers.engine_adapter import build_engine_pool
+from apps.workers.models import Pool
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +122,8 @@ def evaluate_judge(run: Run, config: dict[str, Any], reference: str | None) -> O
 
 def judge_score(
     *,
-    team: Any,
-    pool: Any,
+    team: Team,
+    pool: Pool,
     worker_slug: str | None,
     question: str,
     answer: str,

@@ -21,6 +21,7 @@ from apps.audit.chain import content_sha256
 from apps.audit.events import AuditEventType
 from apps.audit.models import RunReview
 from apps.audit.services import audit_record, audit_run_event
+from apps.core.types import Actor, Viewer, stored_user
 from apps.feedback.models import (
     COMMENT_MAX,
     DEFAULT_METRIC,
@@ -34,7 +35,9 @@ from apps.feedback.models import (
     MetricLevel,
     Optimize,
 )
+from apps.governance.models import Team
 from apps.governance.selectors import can_change_team_policy
+from apps.runs.models import Run
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ def _clean_comment(comment: Any) -> str:
     return comment
 
 
-def _step_index(run: Any, metric: Metric, step_index: Any) -> int | None:
+def _step_index(run: Run, metric: Metric, step_index: Any) -> int | None:
     if metric.level == MetricLevel.RUN:
         if step_index is not None:
             raise FeedbackInvalid(
@@ -177,12 +180,12 @@ def _learn_on_commit(*, run_id: UUID, team_id: int, metric: str, value: float) -
 
 def feedback_record(
     *,
-    run: Any,
+    run: Run,
     metric_name: Any,
     value: Any,
     comment: Any = "",
     source: str,
-    user: Any = None,
+    user: Viewer = None,
     api_key: Any = None,
     step_index: Any = None,
     evaluator_name: str = "",
@@ -198,7 +201,7 @@ def feedback_record(
     number = coerce_value(metric, value)
     text = _clean_comment(comment)
     index = _step_index(run, metric, step_index)
-    author = user if getattr(user, "is_authenticated", False) else None
+    author = stored_user(user)
     with transaction.atomic():
         item = Feedback.objects.create(
             run=run,
@@ -266,19 +269,19 @@ def on_review_saved(sender: Any, instance: Any, created: bool, raw: bool = False
 # --- configuration (team admins and policy admins) -------------------------------------------------
 
 
-def can_configure_feedback(user: Any, team: Any) -> bool:
+def can_configure_feedback(user: Viewer, team: Team) -> bool:
     return bool(getattr(user, "is_authenticated", False)) and can_change_team_policy(user, team)
 
 
-def _require_config(actor: Any, team: Any, what: str) -> None:
+def _require_config(actor: Actor, team: Team, what: str) -> None:
     if not can_configure_feedback(actor, team):
         raise PermissionDenied(f"You may not {what} of team '{team.slug}': it needs {CONFIG_PERMISSION}.")
 
 
 def metric_create(
     *,
-    actor: Any,
-    team: Any,
+    actor: Actor,
+    team: Team,
     name: str,
     kind: str = MetricKind.BOOLEAN,
     optimize: str = Optimize.MAX,
@@ -343,7 +346,7 @@ def evaluator_config_problem(kind: str, metric: Metric, config: Any) -> tuple[st
     return None
 
 
-def evaluator_create(*, actor: Any, team: Any, spec: EvaluatorSpec) -> Evaluator:
+def evaluator_create(*, actor: Actor, team: Team, spec: EvaluatorSpec) -> Evaluator:
     _require_config(actor, team, "define evaluators")
     if spec.metric.team_id != team.pk:
         raise FeedbackInvalid("Pick a metric of this team.", param="metric")

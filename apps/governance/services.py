@@ -7,11 +7,11 @@ changes it caused.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.utils.text import slugify
 from guardian.shortcuts import assign_perm, remove_perm
 
@@ -164,7 +164,25 @@ def membership_remove(*, actor: Actor, team: Team, user: User) -> None:
         )
 
 
-def _require_pool_grant_rights(actor: Actor, pool: Any, team: Team) -> None:
+class SharedPool(Protocol):
+    """What governance reads of a pool it shares (``apps.workers.models.Pool`` is one): workers
+    sits above governance, so the pool is named by its shape, not imported."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def slug(self) -> str: ...
+    @property
+    def team(self) -> Team | None: ...
+
+
+def _pool_row(pool: SharedPool) -> models.Model:
+    """The pool as the model row guardian and the audit log key on (a pool always is one)."""
+    assert isinstance(pool, models.Model)
+    return pool
+
+
+def _require_pool_grant_rights(actor: Actor, pool: SharedPool, team: Team) -> None:
     """Superusers grant any pool; a team admin may grant a pool their team owns to another team."""
     if _is_system_or_superuser(actor):
         return
@@ -173,33 +191,35 @@ def _require_pool_grant_rights(actor: Actor, pool: Any, team: Team) -> None:
         raise PermissionDenied("Only the pool's owning team admins or platform administrators can share it.")
 
 
-def pool_grant(*, actor: Actor, pool: Any, team: Team) -> None:
+def pool_grant(*, actor: Actor, pool: SharedPool, team: Team) -> None:
     """Let ``team`` use ``pool``: its group may see it, its runners may use it."""
     _require_pool_grant_rights(actor, pool, team)
+    row = _pool_row(pool)
     with transaction.atomic():
-        if perms.group_has(team.group, "workers.view_pool", pool):
+        if perms.group_has(team.group, "workers.view_pool", row):
             # Still re-derive (e.g. the pool changed owner) but record nothing new.
-            perms.sync_team(team, [pool])
+            perms.sync_team(team, [row])
             return
-        assign_perm("workers.view_pool", team.group, pool)
-        changes = perms.sync_team(team, [pool])
+        assign_perm("workers.view_pool", team.group, row)
+        changes = perms.sync_team(team, [row])
         audit_record(
             event_type=AuditEventType.POOL_GRANTED,
             actor=actor,
             team=team,
-            obj=pool,
+            obj=row,
             payload={"team": team.slug, "pool": pool.slug, "permissions": changes},
         )
 
 
-def pool_revoke(*, actor: Actor, pool: Any, team: Team) -> None:
+def pool_revoke(*, actor: Actor, pool: SharedPool, team: Team) -> None:
     """Take ``pool`` away from ``team``; if it was the team's default pool, the team has none."""
     _require_pool_grant_rights(actor, pool, team)
+    row = _pool_row(pool)
     with transaction.atomic():
-        if not perms.group_has(team.group, "workers.view_pool", pool):
+        if not perms.group_has(team.group, "workers.view_pool", row):
             return
-        remove_perm("workers.view_pool", team.group, pool)
-        changes = perms.sync_team(team, [pool])
+        remove_perm("workers.view_pool", team.group, row)
+        changes = perms.sync_team(team, [row])
         cleared_default = False
         if team.default_pool_id == pool.pk:
             team.default_pool = None
@@ -209,7 +229,7 @@ def pool_revoke(*, actor: Actor, pool: Any, team: Team) -> None:
             event_type=AuditEventType.POOL_REVOKED,
             actor=actor,
             team=team,
-            obj=pool,
+            obj=row,
             payload={
                 "team": team.slug,
                 "pool": pool.slug,

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 from django.db.models import Count, QuerySet, Sum
 from django.urls import reverse
 
+from apps.core.types import Viewer, stored_user
 from apps.governance import selectors as gov
 from apps.governance.models import Team
 from apps.insights.models import (
@@ -68,22 +69,24 @@ class Scope:
         return reverse("runs:list") + "?" + urlencode({k: v for k, v in query.items() if v})
 
 
-def notices_for(user: Any, *, limit: int = 10) -> list[BudgetNotice]:
+def notices_for(user: Viewer, *, limit: int = 10) -> list[BudgetNotice]:
     """The viewer's own budget notices (only team admins get them), newest first."""
-    return list(BudgetNotice.objects.filter(user=user).select_related("alert__team")[:limit])
+    if (owner := stored_user(user)) is None:  # anonymous: nobody's notices
+        return []
+    return list(BudgetNotice.objects.filter(user=owner).select_related("alert__team")[:limit])
 
 
-def visible_team_slugs(user: Any) -> list[str]:
+def visible_team_slugs(user: Viewer) -> list[str]:
     return list(gov.teams_with_runs_visible_to(user).order_by("slug").values_list("slug", flat=True))
 
 
-def visible_pool_slugs(user: Any) -> list[str]:
+def visible_pool_slugs(user: Viewer) -> list[str]:
     team_ids = gov.teams_with_runs_visible_to(user).values("pk")
     pool_ids = Rollup.objects.filter(team_id__in=team_ids, grain=DAY).values("pool_id").distinct()
     return list(Pool.objects.filter(pk__in=pool_ids).order_by("slug").values_list("slug", flat=True))
 
 
-def visible_worker_keys(user: Any) -> list[str]:
+def visible_worker_keys(user: Viewer) -> list[str]:
     """Workers that have steps in the viewer's teams' rollups (the Worker filter's choices)."""
     team_ids = gov.teams_with_runs_visible_to(user).values("pk")
     return list(
@@ -95,7 +98,7 @@ def visible_worker_keys(user: Any) -> list[str]:
     )
 
 
-def scope_for(*, user: Any, start: datetime, end: datetime, filters: dict[str, Any]) -> Scope:
+def scope_for(*, user: Viewer, start: datetime, end: datetime, filters: dict[str, Any]) -> Scope:
     teams = gov.teams_with_runs_visible_to(user)
     if filters.get("team"):
         teams = teams.filter(slug=filters["team"])
@@ -426,7 +429,7 @@ def plan_chart(scope: Scope) -> tuple[dict[str, Any], dict[str, Any]]:
 SIGNOFF_SAMPLE = 5000  # sign-off waits: the median of the newest this many
 
 
-def review_chart(user: Any, scope: Scope) -> tuple[dict[str, Any], dict[str, Any]]:
+def review_chart(user: Viewer, scope: Scope) -> tuple[dict[str, Any], dict[str, Any]]:
     # Runs created in the range by review state now (ReviewRollup follows every verdict).
     waiting = {
         name: int(n or 0)
@@ -490,7 +493,7 @@ def review_chart(user: Any, scope: Scope) -> tuple[dict[str, Any], dict[str, Any
 
 
 def strategy_table(
-    user: Any, scope: Scope, run_lat: dict[str, dict[float, int]] | None = None
+    user: Viewer, scope: Scope, run_lat: dict[str, dict[float, int]] | None = None
 ) -> list[dict[str, Any]]:
     rows = {
         r["strategy"]: r
@@ -574,7 +577,7 @@ def spend_per_model(scope: Scope) -> list[dict[str, Any]]:
     return out
 
 
-def insights(*, user: Any, scope: Scope) -> dict[str, Any]:
+def insights(*, user: Viewer, scope: Scope) -> dict[str, Any]:
     plans, shape = plan_chart(scope)
     reviews, review_summary = review_chart(user, scope)
     totals = _rows(Rollup, scope, worker=False).aggregate(runs=Sum("runs"), cost=Sum("cost_usd"))

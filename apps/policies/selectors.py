@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.db.models import Q, QuerySet
 
@@ -79,7 +79,19 @@ def pool_worker_infos(team: Any) -> list[WorkerInfo]:
     return pool_infos(pool) if pool is not None else []
 
 
-def pool_infos(pool: Any) -> list[WorkerInfo]:
+class _Entries(Protocol):
+    def select_related(self, *fields: str) -> QuerySet[Any]: ...
+
+
+class StaffedPool(Protocol):
+    """What the forecast reads of a pool (``apps.workers.models.Pool`` is one): its worker
+    entries. Workers sit beside policies, so the model is named by its shape, not imported."""
+
+    @property
+    def pool_workers(self) -> _Entries: ...
+
+
+def pool_infos(pool: StaffedPool) -> list[WorkerInfo]:
     worker_info = ports.workers().worker_info  # workers sit beside policies: through the port
     entries = pool.pool_workers.select_related("worker", "worker__provider").order_by("position")
     return [worker_info(e.worker) for e in entries]

@@ -38,14 +38,16 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.notify import notify_review_requested
 from apps.audit.services import audit_record
+from apps.core.types import Actor, User, Viewer
 from apps.engine.events import EventType
 from apps.governance import selectors as gov
+from apps.governance.visibility import is_active_user
 from apps.runs import observers, sweeper
 from apps.runs.endings import run_finish_externally, stored_event
 from apps.runs.execution import dispatch_pending, reset_for_next_attempt
@@ -156,7 +158,7 @@ def _announce(run_id: UUID, what: str = "plan awaiting approval") -> None:
         logger.exception("approval notification for run %s failed", run_id)
 
 
-def can_approve(user: Any, run: Run) -> bool:
+def can_approve(user: Viewer, run: Run) -> bool:
     return gov.can_review_team_runs(user, run.team)
 
 
@@ -164,21 +166,23 @@ def pending_approval(run: Run) -> PlanApproval | None:
     return run.approvals.filter(decision=ApprovalDecision.PENDING).order_by("-requested_at").first()
 
 
-def check_may_decide(actor: Any, run: Run) -> None:
-    """Raise ApprovalError (403) unless ``actor`` may decide the run's held plans."""
-    if not can_approve(actor, run):
+def check_may_decide(actor: Actor, run: Run) -> User:
+    """Raise ApprovalError (403) unless ``actor`` may decide the run's held plans; the decider."""
+    # (an approver is always an active user: the second test only narrows the type)
+    if not can_approve(actor, run) or not is_active_user(actor):
         raise ApprovalError(
             f"Deciding a held plan needs the team permission {APPROVE_PERMISSION} "
             "(team admin or reviewer role).",
             rule=APPROVE_PERMISSION,
             status=403,
         )
-    if run.created_by_id is not None and run.created_by_id == getattr(actor, "pk", None):
+    if run.created_by_id is not None and run.created_by_id == actor.pk:
         raise ApprovalError(
             "Separation of duties: the person who asked cannot approve or refuse their own run's plan.",
             rule="separation_of_duties",
             status=403,
         )
+    return actor
 
 
 def _locked_waiting(run_id: UUID) -> tuple[Run, PlanApproval]:
@@ -192,7 +196,7 @@ def _locked_waiting(run_id: UUID) -> tuple[Run, PlanApproval]:
     return run, approval
 
 
-def _decide(approval: PlanApproval, decision: str, *, actor: Any, at: datetime, note: str) -> None:
+def _decide(approval: PlanApproval, decision: str, *, actor: User | None, at: datetime, note: str) -> None:
     approval.decision = decision
     approval.decided_by = actor
     approval.decided_at = at
@@ -213,18 +217,18 @@ def _clean_note(note: str) -> str:
     return note
 
 
-def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
+def plan_approve(*, actor: Actor, run: Run, note: str = "") -> Run:
     """Let the held plan run: the run is queued again and resumes from its journal."""
-    check_may_decide(actor, run)
+    decider = check_may_decide(actor, run)
     note = _clean_note(note)
     now = timezone.now()
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
-        _decide(approval, ApprovalDecision.APPROVED, actor=actor, at=now, note=note)
+        _decide(approval, ApprovalDecision.APPROVED, actor=decider, at=now, note=note)
         if approval.kind == "tool":
             # Audited as the call's approval (tool.call_approved, with the run): exactly this call.
-            _decide_tool(approval, ApprovalState.APPROVED, actor=actor, note=note)
-            _resume(locked, approval, now, decided="approved", actor=actor, note=note)
+            _decide_tool(approval, ApprovalState.APPROVED, actor=decider, note=note)
+            _resume(locked, approval, now, decided="approved", actor=decider, note=note)
             return Run.objects.get(pk=run.pk)
         # As a re-queue; its time limit starts now, not when the run first asked.
         reset_for_next_attempt(
@@ -236,7 +240,7 @@ def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
         )
         audit_record(
             event_type=AuditEventType.RUN_PLAN_APPROVED,
-            actor=actor,
+            actor=decider,
             team=locked.team_id,
             obj=locked,
             run_id=locked.id,
@@ -251,7 +255,7 @@ def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
         event = _decided_event(
             locked,
             now,
-            {"decision": "approved", "by": actor.get_username(), "note": note, "round": approval.round},
+            {"decision": "approved", "by": decider.get_username(), "note": note, "round": approval.round},
         )
         run_id, request_id = locked.pk, locked.request_id or ""
         transaction.on_commit(lambda: publish(run_id, event))
@@ -260,9 +264,9 @@ def plan_approve(*, actor: Any, run: Run, note: str = "") -> Run:
     return Run.objects.get(pk=run.pk)
 
 
-def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
+def plan_reject(*, actor: Actor, run: Run, note: str = "") -> Run:
     """Refuse the held plan: the run ends blocked, naming who refused it and why."""
-    check_may_decide(actor, run)
+    decider = check_may_decide(actor, run)
     note = _clean_note(note)
     if not note:
         raise ApprovalError(
@@ -273,15 +277,15 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
     now = timezone.now()
     with transaction.atomic():
         locked, approval = _locked_waiting(run.pk)
-        _decide(approval, ApprovalDecision.REJECTED, actor=actor, at=now, note=note)
+        _decide(approval, ApprovalDecision.REJECTED, actor=decider, at=now, note=note)
         if approval.kind == "tool":
             # The call is refused (tools.approval_rejected) when the resumed run reaches it.
-            _decide_tool(approval, ApprovalState.REJECTED, actor=actor, note=note)
-            _resume(locked, approval, now, decided="rejected", actor=actor, note=note)
+            _decide_tool(approval, ApprovalState.REJECTED, actor=decider, note=note)
+            _resume(locked, approval, now, decided="rejected", actor=decider, note=note)
             return Run.objects.get(pk=run.pk)
         audit_record(
             event_type=AuditEventType.RUN_PLAN_REJECTED,
-            actor=actor,
+            actor=decider,
             team=locked.team_id,
             obj=locked,
             run_id=locked.id,
@@ -297,10 +301,10 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
             locked,
             now,
             reason="approval_rejected",
-            error=f"The plan was refused by {actor.get_username()}: {note}",
+            error=f"The plan was refused by {decider.get_username()}: {note}",
             decided={
                 "decision": "rejected",
-                "by": actor.get_username(),
+                "by": decider.get_username(),
                 "note": note,
                 "round": approval.round,
             },
@@ -308,12 +312,14 @@ def plan_reject(*, actor: Any, run: Run, note: str = "") -> Run:
     return Run.objects.get(pk=run.pk)
 
 
-def _decide_tool(approval: PlanApproval, state: str, *, actor: Any, note: str) -> None:
+def _decide_tool(approval: PlanApproval, state: str, *, actor: User | None, note: str) -> None:
     if approval.tool_approval_id is not None:
         decide_run_hold(approval_id=approval.tool_approval_id, state=state, actor=actor, note=note)
 
 
-def _resume(run: Run, approval: PlanApproval, now: datetime, *, decided: str, actor: Any, note: str) -> None:
+def _resume(
+    run: Run, approval: PlanApproval, now: datetime, *, decided: str, actor: User | None, note: str
+) -> None:
     """Inside the caller's transaction: a run paused on a tool call is queued again whatever the
     decision; its next attempt replays the journal up to the call, which then runs (approved) or
     is refused naming the rule."""
@@ -415,7 +421,7 @@ def tool_hold_view(approval: PlanApproval, *, content_visible: bool) -> dict[str
     }
 
 
-def approvals_waiting_for(user: Any) -> Any:
+def approvals_waiting_for(user: Viewer) -> QuerySet[PlanApproval]:
     """Held plans the user may decide (teams where they approve), oldest first."""
     teams = gov.teams_reviewable_by(user)
     return (
@@ -433,9 +439,11 @@ def approvals_waiting_for(user: Any) -> Any:
     )
 
 
-def approvals_to_decide(user: Any) -> Any:
+def approvals_to_decide(user: Viewer) -> QuerySet[PlanApproval]:
     """Held plans waiting for ``user``'s decision: theirs to decide, not their own runs (nobody
     decides on their own run). The nav badge and the review desk count exactly these."""
+    if not is_active_user(user):  # reviews no team (teams_reviewable_by): nothing to decide
+        return PlanApproval.objects.none()
     return approvals_waiting_for(user).exclude(run__created_by=user)
 
 

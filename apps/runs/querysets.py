@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from django.db.models import Q
 
+from apps.core.types import Viewer
 from apps.governance.visibility import TeamScopedQuerySet, allows, restrict
 
 
@@ -28,7 +29,7 @@ class RunQuerySet(TeamScopedQuerySet[Any]):
         "review": ("runs.review_run",),
     }
 
-    def rule(self, user: Any, action: str, allowed: Q) -> Q:
+    def rule(self, user: Viewer, action: str, allowed: Q) -> Q:
         if action == "view":
             return allowed | Q(created_by=user)
         if action == "cancel":
@@ -37,8 +38,9 @@ class RunQuerySet(TeamScopedQuerySet[Any]):
         return allowed
 
     @classmethod
-    def object_rule(cls, user: Any, action: str, obj: Any, allowed: bool) -> bool:
-        own = obj.created_by_id is not None and obj.created_by_id == user.pk
+    def object_rule(cls, user: Viewer, action: str, obj: Any, allowed: bool) -> bool:
+        # (called for an active user only: ``allows`` refuses everyone else first)
+        own = obj.created_by_id is not None and user is not None and obj.created_by_id == user.pk
         if action == "view":
             return allowed or own
         if action == "cancel":

@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
-from apps.governance.visibility import has_object_perm, is_platform_admin, teams_with
+from apps.core.types import Actor, User, Viewer, stored_user
+from apps.governance.visibility import has_object_perm, is_active_user, is_platform_admin, teams_with
 from apps.policies.spec import EffectivePolicy
 from apps.tools.models import ApprovalState, ToolApproval, ToolCall
 
@@ -45,7 +46,7 @@ def _payload(a: ToolApproval) -> dict[str, Any]:
 
 
 def request_approval(
-    *, call: ToolCall, requested_by: Any, rule: str, effective: EffectivePolicy
+    *, call: ToolCall, requested_by: Actor, rule: str, effective: EffectivePolicy
 ) -> ToolApproval:
     """Inside the transaction that records the held call."""
     timeout = effective.spec.constraints.approval.timeout_s
@@ -54,7 +55,7 @@ def request_approval(
         call=call,
         qualified_name=call.qualified_name,
         arguments_digest=call.arguments_digest,
-        requested_by=requested_by if getattr(requested_by, "pk", None) else None,
+        requested_by=stored_user(requested_by),
         rule=rule,
         deadline_at=timezone.now() + timedelta(seconds=float(timeout)) if timeout else None,
     )
@@ -135,7 +136,7 @@ def consume_approval(team: Any, qualified: str, digest: str, *, run_id: Any = No
     return None
 
 
-def approvals_for_desk(user: Any) -> QuerySet[ToolApproval]:
+def approvals_for_desk(user: Viewer) -> QuerySet[ToolApproval]:
     """Pending tool approvals the user may decide here: calls from /mcp. A run's call pauses its
     run and is decided on the review desk with the run's other approvals (apps.runs.approvals)."""
     qs = ToolApproval.objects.filter(state=ApprovalState.PENDING, call__run_id__isnull=True).filter(
@@ -147,11 +148,12 @@ def approvals_for_desk(user: Any) -> QuerySet[ToolApproval]:
 
 
 def tool_approval_decide(
-    *, actor: Any, approval: ToolApproval, approve: bool, note: str = ""
+    *, actor: Actor, approval: ToolApproval, approve: bool, note: str = ""
 ) -> ToolApproval:
     if len(note) > MAX_NOTE_CHARS:
         raise ToolApprovalError(f"note: at most {MAX_NOTE_CHARS} characters.", rule="note", status=400)
-    if not has_object_perm(actor, APPROVE_PERMISSION, approval.team):
+    # (a holder is always an active user: the second test only narrows the type)
+    if not has_object_perm(actor, APPROVE_PERMISSION, approval.team) or not is_active_user(actor):
         raise ToolApprovalError(
             f"Deciding a held tool call needs the team permission {APPROVE_PERMISSION}.",
             rule=APPROVE_PERMISSION,
@@ -162,7 +164,7 @@ def tool_approval_decide(
             "This call belongs to a run: decide it on the review desk, where the run waits for it.",
             rule="approval.run_hold",
         )
-    if approval.requested_by_id is not None and approval.requested_by_id == getattr(actor, "pk", None):
+    if approval.requested_by_id is not None and approval.requested_by_id == actor.pk:
         raise ToolApprovalError(
             "You asked for this call: someone else must approve it (separation of duties).",
             rule="separation_of_duties",
@@ -222,7 +224,7 @@ def expire_tool_approvals() -> int:
     return n
 
 
-def decide_run_hold(*, approval_id: int, state: str, actor: Any, note: str) -> ToolApproval | None:
+def decide_run_hold(*, approval_id: int, state: str, actor: User | None, note: str) -> ToolApproval | None:
     """The review desk decided a run's held tool call (apps.runs.approvals checked who may, in
     its transaction): the approval takes ``state`` and is audited. None if it was decided already."""
     locked = ToolApproval.objects.select_for_update().filter(pk=approval_id).select_related("call").first()
@@ -234,9 +236,9 @@ def decide_run_hold(*, approval_id: int, state: str, actor: Any, note: str) -> T
         locked.decided_at = timezone.now()
         locked.note = note
     locked.save(update_fields=["state", "decided_by", "decided_at", "note"])
-    event = {
-        ApprovalState.APPROVED: AuditEventType.TOOL_CALL_APPROVED,
-        ApprovalState.REJECTED: AuditEventType.TOOL_CALL_REJECTED,
+    event = {  # keyed by the state's value: ``state`` arrives as a plain string
+        ApprovalState.APPROVED.value: AuditEventType.TOOL_CALL_APPROVED,
+        ApprovalState.REJECTED.value: AuditEventType.TOOL_CALL_REJECTED,
     }.get(state, AuditEventType.TOOL_APPROVAL_EXPIRED)
     audit_record(
         event_type=event,

@@ -42,6 +42,7 @@ from django.utils import timezone
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, stored_user
 from apps.engine.checks import CheckResult, OutboundField
 from apps.engine.events import CheckStatus
 from apps.engine.toolclient import ToolChanged, ToolServerError, call_tool
@@ -224,7 +225,7 @@ def tool_call(
     team: Any,
     qualified: str,
     arguments: dict[str, Any],
-    actor: Any = None,
+    actor: Actor = None,
     api_key_id: int | None = None,
     run_id: UUID | None = None,
     step_index: int | None = None,
@@ -306,6 +307,8 @@ def tool_call(
             record_health(tool.server, ok=False, detail=str(err), latency_ms=None)
             raise _Refused("tools.server", str(err), CallStatus.FAILED) from None
         record_health(tool.server, ok=True, detail="", latency_ms=result.latency_ms)
+        status: str
+        out_checks: list[CheckResult]
         if result.is_error:
             status, text, rule, out_checks = CallStatus.FAILED, "", "tools.server", []
             message = "the tool reported an error"
@@ -348,7 +351,7 @@ def _record(
     checks: list[CheckResult],
     latency_ms: float | None,
     cost: Decimal | None,
-    actor: Any,
+    actor: Actor,
     api_key_id: int | None,
     run_id: UUID | None,
     step_index: int | None,
@@ -367,7 +370,7 @@ def _record(
             run_id=run_id,
             step_index=step_index,
             api_key_id=api_key_id,
-            actor=actor if getattr(actor, "pk", None) else None,
+            actor=stored_user(actor),
             source=source,
             arguments=arguments,
             arguments_digest=digest,
@@ -382,7 +385,7 @@ def _record(
         )
         audit_record(
             event_type=AuditEventType.RUN_TOOL_CALLED if run_id else AuditEventType.TOOL_CALLED,
-            actor=actor if getattr(actor, "pk", None) else None,
+            actor=stored_user(actor),
             team=team,
             obj=call,
             object_repr=qualified[:200],

@@ -15,6 +15,7 @@ from django.utils.text import slugify
 
 from apps.audit.events import AuditEventType
 from apps.audit.services import audit_record
+from apps.core.types import Actor, stored_user
 from apps.engine.toolclient import DiscoveredTool, ToolServerError, list_tools
 from apps.governance.models import Team
 from apps.governance.selectors import can_configure_team
@@ -54,13 +55,13 @@ def version_snapshot(v: ToolVersion) -> dict[str, Any]:
     }
 
 
-def can_manage_server(actor: Any, server: ToolServer) -> bool:
+def can_manage_server(actor: Actor, server: ToolServer) -> bool:
     if server.transport == Transport.STDIO or server.team_id is None:
         return is_platform_admin(actor)
     return can_configure_team(actor, server.team)
 
 
-def _check_manage(actor: Any, team: Team | None, transport: str) -> None:
+def _check_manage(actor: Actor, team: Team | None, transport: str) -> None:
     if actor is None:
         return
     if transport == Transport.STDIO and not is_platform_admin(actor):
@@ -76,7 +77,7 @@ def _check_manage(actor: Any, team: Team | None, transport: str) -> None:
 
 def tool_server_register(
     *,
-    actor: Any,
+    actor: Actor,
     slug: str,
     name: str,
     transport: str,
@@ -164,7 +165,7 @@ def record_health(server: ToolServer, *, ok: bool, detail: str, latency_ms: floa
     )
 
 
-def tool_server_discover(*, actor: Any, server: ToolServer) -> list[ToolVersion]:
+def tool_server_discover(*, actor: Actor, server: ToolServer) -> list[ToolVersion]:
     """List the server's tools and store what changed: a new tool or a new (description, schema)
     digest is a new *pending* version. Returns the new versions. Nothing is accepted here."""
     if actor is not None and not can_manage_server(actor, server):
@@ -179,7 +180,7 @@ def tool_server_discover(*, actor: Any, server: ToolServer) -> list[ToolVersion]
     return store_discovery(actor, server, found)
 
 
-def store_discovery(actor: Any, server: ToolServer, found: list[DiscoveredTool]) -> list[ToolVersion]:
+def store_discovery(actor: Actor, server: ToolServer, found: list[DiscoveredTool]) -> list[ToolVersion]:
     created: list[ToolVersion] = []
     with transaction.atomic():
         locked = ToolServer.objects.select_for_update().get(pk=server.pk)
@@ -217,7 +218,7 @@ def store_discovery(actor: Any, server: ToolServer, found: list[DiscoveredTool])
     return created
 
 
-def tool_version_accept(*, actor: Any, version: ToolVersion) -> ToolVersion:
+def tool_version_accept(*, actor: Actor, version: ToolVersion) -> ToolVersion:
     """An administrator accepts what the tool now says it does: calls use this version from now on."""
     server = version.tool.server
     if actor is not None and not can_manage_server(actor, server):
@@ -238,7 +239,7 @@ def tool_version_accept(*, actor: Any, version: ToolVersion) -> ToolVersion:
         )
         tool.versions.filter(status=VersionStatus.ACCEPTED).update(status=VersionStatus.SUPERSEDED)
         version.status = VersionStatus.ACCEPTED
-        version.accepted_by = actor if getattr(actor, "pk", None) else None
+        version.accepted_by = stored_user(actor)  # the system and anonymity record nobody
         version.accepted_at = timezone.now()
         version.save(update_fields=["status", "accepted_by", "accepted_at"])
         tool.accepted_version = version

@@ -14,7 +14,6 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -24,10 +23,11 @@ from django.utils import timezone
 from apps.audit.events import AuditEventType
 from apps.audit.models import AuditEvent
 from apps.audit.services import audit_record
+from apps.core.types import Actor, User
 from apps.engine.providers import ProviderError, build_worker
 from apps.engine.types import WorkerInfo
 from apps.governance.models import Team
-from apps.governance.visibility import is_platform_admin
+from apps.governance.visibility import is_active_user, is_platform_admin
 from apps.workers import ports, selectors
 from apps.workers.egress import base_url_refusal, egress_policy
 from apps.workers.models import Provider, ProviderKind
@@ -68,30 +68,33 @@ def _scrub(text: str, secret: str | None) -> str:
     return text[:300]
 
 
-def _recent_tests(actor: Any) -> int:
+def _recent_tests(actor: User) -> int:
     since = timezone.now() - timedelta(seconds=60)
     return AuditEvent.objects.filter(
         event_type=AuditEventType.PROVIDER_CONNECTION_TESTED.value, actor=actor, created_at__gte=since
     ).count()
 
 
-def _check_permission(actor: Any, team: Team | None, stored: Provider | None) -> None:
+def _check_permission(actor: Actor, team: Team | None, stored: Provider | None) -> User:
+    """Raise PermissionDenied unless ``actor`` may test; the tester (every rule below admits
+    only active users: ``is_active_user`` narrows the type)."""
     if stored is not None:
         allowed = selectors.can_edit_provider(actor, stored)
     elif team is None:
         allowed = is_platform_admin(actor)
     else:
         allowed = selectors.can_configure_team(actor, team)
-    if not allowed:
+    if not allowed or not is_active_user(actor):
         # Names the rule: the same one that guards saving the provider.
         raise PermissionDenied(
             "Only the owning team's admins and policy admins (or platform administrators for a "
             "platform provider) can test a provider's connection."
         )
+    return actor
 
 
 def _key_for(
-    *, actor: Any, kind: str, base_url: str, api_key: str, api_key_env: str, stored: Provider | None
+    *, actor: Actor, kind: str, base_url: str, api_key: str, api_key_env: str, stored: Provider | None
 ) -> tuple[str | None, dict[str, list[str]]]:
     """The key this test may send, and field errors. A stored key only goes to the endpoint it
     was entered for (same kind and base URL); a server variable only by a platform admin."""
@@ -122,7 +125,7 @@ def _key_for(
 
 def provider_connection_test(
     *,
-    actor: Any,
+    actor: Actor,
     team: Team | None,
     kind: str,
     base_url: str = "",
@@ -135,7 +138,7 @@ def provider_connection_test(
     """Check the unsaved settings: the egress rule, then one minimal call through the outbound
     gate. Raises ``PermissionDenied``, ``ValidationError`` (field errors, as saving would) or
     ``ConnectionTestLimited``; a refused or failed connection is a ``ConnectionResult``, audited."""
-    _check_permission(actor, team, stored)
+    tester = _check_permission(actor, team, stored)
     base_url = (base_url or "").strip()
     if base_url and "://" not in base_url:
         base_url = f"https://{base_url}"
@@ -149,7 +152,7 @@ def provider_connection_test(
         )
     if errors:
         raise ValidationError(errors)
-    if _recent_tests(actor) >= TESTS_PER_MINUTE:
+    if _recent_tests(tester) >= TESTS_PER_MINUTE:
         raise ConnectionTestLimited(
             f"Connection tests are limited to {TESTS_PER_MINUTE} a minute per user; wait a minute and try again."
         )
@@ -231,7 +234,7 @@ def _call(
 
 
 def _audited(
-    actor: Any, team: Team | None, stored: Provider | None, kind: str, result: ConnectionResult
+    actor: Actor, team: Team | None, stored: Provider | None, kind: str, result: ConnectionResult
 ) -> ConnectionResult:
     with transaction.atomic():
         audit_record(

@@ -24,7 +24,7 @@ def pools_granted_to(team: Team) -> models.QuerySet[Any]:
     return get_objects_for_group(team.group, "workers.view_pool", klass=Pool, accept_global_perms=False)
 
 
-def teams_granted_pool(pool: Any) -> models.QuerySet[Team]:
+def teams_granted_pool(pool: Pool) -> models.QuerySet[Team]:
     """Teams a pool is granted to (whose group may view it)."""
     # attach_perms=True always returns {group: [codename, ...]}.
     perms = cast("dict[Group, list[str]]", get_groups_with_perms(pool, attach_perms=True))

@@ -13,7 +13,7 @@ register = template.Library()
 
 
 @register.simple_tag(takes_context=True)
-def review_state(context: template.Context, run: Any) -> dict[str, Any]:
+def review_state(context: template.Context, run: Run) -> dict[str, Any]:
     """``reviews`` and ``can_review`` from the context if given, else from the selectors."""
 
     reviews = context.get("reviews")
