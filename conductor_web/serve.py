@@ -1,4 +1,7 @@
-"""``python -m conductor_web.serve``: ``WEB_PROCESSES`` daphne processes on one address.
+"""``python -m conductor_web.serve``: ``WEB_PROCESSES`` server processes on one address.
+
+The server is ``WEB_SERVER``: daphne (the default) or uvicorn (on uvloop and httptools, with the
+``websockets`` library for the run pages' sockets). Arguments after ``--`` go to that server.
 
 A daphne process runs Python on one core at a time (the GIL), so the throughput of served
 ``/v1`` runs flattens at what one core can do, whatever the number of clients (bench/API.md).
@@ -67,6 +70,7 @@ class Slot:
 class Supervisor:
     def __init__(self, host: str, port: int, processes: int, backlog: int, daphne_args: list[str]) -> None:
         self.host, self.backlog, self.daphne_args = host, backlog, daphne_args
+        self.server = configured_server()
         first = listen(host, port, backlog)
         self.port = int(first.getsockname()[1])  # port 0: the others join the port it got
         self.slots = [self._start(0, first)]
@@ -90,11 +94,13 @@ class Supervisor:
             recent = [t for t in slot.starts if time.monotonic() - t < RESTART_WINDOW_S]
             if len(recent) >= MAX_RESTARTS:
                 log(
-                    f"daphne slot {slot.index} exited {len(recent)} times in {RESTART_WINDOW_S:.0f} s; stopping"
+                    f"{self.server} slot {slot.index} exited {len(recent)} times in {RESTART_WINDOW_S:.0f} s; stopping"
                 )
                 self.stop()
                 raise SystemExit(1)
-            log(f"daphne process {slot.proc.pid} (slot {slot.index}) exited with {code}; starting another")
+            log(
+                f"{self.server} process {slot.proc.pid} (slot {slot.index}) exited with {code}; starting another"
+            )
             self.slots[i] = self._start(slot.index, listen(self.host, self.port, self.backlog), recent)
 
     def stop(self) -> None:
@@ -118,7 +124,10 @@ def log(message: str) -> None:
 
 def adopt(fd: int, family: str, daphne_args: list[str]) -> None:
     """In a child: the socket becomes fd 3 with systemd's variables, then this process becomes
-    daphne (same pid, as ``LISTEN_PID`` requires)."""
+    daphne (same pid, as ``LISTEN_PID`` requires), or serves it with uvicorn."""
+    if configured_server() == "uvicorn":
+        serve_uvicorn(socket.socket(fileno=fd), daphne_args)
+        return
     if fd != 3:
         os.dup2(fd, 3)
         os.close(fd)
@@ -128,6 +137,45 @@ def adopt(fd: int, family: str, daphne_args: list[str]) -> None:
     os.environ["LISTEN_FDNAMES"] = "http"  # Twisted wants as many names as descriptors
     endpoint = f"systemd:domain={family}:index=0"
     os.execv(sys.executable, [sys.executable, "-m", "daphne", "-e", endpoint, *daphne_args, APP])  # noqa: S606
+
+
+UVICORN_FLAGS = {"--no-access-log": ("access_log", False), "--proxy-headers": ("proxy_headers", True)}
+
+
+def serve_uvicorn(sock: socket.socket, args: list[str]) -> None:
+    """Serve the app with uvicorn on an inherited listening socket (its family read from the
+    socket: uvicorn's own ``--fd`` assumes a Unix socket). ``args``: ``--no-access-log``,
+    ``--proxy-headers``, ``--timeout-keep-alive N``."""
+    import uvicorn
+
+    options: dict[str, object] = {}
+    rest = list(args)
+    while rest:
+        flag = rest.pop(0)
+        if flag in UVICORN_FLAGS:
+            name, value = UVICORN_FLAGS[flag]
+            options[name] = value
+        elif flag == "--timeout-keep-alive" and rest:
+            options["timeout_keep_alive"] = int(rest.pop(0))
+        else:
+            log(f"uvicorn: unknown argument {flag!r}")
+            raise SystemExit(2)
+    config = uvicorn.Config(
+        APP,
+        loop="uvloop",
+        http="httptools",
+        ws="websockets-sansio",
+        lifespan="off",  # the app starts its background work on import, as under daphne
+        **options,  # type: ignore[arg-type]
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def configured_server() -> str:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "conductor_web.settings.local")
+    from django.conf import settings
+
+    return str(settings.WEB_SERVER)
 
 
 def configured_processes() -> int:
@@ -173,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     supervisor = Supervisor(args.host, args.port, processes, args.backlog, daphne_args)
     running.append(supervisor)
-    log(f"{processes} daphne processes on {args.host}:{supervisor.port} (SO_REUSEPORT)")
+    log(f"{processes} {supervisor.server} processes on {args.host}:{supervisor.port} (SO_REUSEPORT)")
     while True:
         supervisor.check()
         time.sleep(0.5)

@@ -25,7 +25,10 @@ else
   LISTEN=(-e "tcp:port=$PORT:interface=$HOST:backlog=${DAPHNE_BACKLOG:-1024}")
 fi
 DAPHNE_ARGS=(--websocket_connect_timeout "${WEBSOCKET_CONNECT_TIMEOUT:-30}")
-if [ "${WEB_PROCESSES:-1}" != "1" ]; then
+if [ "${WEB_SERVER:-daphne}" = "uvicorn" ]; then
+  # uvicorn (uvloop, httptools) instead of daphne: one or WEB_PROCESSES processes, supervised.
+  $BIN/python -m conductor_web.serve --host "$HOST" --port "$PORT"
+elif [ "${WEB_PROCESSES:-1}" != "1" ]; then
   # Several daphne processes on one address (SO_REUSEPORT), supervised; the settings refuse this
   # on the embedded backends.
   $BIN/python -m conductor_web.serve --host "$HOST" --port "$PORT" -- "${DAPHNE_ARGS[@]}"

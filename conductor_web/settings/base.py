@@ -264,6 +264,13 @@ if V1_UPSTREAM_STREAM not in ("client", "always"):
 # process runs Python on one core at a time, so served runs scale with processes (bench/API.md).
 # They share only the database and the channel layer: more than one needs PostgreSQL and Redis.
 WEB_PROCESSES = env.int("WEB_PROCESSES", default=1)
+# The ASGI server of `make demo` and `python -m conductor_web.serve`: daphne (Twisted; the default)
+# or uvicorn (uvloop and httptools; less CPU per /v1 request, see bench/GATEWAY.md). Both serve
+# the pages, /v1 and the run websockets.
+WEB_SERVERS = ("daphne", "uvicorn")
+WEB_SERVER = env.str("WEB_SERVER", default="daphne")
+if WEB_SERVER not in WEB_SERVERS:
+    raise ImproperlyConfigured(f"WEB_SERVER must be one of {', '.join(WEB_SERVERS)}, got {WEB_SERVER!r}")
 if WEB_PROCESSES < 1:
     raise ImproperlyConfigured(f"WEB_PROCESSES must be at least 1, got {WEB_PROCESSES}")
 if WEB_PROCESSES > 1 and (not REDIS_URL or DATABASES["default"]["ENGINE"].endswith("sqlite3")):

@@ -15,6 +15,7 @@ import hashlib
 import threading
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -79,6 +80,34 @@ def test_sync_sdk_gets_content_before_the_provider_finished_with_usage(solo: Any
     assert run.status == "succeeded" and run.answer == text
     assert released_sha(run_id) == sha(text)  # the released digest is the stored answer's
     assert usage.total_tokens == run.input_tokens + run.output_tokens
+
+
+def test_uvicorn_serves_the_fast_path_and_the_run_page(
+    uvicorn_server: Any, runtime_workers: Any, fake_pool: Any, alpha: Any, team_admin: Any
+) -> None:
+    """WEB_SERVER=uvicorn (issue 45): the same stream, token by token, on uvloop and httptools;
+    and the pages are served too."""
+    solo = solo_client(uvicorn_server.url, fake_pool, alpha, team_admin, name="uvicorn")
+    reply, resume = paused(["On ", "uvicorn, ", "too."], after=1)
+    solo.server.script(reply)
+    early = False
+    parts: list[str] = []
+    try:
+        raw = solo.client().chat.completions.with_raw_response.create(model="solo", messages=ASK, stream=True)
+        assert raw.headers[STREAM] == "direct"
+        for chunk in raw.parse():
+            if content(chunk) and not resume.is_set():
+                early = True
+                resume.set()
+            parts.append(content(chunk))
+    finally:
+        resume.set()
+    assert early and "".join(parts) == "On uvicorn, too."
+    run = Run.objects.get(pk=raw.headers["x-conductor-run"])
+    assert run.status == "succeeded" and released_sha(run.id) == sha(run.answer)
+    with httpx.Client(base_url=uvicorn_server.url) as browser:
+        login = browser.get("/accounts/login/")
+        assert login.status_code == 200 and "csrfmiddlewaretoken" in login.text
 
 
 def test_async_sdk_gets_content_before_the_provider_finished(solo: Any) -> None:
