@@ -86,7 +86,7 @@ parser.add_argument(
     "--server",
     choices=["daphne", "uvicorn"],
     default="daphne",
-    help="the ASGI server in front of this project (one process; uvicorn: h11 and asyncio, no extras)",
+    help="the ASGI server in front of this project (one process; uvicorn: WEB_SERVER=uvicorn)",
 )
 parser.add_argument(
     "--profile",
@@ -178,20 +178,9 @@ def start_conductor() -> tuple[str, list[subprocess.Popen[bytes]]]:
         "conductor_web.asgi:application",
     ]
     if ARGS.server == "uvicorn":
-        cmd = [
-            *cmd[:2],
-            "uvicorn",
-            "conductor_web.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-            "--lifespan",
-            "off",
-        ]
+        # The product's option as shipped (WEB_SERVER=uvicorn: uvloop, httptools, access log on).
+        os.environ["WEB_SERVER"] = "uvicorn"
+        cmd = [*cmd[:2], "conductor_web.serve", "--host", "127.0.0.1", "--port", str(port)]
     if ARGS.profile:
         cmd[1:1] = [str(ROOT / "bench" / "_profiled.py"), ARGS.profile]
     if ARGS.processes > 1:
