@@ -15,32 +15,10 @@ from django.conf import settings
 
 from apps.audit.models import AuditEvent
 from apps.workers.models import BreakerState, Pool, WorkerBreaker
-from apps.workers.services import pool_create, worker_create
 from tests.factories.api import make_api_key
 from tests.fakes.openai_server import openai_error
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def embed_pool(fake_pool: Any) -> Pool:
-    """Pool ``embed``: one worker on the fake provider whose model is an embedding model."""
-    worker = worker_create(
-        actor=None,
-        provider=fake_pool.provider,
-        slug="fake-embedder",
-        display_name="Fake embedder",
-        model_name="text-embedding-3-small",
-        strengths="Embeds text.",
-    )
-    return pool_create(
-        actor=None,
-        team=fake_pool.pool.team,
-        slug="embed",
-        name="Embed",
-        workers=[worker],
-        default_worker=worker,
-    )
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ against a live daphne; the worker is the fake OpenAI provider on a real socket, 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -56,6 +57,24 @@ def sha(text: str) -> str:
 
 
 # --- the Responses API ------------------------------------------------------------------------------
+
+
+def held_opening(solo: SoloClient, alpha: Any, start: Callable[[], Any]) -> tuple[Any, list[Any]]:
+    """Under a require_review policy: the stream's first event (read while the provider is still
+    paused: the hold is announced at once) and the rest once it went on."""
+    publish_policy(alpha, REVIEW_POLICY)
+    reply, resume = paused(["Mail ", "ceo@example.com ", "today."], after=1)
+    solo.server.script(reply)
+    try:
+        raw = start()
+        assert raw.headers[STREAM] == "events" and raw.headers["x-conductor-answer"] == "buffered"
+        stream = iter(raw.parse())
+        first = next(stream)
+        assert not resume.is_set() and not reply.pause_expired  # announced while the provider waits
+        resume.set()
+        return first, list(stream)
+    finally:
+        resume.set()
 
 
 def test_responses_first_delta_arrives_before_the_provider_finished(solo: SoloClient) -> None:
@@ -125,21 +144,13 @@ def test_responses_blocked_term_fails_naming_the_rule(solo: SoloClient, alpha: A
 def test_responses_require_review_goes_through_events_and_announces_the_hold(
     solo: SoloClient, alpha: Any
 ) -> None:
-    publish_policy(alpha, REVIEW_POLICY)
-    reply, resume = paused(["Mail ", "ceo@example.com ", "today."], after=1)
-    solo.server.script(reply)
-    try:
-        raw = solo.client().responses.with_raw_response.create(model="solo", input=ASK, stream=True)
-        assert raw.headers[STREAM] == "events" and raw.headers["x-conductor-answer"] == "buffered"
-        stream = iter(raw.parse())
-        first = next(stream)
-        assert not resume.is_set() and not reply.pause_expired  # announced while the provider waits
-        assert first.type == "response.created"
-        assert first.response.model_extra["conductor"]["answer"]["mode"] == "buffered"
-        resume.set()
-        rest = list(stream)
-    finally:
-        resume.set()
+    first, rest = held_opening(
+        solo,
+        alpha,
+        lambda: solo.client().responses.with_raw_response.create(model="solo", input=ASK, stream=True),
+    )
+    assert first.type == "response.created"
+    assert first.response.model_extra["conductor"]["answer"]["mode"] == "buffered"
     assert not [e for e in rest if e.type == "response.output_text.delta"]
     assert rest[-1].type == "response.incomplete"
     assert rest[-1].response.incomplete_details.reason == "content_filter"
@@ -215,23 +226,15 @@ def test_messages_blocked_term_ends_with_the_error_event_naming_the_rule(
 def test_messages_require_review_goes_through_events_and_announces_the_hold(
     solo: SoloClient, alpha: Any
 ) -> None:
-    publish_policy(alpha, REVIEW_POLICY)
-    reply, resume = paused(["Mail ", "ceo@example.com ", "today."], after=1)
-    solo.server.script(reply)
-    try:
-        raw = claude(solo).messages.with_raw_response.create(
+    first, rest = held_opening(
+        solo,
+        alpha,
+        lambda: claude(solo).messages.with_raw_response.create(
             model="solo", max_tokens=100, messages=HI, stream=True
-        )
-        assert raw.headers[STREAM] == "events" and raw.headers["x-conductor-answer"] == "buffered"
-        stream = iter(raw.parse())
-        first = next(stream)
-        assert not resume.is_set() and not reply.pause_expired  # announced while the provider waits
-        assert first.type == "message_start"
-        assert first.message.model_extra["conductor"]["answer"]["mode"] == "buffered"
-        resume.set()
-        rest = list(stream)
-    finally:
-        resume.set()
+        ),
+    )
+    assert first.type == "message_start"
+    assert first.message.model_extra["conductor"]["answer"]["mode"] == "buffered"
     assert not [e for e in rest if e.type == "content_block_delta"]
     stops = [e.delta.stop_reason for e in rest if e.type == "message_delta"]
     assert stops == ["refusal"]

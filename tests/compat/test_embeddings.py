@@ -21,32 +21,11 @@ from tests.factories.api import make_api_key
 from tests.factories.policies import publish_policy
 from tests.factories.runs import RunFactory
 from tests.fakes.openai_server import embedding_of
+from tests.fixtures.workers import EMBED_MODEL
 
 pytestmark = [pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 CARD = "4111 1111 1111 1111"
-EMBED_MODEL = "text-embedding-3-small"
-
-
-@pytest.fixture
-def embed_pool(fake_pool: Any) -> Pool:
-    """Pool ``embed``: one worker on the fake provider whose model is an embedding model."""
-    worker = worker_create(
-        actor=None,
-        provider=fake_pool.provider,
-        slug="fake-embedder",
-        display_name="Fake embedder",
-        model_name=EMBED_MODEL,
-        strengths="Embeds text.",
-    )
-    return pool_create(
-        actor=None,
-        team=fake_pool.pool.team,
-        slug="embed",
-        name="Embed",
-        workers=[worker],
-        default_worker=worker,
-    )
 
 
 def sent_inputs(fake_pool: Any) -> list[list[str]]:

@@ -267,13 +267,14 @@ async def chat_completions_view(request: HttpRequest) -> HttpResponseBase:
     headers = auth.run_headers(run, env.conductor["url"])
     response: HttpResponseBase
     if started.req.stream:
-        path = live_stream.path_for(running, buffered)
-        live_stream.stream_headers(headers, path=path, buffered=buffered)
-        body: AsyncGenerator[bytes, None]
-        if running is not None and path == live_stream.DIRECT:
-            body = live_stream.stream_live(started, running, ChatLive(request, started, env))
-        else:
-            body = stream_run(request, started, env, buffered)
+        body = live_stream.body_for(
+            headers,
+            started,
+            running,
+            buffered,
+            live=lambda: ChatLive(request, started, env),
+            events=lambda: stream_run(request, started, env, buffered),
+        )
 
         # The run id travels in the headers and the first chunk, which go out before the run's
         # first event is read: a client that loses this server still knows which run it started.

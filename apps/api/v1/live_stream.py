@@ -207,6 +207,24 @@ async def stream_live(
         yield tail
 
 
+def body_for(
+    headers: dict[str, str],
+    started: bridge.Started,
+    running: Live | None,
+    buffered: str | None,
+    *,
+    live: Callable[[], LiveProtocol],
+    events: Callable[[], AsyncGenerator[bytes, None]],
+) -> AsyncGenerator[bytes, None]:
+    """A stream's body: the fast path (``live()`` frames it) when ``path_for`` allows it, else the
+    run's events (``events()``); the headers say which and whether the answer is buffered."""
+    path = path_for(running, buffered)
+    stream_headers(headers, path=path, buffered=buffered)
+    if running is not None and path == DIRECT:
+        return stream_live(started, running, live())
+    return events()
+
+
 def stream_headers(headers: dict[str, str], *, path: str, buffered: str | None) -> None:
     """The headers every /v1 stream says how it is served with."""
     headers[shaping.ANSWER_HEADER] = "buffered" if buffered else "streamed"

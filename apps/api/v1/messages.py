@@ -407,13 +407,14 @@ async def messages_view(request: HttpRequest) -> HttpResponseBase:
     headers = auth.run_headers(run, shaping.run_url(request, run.id))
     response: HttpResponseBase
     if started.req.stream:
-        path = live_stream.path_for(running, buffered)
-        live_stream.stream_headers(headers, path=path, buffered=buffered)
-        stream: AsyncGenerator[bytes, None]
-        if running is not None and path == live_stream.DIRECT:
-            stream = live_stream.stream_live(started, running, MessagesLive(request, started))
-        else:
-            stream = stream_message(request, started, buffered)
+        stream = live_stream.body_for(
+            headers,
+            started,
+            running,
+            buffered,
+            live=lambda: MessagesLive(request, started),
+            events=lambda: stream_message(request, started, buffered),
+        )
 
         def on_failure(exc: BaseException) -> list[bytes]:
             body = error_body(shaping.follow_failure_error(request, run, target, exc), SHAPE)

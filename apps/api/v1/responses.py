@@ -250,13 +250,14 @@ async def responses_view(request: HttpRequest) -> HttpResponseBase:
     response: HttpResponseBase
     if started.req.stream:
         events = _Events()
-        path = live_stream.path_for(running, buffered)
-        live_stream.stream_headers(headers, path=path, buffered=buffered)
-        stream: AsyncGenerator[bytes, None]
-        if running is not None and path == live_stream.DIRECT:
-            stream = live_stream.stream_live(started, running, ResponsesLive(request, started, events))
-        else:
-            stream = stream_response(request, started, events, buffered)
+        stream = live_stream.body_for(
+            headers,
+            started,
+            running,
+            buffered,
+            live=lambda: ResponsesLive(request, started, events),
+            events=lambda: stream_response(request, started, events, buffered),
+        )
 
         def on_failure(exc: BaseException) -> list[bytes]:
             err = shaping.follow_failure_error(request, run, target, exc)

@@ -159,33 +159,28 @@ class RunSink(EventRecords):
         ):
             tap.push(str(data["data"].get("text") or ""))
         with self._lock:
-            store = self._add(data)
-            if not store and not self._answers_to_journal():
-                return
-            try:
-                if store:
-                    self.flush_locked()
-                else:
-                    self._journal_answers()
-            finally:
-                if threading.get_ident() != self._owner_thread:
-                    # Engine helper threads are short-lived; don't leave their connections open.
-                    connection.close()
+            self._store_or_journal(self._add(data))
 
     def flush(self) -> None:
         """Store and publish whatever is buffered (the engine's end, before a provider call);
         with nothing buffered, still write the answers the journal holds."""
         with self._lock:
-            if not self._buffer and not self._answers_to_journal():
-                return
-            try:
-                if self._buffer:
-                    self.flush_locked()
-                else:
-                    self._journal_answers()
-            finally:
-                if threading.get_ident() != self._owner_thread:
-                    connection.close()
+            self._store_or_journal(bool(self._buffer))
+
+    def _store_or_journal(self, store: bool) -> None:
+        """Under the lock: flush the buffer when ``store``, else write the answers the journal
+        holds (if any)."""
+        if not store and not self._answers_to_journal():
+            return
+        try:
+            if store:
+                self.flush_locked()
+            else:
+                self._journal_answers()
+        finally:
+            if threading.get_ident() != self._owner_thread:
+                # Engine helper threads are short-lived; don't leave their connections open.
+                connection.close()
 
     def _answers_to_journal(self) -> bool:
         # Not after the run ended (its journal is forgotten, a late answer discarded), nor once
