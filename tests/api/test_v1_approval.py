@@ -96,3 +96,34 @@ def test_a_streaming_caller_gets_the_approval_error_event(
         list(stream)
     assert "constraints.forecast.action" in str(exc.value) and "approver" in str(exc.value)
     assert Run.objects.get().status == "awaiting_approval"
+
+
+def test_a_decision_taken_between_the_waiters_two_reads_is_not_answered_as_still_held(
+    alpha: Any, fake_pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter reads the run (held), then the pending approval's wait. An approver deciding in
+    between (the decision and the run's new status commit together) left no pending approval:
+    that used to read as "the wait is over" and the caller got a 409 for a run already approved.
+    Now the run is read again and the caller waits for it."""
+    import copy
+
+    from asgiref.sync import async_to_sync
+
+    from apps.api.v1 import follow
+    from tests.factories.runs import RunFactory
+
+    held = RunFactory(team=alpha, pool=fake_pool.pool, status="awaiting_approval")  # no pending approval: decided
+    reads: list[str] = []
+
+    def load_ended(run_id: Any) -> tuple[Any, float | None]:
+        reads.append("run")
+        if len(reads) == 1:
+            return held, None  # read just before the approver decided
+        ended = copy.copy(held)
+        ended.status = "succeeded"
+        return ended, None
+
+    monkeypatch.setattr(follow, "_load_ended", load_ended)
+    assert follow.approval_wait_left(held.pk) is None  # nothing pending: decided
+    final = async_to_sync(follow.wait_for_run)(held)
+    assert final.status == "succeeded" and len(reads) == 2

@@ -269,17 +269,20 @@ def answer_ended(ended: Run) -> Run:
     return run
 
 
-def approval_wait_left(run_id: Any) -> float:
+def approval_wait_left(run_id: Any) -> float | None:
     """Seconds a /v1 caller may still wait for the decision on the run's held plan
-    (``constraints.approval.api_wait_s``); 0 when it must be answered now."""
+    (``constraints.approval.api_wait_s``); 0 when it must be answered now; None when no decision
+    is pending any more (one was taken since the caller read the run: read it again)."""
     from django.utils import timezone
 
-    until = (
+    pending = list(
         PlanApproval.objects.filter(run_id=run_id, decision="pending")
         .order_by("-requested_at")
-        .values_list("api_wait_until", flat=True)
-        .first()
+        .values_list("api_wait_until", flat=True)[:1]
     )
+    if not pending:
+        return None
+    until = pending[0]
     return max(0.0, (until - timezone.now()).total_seconds()) if until is not None else 0.0
 
 
@@ -293,11 +296,18 @@ async def wait_for_run(run: Run, ended: Run | None = None) -> Run:
     async with RunFollower(run.id, ends_only=True) as follower:
         if ended is None and await off_loop(_is_running, run.id):
             await _wake_or_poll(follower, deadline)
+        rereads = 0
         while True:
             current, waited_ms = await off_loop(_load_ended, run.id)
             over, may_wait = current.is_terminal, float("inf")
             if current.status == "awaiting_approval":  # answered once the policy's wait is over
-                may_wait = await off_loop(approval_wait_left, run.id)
+                left = await off_loop(approval_wait_left, run.id)
+                if left is None and rereads < 3:
+                    # Decided between the two reads (the approval commits the decision and the
+                    # run's new status together): the run read above is stale, read it again.
+                    rereads += 1
+                    continue
+                may_wait = left or 0.0
                 over = may_wait <= 0
             # An approved run is given a fresh time limit: so is its caller.
             deadline = max(deadline, run_deadline(current))
@@ -349,7 +359,9 @@ async def follow_run(run: Run) -> AsyncIterator[RunUpdate]:
                     finished = True
                     break
                 if event["type"] == "run.awaiting_approval":
-                    held_until = time.monotonic() + await off_loop(approval_wait_left, run.id)
+                    left = await off_loop(approval_wait_left, run.id)
+                    # None: decided already (its later events follow); 0: answer now.
+                    held_until = None if left is None else time.monotonic() + left
             if not finished and held_until is not None and time.monotonic() >= held_until:
                 current = await off_loop(load_run, run.id)
                 if current.status == "awaiting_approval":
