@@ -112,7 +112,8 @@ def test_a_decision_taken_between_the_waiters_two_reads_is_not_answered_as_still
     from apps.api.v1 import follow
     from tests.factories.runs import RunFactory
 
-    held = RunFactory(team=alpha, pool=fake_pool.pool, status="awaiting_approval")  # no pending approval: decided
+    # No pending approval: it was decided.
+    held = RunFactory(team=alpha, pool=fake_pool.pool, status="awaiting_approval")
     reads: list[str] = []
 
     def load_ended(run_id: Any) -> tuple[Any, float | None]:
