@@ -5,7 +5,6 @@ go to ``docs/screens/`` when ``CONDUCTOR_WRITE_SCREENS=1`` (else to the test's t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,11 @@ from apps.runs.models import RunEvent
 from apps.runs.reviews import review_request, run_review
 from tests.factories.api import make_api_key
 from tests.factories.audit import make_run
+from tests.fixtures.screens import screens_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 WIDTHS = (1280, 390)
-SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 LONG = "A long answer that goes on " * 40 + "https://example.test/" + "x" * 160
 
 
@@ -87,8 +86,7 @@ def test_main_pages_fit_390px_and_list_pages_pass_axe(
     axe = Axe()
     overflow: dict[str, int] = {}
     violations: dict[str, list[str]] = {}
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         for name, path in _pages(desk).items():

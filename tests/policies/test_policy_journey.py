@@ -4,7 +4,6 @@ pool pages pass axe-core (no serious/critical violation) and the pool page tells
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,11 @@ from apps.policies.services import effective_policy
 from tests.factories.policies import publish_policy
 from tests.factories.runs import RunEventFactory, RunFactory, StepFactory
 from tests.fixtures.a11y import serious_violations
+from tests.fixtures.screens import screens_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime]
 
 WIDTHS = (1280, 390)
-SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 EMAIL = "fox.mulder@example.org"
 
 
@@ -56,8 +55,7 @@ def test_policy_admin_edits_replays_diffs_publishes_and_rolls_back(
     fake_pool: Any,
     tmp_path: Path,
 ) -> None:
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     v1 = publish_policy(alpha, {"constraints": {"max_steps": {"value": 4}}})
     _history(alpha, fake_pool.pool)
     page = login(policy_admin)
@@ -129,8 +127,7 @@ def test_pool_pages_tell_the_truth_and_pass_axe(
     fake_pool: Any,
     tmp_path: Path,
 ) -> None:
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     page = login(policy_admin)
     page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{daphne_server.url}/pools/")

@@ -4,7 +4,6 @@ that wins, before anything is published. axe-core: no serious/critical violation
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +11,18 @@ import pytest
 
 from tests.factories.policies import draft_policy, publish_policy
 from tests.fixtures.a11y import serious_violations
+from tests.fixtures.screens import screens_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 WIDTHS = (1280, 390)
-SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_draft_review_and_summary_name_the_shadowed_fields(
     width: int, login: Any, daphne_server: Any, policy_admin: Any, alpha: Any, tmp_path: Path
 ) -> None:
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     platform = publish_policy(None, {"constraints": {"max_steps": {"value": 5, "action": "block"}}})
     draft = draft_policy(alpha, {"constraints": {"max_steps": {"value": 8}}}, actor=policy_admin)
     page = login(policy_admin)

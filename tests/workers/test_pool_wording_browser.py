@@ -6,7 +6,6 @@ used yet". axe-core: no serious/critical violation."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,9 @@ import openai
 import pytest
 
 from tests.fixtures.a11y import serious_violations
+from tests.fixtures.screens import screens_dir
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
-
-SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 
 
 def test_after_serving_a_run_the_pool_reads_ready(
@@ -29,8 +27,7 @@ def test_after_serving_a_run_the_pool_reads_ready(
     api_key: Any,
     tmp_path: Path,
 ) -> None:
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     _, key = api_key
     client = openai.OpenAI(base_url=f"{daphne_server.url}/v1", api_key=key, max_retries=0, timeout=120)
     reply = client.chat.completions.create(

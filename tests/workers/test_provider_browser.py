@@ -6,7 +6,6 @@ works: the kind switch and the test are answered by the server."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,12 @@ import pytest
 from apps.workers.models import Provider
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.fixtures.a11y import serious_violations
+from tests.fixtures.screens import screens_dir
 from tests.fixtures.workers import FAKE_PROVIDER_KEY
 
 pytestmark = [pytest.mark.browser, pytest.mark.runtime, pytest.mark.django_db(transaction=True)]
 
 WIDTHS = (1280, 390)
-SCREENS = Path(__file__).resolve().parents[2] / "docs" / "screens"
 WRONG_KEY = "sk-wrong-PLANTED-key-4242"
 
 
@@ -38,8 +37,7 @@ def test_policy_admin_picks_a_kind_tests_the_connection_and_saves(
     fake_pool_server: FakeOpenAIServer,
     tmp_path: Path,
 ) -> None:
-    out = SCREENS if os.environ.get("CONDUCTOR_WRITE_SCREENS") == "1" else tmp_path
-    out.mkdir(parents=True, exist_ok=True)
+    out = screens_dir(tmp_path)
     page = login(policy_admin)
     page.set_viewport_size({"width": width, "height": 900})
     page.goto(f"{daphne_server.url}/pools/providers/new/")
