@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from django.test import Client
 from apps.audit.models import AuditEvent
 from apps.runs import execution
 from apps.runs.execution import executor_id, inline_slot, reap_runs
-from apps.runs.models import Run, RunDispatch, RunStatus
+from apps.runs.models import Run, RunDispatch, RunEvent, RunStatus
 from apps.runs.services import run_create, run_wait
 from tests.fakes.base import FakeReply
 from tests.fixtures.queries import Queries
@@ -245,3 +246,56 @@ def test_a_plain_pass_through_streams_from_the_provider_only_when_told_to(
     streamed = mode == "always"
     assert bool((call.json or {}).get("stream")) is streamed
     assert run.events.filter(type="step.delta").exists() is streamed
+
+
+def _events(run_id: Any) -> list[str]:
+    return list(RunEvent.objects.filter(run_id=run_id).order_by("seq").values_list("type", flat=True))
+
+
+def test_a_one_step_run_stores_its_start_with_its_answer_in_one_transaction(
+    solo: Any, api_key: tuple[Any, str], inline: Any, queries: Queries
+) -> None:
+    """Issue 45: the client of a plain pass-through waits on this thread, so nothing is stored
+    between the run's acceptance and the provider call: its start (run.started, the input check,
+    step.started) goes with its answer, one write transaction after the call."""
+    text, run = _answer(_ask(api_key[1]))
+    assert text == "42"
+    writes = [sql for sql in queries.sql if sql.startswith("BEGIN")]
+    assert len(writes) == 2, queries.common()  # the acceptance, then everything the run did
+    assert queries.count(r'"runs_runcall"') == 0, queries.common()  # no journal row to forget
+    types = _events(run.id)
+    assert types[0] == "run.started" and types[-1] == "run.finished", types
+    assert "step.started" in types and "step.finished" in types, types
+    assert Run.objects.get(pk=run.id).last_seq == len(types)
+
+
+def test_a_slow_calls_start_is_stored_while_the_provider_works(
+    fake_pool: Any, solo: Any, api_key: tuple[Any, str], inline: Any
+) -> None:
+    """Deferring the start does not hide a slow call: still running ``DEFERRED_START_FLUSH_S``
+    after it began, the run's start is stored (the live graph shows the step) before the answer."""
+    release = threading.Event()
+    fake_pool.server.responder = lambda req: FakeReply("42", hold=release)
+    answered: list[Any] = []
+    asking = threading.Thread(target=lambda: answered.append(_ask(api_key[1])))
+    asking.start()
+    try:
+        deadline = time.monotonic() + 10
+        run_id = None
+        while time.monotonic() < deadline:
+            run_id = Run.objects.order_by("-created_at").values_list("id", flat=True).first()
+            if run_id is not None and "step.started" in _events(run_id):
+                break
+            time.sleep(0.05)
+        assert run_id is not None
+        stored = _events(run_id)
+        assert not answered and not release.is_set()  # the provider has not answered yet
+        assert stored[-1] == "step.started" and "run.finished" not in stored, stored
+    finally:
+        release.set()
+        asking.join(timeout=30)
+    text, run = _answer(answered[0])
+    assert (text, run.id, run.status) == ("42", run_id, RunStatus.SUCCEEDED)
+    types = _events(run.id)
+    assert types.count("step.started") == 1 and types[-1] == "run.finished", types
+    assert Run.objects.get(pk=run.id).last_seq == len(types)

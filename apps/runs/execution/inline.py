@@ -72,7 +72,10 @@ def execute_here(run: Run) -> Run | None:
     # In an empty context, as on a pool thread: what the run sets (its request id for its audit
     # rows and log lines) stays out of the request's, and the request's (the client's address)
     # stays out of the run's audit rows, so a run records the same whichever thread runs it.
-    return contextvars.Context().run(_execute_claimed, run.id, Run.objects.select_related("pool"), run)
+    # Its client waits for it here: a one-step run stores its start with its answer (RunSink).
+    return contextvars.Context().run(
+        _execute_claimed, run.id, Run.objects.select_related("pool"), run, client_waits=True
+    )
 
 
 def give_back(run_id: UUID | str, reason: str) -> None:

@@ -79,9 +79,12 @@ def run_to_execute(run_id: UUID | str) -> Run:
     return run
 
 
-def _execute_claimed(run_id: UUID | str, final: QuerySet[Run], run: Run | None = None) -> Run | None:
+def _execute_claimed(
+    run_id: UUID | str, final: QuerySet[Run], run: Run | None = None, *, client_waits: bool = False
+) -> Run | None:
     """Drive the engine for a run this process has claimed; the run row as it ended (read with
-    the queryset ``final``: the lease and the verdict in one read), None if the lease was lost."""
+    the queryset ``final``: the lease and the verdict in one read), None if the lease was lost.
+    ``client_waits``: its client waits for it on this thread (``RunSink``)."""
     owner = executor_id()
     cancel = DbCancelToken(run_id, owner=owner, claimed=True)
     finished: dict[str, Any] | None = None
@@ -93,7 +96,7 @@ def _execute_claimed(run_id: UUID | str, final: QuerySet[Run], run: Run | None =
                 # Read here rather than in _drive_engine: the ending is then this row plus the
                 # sink's verdict, with no read back (below).
                 run = run_to_execute(run_id)
-            finished, verdict = _drive_engine(run_id, cancel, run=run)
+            finished, verdict = _drive_engine(run_id, cancel, run=run, client_waits=client_waits)
         except Exception as exc:
             if not _still_owner(run_id, owner):
                 return None
@@ -153,7 +156,11 @@ def _still_owner(run_id: UUID | str, owner: str) -> bool:
 
 
 def _drive_engine(
-    run_id: UUID | str, cancel: DbCancelToken | None = None, run: Run | None = None
+    run_id: UUID | str,
+    cancel: DbCancelToken | None = None,
+    run: Run | None = None,
+    *,
+    client_waits: bool = False,
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """Run the engine with the run's pool, policy and sink; the ``run.finished`` data the sink
     stored, if it stored it, and the verdict it wrote to the run row (``RunSink.verdict``)."""
@@ -185,7 +192,11 @@ def _drive_engine(
     # Each preset plans with its own conductor, known only now (a learned run picks its arm here).
     use_preset_conductor(engine_pool, getattr(strategy, "preset", None))
     sink = RunSink(
-        run, owner=cancel.owner, journal=journal, workers=integration.pool_worker_labels(run.pool, stamp)
+        run,
+        owner=cancel.owner,
+        journal=journal,
+        workers=integration.pool_worker_labels(run.pool, stamp),
+        client_waits=client_waits,
     )
     journal.before_call = sink.before_provider_call
     set_request_id(run.request_id)  # its audit rows and log lines name the /v1 request (issue 22)

@@ -27,6 +27,7 @@ from apps.governance.models import Team
 from apps.runs import live, observers
 from apps.runs.models import Run, RunEvent
 from apps.runs.selectors import team_may_hold
+from apps.runs.sink import later
 from apps.runs.sink.counters import NO_USAGE, _store_counters, _usage
 from apps.runs.sink.publishing import publish_batch
 from apps.runs.sink.records import EventRecords
@@ -63,6 +64,10 @@ DELTA_FLUSH_S = 0.05
 # client does not wait on the store, only the run's live graph does, which a quarter second
 # serves. Fewer transactions per streamed answer: the fast pass-through's CPU.
 TAPPED_DELTA_FLUSH_S = 0.25
+# A one-step run whose client waits in this process stores its first events (run.started, the
+# input check, step.started) with its answer, not before the provider call (apps.runs.sink.later);
+# a call still running this long after has them stored then, for the run's live graph.
+DEFERRED_START_FLUSH_S = 0.25
 
 
 def _after_commit(
@@ -98,7 +103,11 @@ class RunSink(EventRecords):
         owner: str | None = None,
         journal: Any = None,
         workers: Mapping[str, tuple[int, str, str]] | None = None,
+        client_waits: bool = False,
     ) -> None:
+        """``client_waits``: the run's client waits for it in this process (a plain /v1 run
+        executed on its request's thread): a one-step run then defers its first store as a
+        tapped one does (``DEFERRED_START_FLUSH_S``)."""
         self.run_id = run.id
         self.team_id = run.team_id
         self.policy_version_id = run.policy_version_id
@@ -140,8 +149,12 @@ class RunSink(EventRecords):
         self._buffered_at = 0.0
         self._running: set[Any] = set()  # indices of the steps started and not finished
         self._answer_sent = False  # the answer's first released text was flushed
+        self._start_scheduled = False  # a deferred store of the run's start is on its way
         # A /v1 stream in this process takes the released answer text as it comes (apps.runs.live).
         self._tap = live.tap_for(run.id)
+        # Whether step.started waits for the answer (or DEFERRED_START_FLUSH_S) to be stored:
+        # a one-step run whose client is served here, whom a store before the call only delays.
+        self._defer_start = self._tap is not None or (client_waits and run.strategy == "single")
         self.transactions = 0  # batches committed (bench and tests read it)
         self.dropped = 0  # events not stored because another executor owns the run
         self._owner_thread = threading.get_ident()
@@ -169,8 +182,10 @@ class RunSink(EventRecords):
 
     def _store_or_journal(self, store: bool) -> None:
         """Under the lock: flush the buffer when ``store``, else write the answers the journal
-        holds (if any)."""
-        if not store and not self._answers_to_journal():
+        holds (if any). A run that defers its start writes them only with a batch or before
+        another provider call (``before_provider_call``): its answer is otherwise stored with its
+        events in the run's last transaction, which forgets the journal, moments later."""
+        if not store and (self._defer_start or not self._answers_to_journal()):
             return
         try:
             if store:
@@ -201,13 +216,18 @@ class RunSink(EventRecords):
         """The engine is about to wait on a model provider: what it emitted so far is stored and
         shown now, and its answers journaled (called by the resume journal's workers).
 
-        A tapped run (a /v1 stream in this process takes its answer) journals its answers but
-        stores its events with its first deltas instead: the store (a transaction, on an engine
-        thread a connection of its own) was on the way to the client's first token."""
-        if self._tap is None:
+        A run that defers its start (``_defer_start``: a one-step run whose client is served in
+        this process) journals its answers but stores its events with its answer instead: the
+        store (a transaction, on an engine thread a connection of its own) stood between the
+        client and the provider call. If the call is still running ``DEFERRED_START_FLUSH_S``
+        later, they are stored then (``apps.runs.sink.later``)."""
+        if not self._defer_start:
             self.flush()
             return
         with self._lock:
+            if self._buffer and not self._start_scheduled:
+                self._start_scheduled = True
+                later.call_later(DEFERRED_START_FLUSH_S, self._store_deferred_start)
             if not self._answers_to_journal():
                 return
             try:
@@ -215,6 +235,17 @@ class RunSink(EventRecords):
             finally:
                 if threading.get_ident() != self._owner_thread:
                     connection.close()
+
+    def _store_deferred_start(self) -> None:
+        """On the deferred-store thread: the events buffered before a provider call, if the
+        engine has not stored them since (a fresh buffer is the engine's to store)."""
+        with self._lock:
+            if not self._buffer or time.monotonic() - self._buffered_at < DEFERRED_START_FLUSH_S / 2:
+                return
+            try:
+                self.flush_locked()
+            finally:
+                connection.close()  # a thread that stores rarely keeps no connection
 
     # -- buffering --------------------------------------------------------------------------------
 
@@ -248,8 +279,8 @@ class RunSink(EventRecords):
             self._running.discard(index)
             if self._running:
                 return True  # the engine now waits on the other steps
-        if kind in _FLUSH_TYPES and not (kind == "step.started" and self._tap is not None):
-            return True  # a tapped run's step start is stored with its first deltas (before_provider_call)
+        if kind in _FLUSH_TYPES and not (kind == "step.started" and self._defer_start):
+            return True  # a deferred start is stored with the answer (before_provider_call)
         if (
             kind == "step.delta"
             and event["data"].get("answer")
