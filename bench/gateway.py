@@ -55,6 +55,12 @@ parser.add_argument(
 parser.add_argument("--run-threads", type=int, default=16, help="RUN_THREAD_WORKERS / Celery threads")
 parser.add_argument("--litellm", default=str(ROOT / ".venv-bench" / "bin" / "litellm"))
 parser.add_argument(
+    "--rounds",
+    type=int,
+    default=1,
+    help="repeat each level's interleaved batches; the ratio is the median of the rounds' ratios",
+)
+parser.add_argument(
     "--processes",
     type=int,
     default=1,
@@ -390,12 +396,19 @@ def main() -> None:
         for target in targets:  # warm-up: imports, connections, first runs
             asyncio.run(batch(target, 2, 10))
         results: dict[tuple[str, int], Result] = {}
+        rounds: dict[tuple[str, int], list[Result]] = {}
         for clients in [int(c) for c in ARGS.clients.split(",")]:
             total = ARGS.requests or max(40, clients)
+            # Every round interleaves all targets once more: the ratio column is the median of the
+            # rounds' ratios, so one noisy minute on this shared machine does not decide it.
+            for _ in range(max(1, ARGS.rounds)):
+                for target in targets:
+                    result = asyncio.run(batch(target, clients, total))
+                    rounds.setdefault((target.name, clients), []).append(result)
+                    lat = result[0] or [float("nan")]
+                    print(f"c={clients} {target.name}: p50 {statistics.median(lat):.1f} ms", file=sys.stderr)
             for target in targets:
-                results[(target.name, clients)] = asyncio.run(batch(target, clients, total))
-                lat = results[(target.name, clients)][0] or [float("nan")]
-                print(f"c={clients} {target.name}: p50 {statistics.median(lat):.1f} ms", file=sys.stderr)
+                results[(target.name, clients)] = merged(rounds[(target.name, clients)])
     finally:
         if ARGS.profile and procs:
             procs[0].send_signal(signal.SIGUSR1)
@@ -408,10 +421,42 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         server.stop()
-    print_table(targets, results)
+    print_table(targets, results, rounds)
 
 
-def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -> None:
+def merged(parts: list[Result]) -> Result:
+    """The rounds of one target and level as one batch: every latency, summed wall and CPU."""
+    return (
+        [v for part in parts for v in part[0]],
+        [v for part in parts for v in part[1]],
+        sum(part[2] for part in parts),
+        sum(part[3] for part in parts),
+        sum(part[4] for part in parts),
+    )
+
+
+def overhead_p50(results: dict[tuple[str, int], Any], name: str, clients: int) -> float | None:
+    """p50 latency less the direct upstream's p50 at the same level (None without either)."""
+    mine, direct = results.get((name, clients)), results.get(("direct", clients))
+    if not mine or not mine[0] or not direct or not direct[0]:
+        return None
+    return float(statistics.median(mine[0]) - statistics.median(direct[0]))
+
+
+def round_ratios(rounds: dict[tuple[str, int], list[Result]], name: str, clients: int) -> list[float]:
+    """Each round's overhead p50 of ``name`` over LiteLLM's, measured in that same round."""
+    ratios = []
+    for i in range(len(rounds.get((name, clients), []))):
+        one = {key: parts[i] for key, parts in rounds.items() if key[1] == clients and len(parts) > i}
+        mine, lite = overhead_p50(one, name, clients), overhead_p50(one, "litellm", clients)
+        if mine is not None and lite:
+            ratios.append(mine / lite)
+    return ratios
+
+
+def print_table(
+    targets: list[Target], results: dict[tuple[str, int], Result], rounds: dict[tuple[str, int], list[Result]]
+) -> None:
     load = os.getloadavg()
     print(
         f"\nmode: {ARGS.mode}, server {ARGS.server}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
@@ -426,9 +471,9 @@ def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for clients in sorted({c for _, c in results}):
-        direct_p50 = statistics.median(results[("direct", clients)][0])
-        lite = results.get(("litellm", clients))
-        lite_over = statistics.median(lite[0]) - direct_p50 if lite else None
+        direct = results.get(("direct", clients))
+        # Without the direct target (e.g. one target under a profiler) overhead is latency.
+        direct_p50 = statistics.median(direct[0]) if direct and direct[0] else 0.0
         for target in targets:
             lat, reported, wall, failed, cpu = results[(target.name, clients)]
             if not lat:
@@ -437,11 +482,12 @@ def print_table(targets: list[Target], results: dict[tuple[str, int], Result]) -
             over = [v - direct_p50 for v in lat]
             own = f"{statistics.median(reported):.1f}" if reported else "-"
             cpu_ms = f"{1000 * cpu / (len(lat) + failed):.1f}" if target.pids else "-"
-            ratio = (
-                f"{statistics.median(over) / lite_over:.2f}"
-                if lite_over and target.name not in ("direct", "litellm")
-                else "-"
+            ratios = (
+                round_ratios(rounds, target.name, clients) if target.name not in ("direct", "litellm") else []
             )
+            ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+            if len(ratios) > 1:
+                ratio += " (rounds: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
             print(
                 f"| {clients} | {target.name} | {len(lat)}{f' ({failed} failed)' if failed else ''} | {statistics.median(lat):.1f} | {pct(lat, 0.99):.1f} | "
                 f"{statistics.median(over):.1f} / {pct(over, 0.95):.1f} / {pct(over, 0.99):.1f} | {own} | "
