@@ -1,5 +1,5 @@
 """Stores that wait: a run's buffered events stored at a due time, unless the engine stored
-them first (``RunSink.flush_if_older``).
+them first (``RunSink._store_deferred_start``).
 
 A one-step run whose client waits in this process (a plain ``/v1`` pass-through executed on its
 request's thread, or a stream served from a tap) does not store its first events before the
@@ -32,18 +32,14 @@ def call_later(delay_s: float, fn: Callable[[], None]) -> None:
     """Run ``fn`` on this process's deferred-store thread ``delay_s`` seconds from now."""
     global _thread
     with _cond:
-        heapq.heappush(_heap, (time.monotonic() + delay_s, next(_order), fn))
+        entry = (time.monotonic() + delay_s, next(_order), fn)
+        heapq.heappush(_heap, entry)
         # is_alive is False in a forked child (a Celery worker): it starts its own.
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_serve, daemon=True, name="run-sink-later")
             _thread.start()
-        _cond.notify()
-
-
-def pending() -> int:
-    """Stores scheduled and not yet run (tests read it)."""
-    with _cond:
-        return len(_heap)
+        if _heap[0] is entry:  # due first: the thread sleeps until a later one, so wake it
+            _cond.notify()
 
 
 def _serve() -> None:
