@@ -395,7 +395,6 @@ def main() -> None:
         targets = [target for target in targets if target.name in wanted]
         for target in targets:  # warm-up: imports, connections, first runs
             asyncio.run(batch(target, 2, 10))
-        results: dict[tuple[str, int], Result] = {}
         rounds: dict[tuple[str, int], list[Result]] = {}
         for clients in [int(c) for c in ARGS.clients.split(",")]:
             total = ARGS.requests or max(40, clients)
@@ -407,8 +406,6 @@ def main() -> None:
                     rounds.setdefault((target.name, clients), []).append(result)
                     lat = result[0] or [float("nan")]
                     print(f"c={clients} {target.name}: p50 {statistics.median(lat):.1f} ms", file=sys.stderr)
-            for target in targets:
-                results[(target.name, clients)] = merged(rounds[(target.name, clients)])
     finally:
         if ARGS.profile and procs:
             procs[0].send_signal(signal.SIGUSR1)
@@ -421,7 +418,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
         server.stop()
-    print_table(targets, results, rounds)
+    print_table(targets, rounds)
 
 
 def merged(parts: list[Result]) -> Result:
@@ -454,9 +451,9 @@ def round_ratios(rounds: dict[tuple[str, int], list[Result]], name: str, clients
     return ratios
 
 
-def print_table(
-    targets: list[Target], results: dict[tuple[str, int], Result], rounds: dict[tuple[str, int], list[Result]]
-) -> None:
+def print_table(targets: list[Target], rounds: dict[tuple[str, int], list[Result]]) -> None:
+    """Each target and level over all its rounds; the ratio column from the rounds one by one."""
+    results = {key: merged(parts) for key, parts in rounds.items()}
     load = os.getloadavg()
     print(
         f"\nmode: {ARGS.mode}, server {ARGS.server}, run threads {ARGS.run_threads}, daphne processes {ARGS.processes}, answer words {ARGS.answer_words}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"

@@ -242,10 +242,7 @@ class RunSink(EventRecords):
         with self._lock:
             if not self._buffer or time.monotonic() - self._buffered_at < DEFERRED_START_FLUSH_S / 2:
                 return
-            try:
-                self.flush_locked()
-            finally:
-                connection.close()  # a thread that stores rarely keeps no connection
+            self._store_or_journal(True)  # not the owner thread: its connection is closed after
 
     # -- buffering --------------------------------------------------------------------------------
 
